@@ -1,0 +1,1 @@
+"""Backends: detectors now; embedders, experts and generators join behind the same pattern."""

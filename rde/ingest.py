@@ -1,0 +1,202 @@
+"""Ingest: list inputs, then turn each shard of inputs into image rows or rejected rows.
+
+Inputs are the bundled demo pool (an artifact), a folder (every regular file, recursively) or
+a Parquet file with a ``path`` column (optional ``domain`` and ``identity``). Each input gets a
+stable ``input_id``; each one ends as exactly one images row or one rejects row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rde.image_decoding import DecodeError, decode_rgb, read_header
+from rde.profiles import IngestSpec, InputSpec
+from rde.reasons import Reason
+from storage import Artifact
+from storage.hashing import sha256_bytes, sha256_json
+from storage.schemas import IMAGES, REJECTS
+
+
+class InputError(ValueError):
+    """The input as a whole is unusable (missing folder, Parquet without ``path``...)."""
+
+
+@dataclass(frozen=True)
+class InputRef:
+    """One input: where its bytes are and what we know about it before reading them."""
+
+    input_id: str
+    source: str
+    domain: str
+    identity: str | None = None
+    pool_shard: int | None = None  # set for demo-pool inputs
+    pool_row: int | None = None
+    source_meta: str | None = None
+
+
+def _input_id(source: str, position: int) -> str:
+    return sha256_json([source, position])[:16]
+
+
+def list_inputs(spec: InputSpec, project_root: Path, known_domains: list[str]) -> tuple[list[InputRef], str]:
+    """All inputs in a deterministic order, plus a fingerprint of the listing (for stage keys)."""
+    path = Path(spec.path)
+    if not path.is_absolute() and "://" not in spec.path:
+        path = project_root / path
+    if spec.kind == "pool":
+        return _list_pool(str(path))
+    if spec.kind == "folder":
+        return _list_folder(path, spec.default_domain, known_domains)
+    return _list_paths_file(path, spec, project_root)
+
+
+def _list_pool(url: str) -> tuple[list[InputRef], str]:
+    pool = Artifact(url)
+    manifest = pool.manifest()
+    refs: list[InputRef] = []
+    for shard_index, table in pool.iter_shards(["pool_id", "domain", "identity", "source_meta"]):
+        for row, rec in enumerate(table.to_pylist()):
+            source = f"pool:{rec['pool_id']}"
+            refs.append(InputRef(_input_id(source, len(refs)), source, rec["domain"], rec["identity"],
+                                 shard_index, row, rec["source_meta"]))
+    return refs, manifest.fingerprint
+
+
+def _file_signature(path: Path) -> list[Any]:
+    try:
+        st = path.stat()
+        return [str(path), st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [str(path), None, None]
+
+
+def _list_folder(folder: Path, default_domain: str, known_domains: list[str]) -> tuple[list[InputRef], str]:
+    if not folder.is_dir():
+        raise InputError(f"input folder {folder} does not exist or is not a folder")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    refs = []
+    for path in files:
+        first = path.relative_to(folder).parts[0]
+        domain = first if first in known_domains and len(path.relative_to(folder).parts) > 1 else default_domain
+        refs.append(InputRef(_input_id(str(path), len(refs)), str(path), domain))
+    return refs, sha256_json([_file_signature(p) for p in files])
+
+
+def _list_paths_file(table_path: Path, spec: InputSpec, project_root: Path) -> tuple[list[InputRef], str]:
+    if not table_path.exists():
+        raise InputError(f"input Parquet file {table_path} does not exist")
+    try:
+        table = pq.read_table(table_path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"input {table_path} is not a readable Parquet file: {exc}") from None
+    if "path" not in table.column_names:
+        raise InputError(f"input {table_path} has no 'path' column (columns: {table.column_names})")
+    refs, signature = [], []
+    for rec in table.to_pylist():
+        raw = rec.get("path")
+        raw = "" if raw is None else str(raw)
+        path = Path(raw)
+        if raw and not path.is_absolute():
+            path = table_path.parent / path
+        domain = rec.get("domain") or spec.default_domain
+        refs.append(InputRef(_input_id(raw, len(refs)), str(path) if raw else "", str(domain), rec.get("identity")))
+        signature.append(_file_signature(path))
+    return refs, sha256_json(signature)
+
+
+def shard_refs(refs: list[InputRef], shard_size: int) -> list[list[InputRef]]:
+    """Consecutive chunks of at most ``shard_size`` inputs (at least one shard, maybe empty)."""
+    return [refs[i : i + shard_size] for i in range(0, len(refs), shard_size)] or [[]]
+
+
+def _within_roots(path: Path, roots: list[Path]) -> bool:
+    if not roots:
+        return True
+    real = Path(os.path.realpath(path))
+    return any(real == root or root in real.parents for root in roots)
+
+
+def _read_file(ref: InputRef, spec: IngestSpec, roots: list[Path]) -> bytes:
+    if not ref.source:
+        raise DecodeError(Reason.MISSING_FILE, "empty path")
+    path = Path(ref.source)
+    if not _within_roots(path, roots):
+        raise DecodeError(Reason.OUTSIDE_ROOT, f"{path} resolves outside the allowed roots")
+    if not path.exists():
+        raise DecodeError(Reason.MISSING_FILE, f"{path} does not exist")
+    if not path.is_file():
+        raise DecodeError(Reason.READ_ERROR, f"{path} is not a regular file")
+    size = path.stat().st_size
+    if size > spec.max_file_bytes:
+        raise DecodeError(Reason.FILE_TOO_LARGE, f"{size} bytes exceeds limit {spec.max_file_bytes}")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DecodeError(Reason.READ_ERROR, f"{path}: {exc.strerror or exc}") from None
+
+
+def reject_row(ref: InputRef, stage: str, reasons: list[str], detail: str | None,
+               image_id: str | None = None, **measured: Any) -> dict[str, Any]:
+    """A row of the common rejects schema."""
+    return {"input_id": ref.input_id, "image_id": image_id, "source": ref.source, "domain": ref.domain,
+            "stage": stage, "reason": reasons[0], "all_reasons": reasons, "detail": detail,
+            "width": measured.get("width"), "height": measured.get("height"),
+            "laplacian_variance": measured.get("laplacian_variance"),
+            "target_count": measured.get("target_count")}
+
+
+def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str],
+                 pool_url: str | None = None, roots: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
+    """Read, verify and describe one shard of inputs → (images table, rejects table).
+
+    Each input is decoded fully once so truncated files are caught here, not downstream.
+    """
+    pool_tables: dict[int, pa.Table] = {}
+    root_paths = [Path(os.path.realpath(r)) for r in roots or []]
+    images, rejects = [], []
+    for ref in refs:
+        try:
+            if ref.domain not in known_domains:
+                raise DecodeError(Reason.UNKNOWN_DOMAIN, f"domain {ref.domain!r} is not one of {known_domains}")
+            if ref.pool_shard is not None:
+                if ref.pool_shard not in pool_tables:
+                    pool_tables[ref.pool_shard] = Artifact(pool_url or "").read_shard(ref.pool_shard, ["image_bytes"])
+                data = pool_tables[ref.pool_shard].column("image_bytes")[ref.pool_row].as_py()
+            else:
+                data = _read_file(ref, spec, root_paths)
+            header = read_header(data, spec.max_pixels)
+            decode_rgb(data, spec.max_pixels)
+        except DecodeError as err:
+            rejects.append(reject_row(ref, "ingest", [str(err.reason)], err.detail))
+            continue
+        except Exception as exc:  # noqa: BLE001 - one bad input never loses the shard
+            rejects.append(reject_row(ref, "ingest", [str(Reason.READ_ERROR)], f"{type(exc).__name__}: {exc}"))
+            continue
+        images.append({"input_id": ref.input_id, "image_id": sha256_bytes(data), "source": ref.source,
+                       "domain": ref.domain, "identity": ref.identity, "width": header.width,
+                       "height": header.height, "source_mode": header.mode, "image_format": header.format,
+                       "source_meta": ref.source_meta, "image_bytes": data})
+    return pa.Table.from_pylist(images, schema=IMAGES), pa.Table.from_pylist(rejects, schema=REJECTS)
+
+
+def ref_to_dict(ref: InputRef) -> dict[str, Any]:
+    return asdict(ref)
+
+
+def ref_from_dict(data: dict[str, Any]) -> InputRef:
+    return InputRef(**data)
+
+
+def describe_listing(refs: list[InputRef]) -> str:
+    """Short JSON summary (counts per domain) for logs."""
+    counts: dict[str, int] = {}
+    for ref in refs:
+        counts[ref.domain] = counts.get(ref.domain, 0) + 1
+    return json.dumps(counts, sort_keys=True)

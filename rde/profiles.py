@@ -1,0 +1,216 @@
+"""Profiles: YAML files validated by pydantic. A profile is data, never code.
+
+Unknown keys and wrong types are rejected with a message naming the key and the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from storage.hashing import sha256_json
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+class ProfileError(ValueError):
+    """A profile could not be loaded; the message is meant for the user as it is."""
+
+
+class Strict(BaseModel):
+    """Base for config sections: unknown keys are errors, values are not coerced silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DomainSpec(Strict):
+    """A sub-domain of the benchmark and the detector classes that count as its target."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    target_classes: list[str] = Field(min_length=1)
+
+
+class DetectorSpec(Strict):
+    """Detector backend. ``ssd_mobilenet`` uses the bundled COCO weights; ``yolo`` needs ``weights``."""
+
+    backend: Literal["ssd_mobilenet", "yolo"] = "ssd_mobilenet"
+    weights: str | None = None  # local path to YOLO weights (.pt / .yaml); required for yolo
+    score_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    nms_iou: float = Field(0.45, ge=0.0, le=1.0)
+    input_size: int = Field(300, ge=32)
+    batch_size: int = Field(8, ge=1)
+    device: str = "cpu"
+
+    @model_validator(mode="after")
+    def _yolo_needs_weights(self) -> DetectorSpec:
+        if self.backend == "yolo" and not self.weights:
+            raise ValueError("detector.backend 'yolo' needs detector.weights (a local .pt or .yaml path)")
+        return self
+
+
+class ModelSpec(Strict):
+    """A model named by backend and id (Hugging Face id or local path); used by later stages."""
+
+    backend: str
+    model_id: str
+    revision: str | None = None
+    batch_size: int = Field(32, ge=1)
+    device: str = "cpu"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+
+
+class ModelsSection(Strict):
+    detector: DetectorSpec = DetectorSpec()
+    image_embedder: ModelSpec | None = None
+    experts: list[ModelSpec] = Field(default_factory=list)
+    generators: list[ModelSpec] = Field(default_factory=list)
+    teacher: ModelSpec | None = None
+
+
+class InputSpec(Strict):
+    """Where the images come from: the bundled demo pool, a folder, or a Parquet file of paths."""
+
+    kind: Literal["pool", "folder", "paths"] = "pool"
+    path: str = "data/demo_pool"
+    default_domain: str = "pedestrian"
+    roots: list[str] = Field(default_factory=list)  # allowed roots for 'paths' inputs; empty = any
+
+
+class IngestSpec(Strict):
+    shard_size: int = Field(256, ge=1)
+    max_file_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    max_pixels: int = Field(50_000_000, ge=1)  # larger images are rejected as decompression bombs
+
+
+class DenoiseSpec(Strict):
+    """GTR+ denoising thresholds (paper Sec. 5.1): w<32 or h<64, Laplacian var <80, count≠1."""
+
+    min_width: int = Field(32, ge=1)
+    min_height: int = Field(64, ge=1)
+    min_laplacian_variance: float = Field(80.0, ge=0.0)
+    required_target_count: int | None = Field(1, ge=0)  # None disables the count filter
+    deduplicate: bool = True
+
+
+class SamplingSpec(Strict):
+    """Centroid-Guided Diversity Sampling sizes (paper Sec. 3.1)."""
+
+    clusters_per_domain: int = Field(100, ge=1)
+    min_per_cluster: int = Field(100, ge=0)
+    max_per_cluster: int = Field(1000, ge=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _bounds(self) -> SamplingSpec:
+        if self.min_per_cluster > self.max_per_cluster:
+            raise ValueError("sampling.min_per_cluster must not exceed sampling.max_per_cluster")
+        return self
+
+
+class RetrievalSpec(Strict):
+    """Multi-Expert Collaborative Filtering (paper Eq. 1): top-K per expert, union of candidates."""
+
+    top_k: int = Field(1000, ge=1)
+    index_above: int = Field(200_000, ge=1)  # gallery size above which an ANN index is used
+
+
+class QueriesSpec(Strict):
+    per_domain: int = Field(100, ge=1)
+    min_words: int = Field(5, ge=1)
+    max_words: int = Field(15, ge=1)
+
+
+class PrefectSpec(Strict):
+    task_runner_workers: int = Field(2, ge=1)
+    gpu_concurrency_limit: str = "gpu"
+
+
+class Profile(Strict):
+    """A complete, validated profile."""
+
+    name: str
+    description: str = ""
+    artifacts_root: str = ".rde/artifacts"  # local path (relative to the project root) or fsspec URL
+    input: InputSpec = InputSpec()
+    domains: list[DomainSpec] = Field(min_length=1)
+    ingest: IngestSpec = IngestSpec()
+    denoise: DenoiseSpec = DenoiseSpec()
+    models: ModelsSection = ModelsSection()
+    sampling: SamplingSpec = SamplingSpec()
+    retrieval: RetrievalSpec = RetrievalSpec()
+    queries: QueriesSpec = QueriesSpec()
+    prefect: PrefectSpec = PrefectSpec()
+
+    @model_validator(mode="after")
+    def _domains_unique(self) -> Profile:
+        names = [d.name for d in self.domains]
+        if len(set(names)) != len(names):
+            raise ValueError(f"domains: names must be unique, got {names}")
+        if self.input.default_domain not in names:
+            raise ValueError(f"input.default_domain {self.input.default_domain!r} is not one of domains {names}")
+        return self
+
+    def domain(self, name: str) -> DomainSpec:
+        for spec in self.domains:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def section_hash(self, *sections: str) -> str:
+        """Hash of the named sections only, so a stage reruns when *its* config changes."""
+        data = self.model_dump(mode="json")
+        return sha256_json({s: data[s] for s in sections})
+
+
+def _format_errors(source: str, exc: ValidationError) -> str:
+    lines = [f"invalid profile {source}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            got = err.get("input")
+            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            lines.append(f"  {key}: {err['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def parse_profile(data: Any, source: str = "<profile>") -> Profile:
+    """Validate a mapping as a Profile, with errors that name the offending key."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"invalid profile {source}: expected a mapping at the top level")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(_format_errors(source, exc)) from None
+
+
+def load_profile(name_or_path: str = "demo", overrides: dict[str, Any] | None = None) -> Profile:
+    """Load a bundled profile by name (``demo``, ``production``) or any YAML file by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")))
+        raise ProfileError(f"profile {name_or_path!r} not found (bundled profiles: {known}; or give a YAML path)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"profile {path} is not valid YAML: {exc}") from None
+    if overrides:
+        data = deep_merge(data or {}, overrides)
+    return parse_profile(data, str(path))
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``extra`` wins."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

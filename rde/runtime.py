@@ -1,0 +1,71 @@
+"""Process-wide settings: project root, state folder, Prefect environment, code version.
+
+Prefect reads its settings when it is first imported, so ``configure_prefect_env`` must run
+before that; ``flows`` and ``tasks`` call it on import and the CLI calls it first thing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import rde
+
+
+def project_root() -> Path:
+    """The repository root (``RDE_PROJECT_ROOT`` overrides): profile-relative paths resolve here."""
+    env = os.environ.get("RDE_PROJECT_ROOT")
+    return Path(env).resolve() if env else Path(rde.__file__).resolve().parent.parent
+
+
+def state_dir() -> Path:
+    """Folder for Prefect's home, results and logs (``RDE_STATE_DIR`` overrides; default ``.rde``)."""
+    env = os.environ.get("RDE_STATE_DIR")
+    return Path(env).resolve() if env else project_root() / ".rde"
+
+
+def resolve_location(location: str) -> str:
+    """A profile location as an absolute path or an fsspec URL (URLs are left as they are)."""
+    if "://" in location:
+        return location
+    path = Path(location)
+    return str(path if path.is_absolute() else project_root() / path)
+
+
+def configure_prefect_env() -> None:
+    """Point Prefect at the project's state folder and turn analytics off.
+
+    Values already set in the environment win, so ``PREFECT_API_URL`` selects a real server;
+    without it flows run against Prefect's ephemeral local server.
+    """
+    home = state_dir() / "prefect"
+    defaults = {
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOCAL_STORAGE_PATH": str(home / "storage"),
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "PREFECT_UI_ENABLED": "true",
+        "YOLO_OFFLINE": "1",
+        "YOLO_CONFIG_DIR": str(state_dir() / "ultralytics"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    home.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Package version plus the git commit (with ``-dirty`` for uncommitted changes) when known."""
+    root = project_root()
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return f"{rde.__version__}+{sha}{'-dirty' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        return rde.__version__

@@ -1,0 +1,5 @@
+"""Prefect tasks, grouped by stage. Each is a thin wrapper around plain functions in ``rde``."""
+
+from rde.runtime import configure_prefect_env
+
+configure_prefect_env()

@@ -1,0 +1,54 @@
+"""Run summary: stage outcomes, accounting (accepted + rejected = input) and artifact locations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage import Artifact
+from tasks.context import RunContext
+from tasks.reporting import publish_markdown
+from tasks.sharded import StageResult
+
+
+def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
+    """Totals across stages; ``balanced`` asserts that no input was lost."""
+    by_name = {s.stage: s for s in stages}
+    inputs = by_name["ingest"].input_rows
+    accepted = by_name["denoise"].accepted
+    rejected: dict[str, int] = {}
+    for stage in ("ingest", "denoise"):
+        for reason, count in by_name[stage].rejected.items():
+            rejected[f"{stage}:{reason}"] = count
+    total_rejected = sum(rejected.values())
+    artifacts = {}
+    for stage in stages:
+        for name, url in stage.artifacts.items():
+            artifacts[f"{stage.stage}.{name}"] = {"url": url, "rows": Artifact(url).count_rows()}
+    return {
+        "flow": ctx.flow_name, "profile": ctx.profile.name, "output_root": ctx.root,
+        "stages": [{"stage": s.stage, "skipped": s.skipped, "input": s.input_rows, "accepted": s.accepted,
+                    "rejected": sum(s.rejected.values()), "shards": s.shards, "shards_reused": s.shards_resumed,
+                    "seconds": round(s.seconds, 2)} for s in stages],
+        "inputs": inputs, "accepted": accepted, "rejected": rejected, "total_rejected": total_rejected,
+        "balanced": accepted + total_rejected == inputs, "artifacts": artifacts,
+    }
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    lines = [f"# {summary['flow']} ({summary['profile']})", "",
+             f"Inputs **{summary['inputs']}**, accepted **{summary['accepted']}**, "
+             f"rejected **{summary['total_rejected']}**, balanced: **{summary['balanced']}**", "",
+             "| stage | skipped | input | accepted | rejected | shards | reused | seconds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in summary["stages"]:
+        lines.append(f"| {s['stage']} | {s['skipped']} | {s['input']} | {s['accepted']} | {s['rejected']} | "
+                     f"{s['shards']} | {s['shards_reused']} | {s['seconds']} |")
+    lines += ["", "| rejection reason | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(summary["rejected"].items(), key=lambda kv: -kv[1])]
+    lines += ["", "| artifact | rows | location |", "|---|---|---|"]
+    lines += [f"| {k} | {v['rows']} | `{v['url']}` |" for k, v in summary["artifacts"].items()]
+    return "\n".join(lines)
+
+
+def publish_summary(flow_name: str, summary: dict[str, Any]) -> None:
+    publish_markdown(f"{flow_name}-summary", summary_markdown(summary), f"{flow_name} run summary")
