@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rde.runtime import configure_prefect_env
@@ -23,13 +24,15 @@ pool_app = typer.Typer(help="The demo image pool of real surveillance crops.", n
 app.add_typer(profile_app, name="profile")
 app.add_typer(pool_app, name="pool")
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
-ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Bundled profile name (demo, production) or YAML path.")]
+ProfileOpt = Annotated[
+    str, typer.Option("--profile", "-p", help="Bundled profile name (demo, production) or YAML path.")
+]
 
 
 def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}")
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(2)
 
 
@@ -77,9 +80,12 @@ def build_secmm_cmd(
         kind = input_kind or _guess_kind(input_path)
         overrides.setdefault("input", {}).update({"kind": kind, "path": str(Path(input_path).resolve())})
     try:
+        from rde.ingest import check_input
         from rde.profiles import load_profile
+        from rde.runtime import project_root
 
-        load_profile(profile, overrides)  # validate before starting Prefect
+        prof = load_profile(profile, overrides)  # validate before starting Prefect
+        check_input(prof.input, project_root())
         from flows.build_secmm import build_secmm
 
         summary = build_secmm(profile=profile, overrides=overrides or None, output_root=output)

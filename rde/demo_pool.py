@@ -11,6 +11,7 @@ Reproducible: the same video and parameters give the same pool (fixed seed, no w
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,7 +108,9 @@ class IouTracker:
 def read_frames(video: str, step: int) -> list[tuple[int, np.ndarray]]:
     cap = cv2.VideoCapture(video)
     if not cap.isOpened():
-        raise FileNotFoundError(f"cannot open video {video} (install Debian's opencv-doc, see scripts/build_demo_pool.sh)")
+        raise FileNotFoundError(
+            f"cannot open video {video} (install Debian's opencv-doc, see scripts/build_demo_pool.sh)"
+        )
     frames, index = [], 0
     while True:
         ok, frame = cap.read()
@@ -167,13 +170,18 @@ def build_pool_rows(video: str, params: PoolParams) -> list[dict]:
     return rows
 
 
-def _add_filter_exercises(rows, crops, person_records, params, rng, add) -> None:
+def _add_filter_exercises(rows: list[dict], crops: list[dict], person_records: list, params: PoolParams,
+                          rng: np.random.Generator, add: Callable[..., None]) -> None:
     """Derived images with a known expected rejection: tiny, blurred, group, background."""
-    decoded = lambda r: cv2.cvtColor(cv2.imdecode(np.frombuffer(r["image_bytes"], np.uint8), 1), cv2.COLOR_BGR2RGB)  # noqa: E731
+
+    def decoded(row: dict) -> np.ndarray:
+        return cv2.cvtColor(cv2.imdecode(np.frombuffer(row["image_bytes"], np.uint8), 1), cv2.COLOR_BGR2RGB)
+
     for i in rng.choice(len(crops), size=min(params.n_tiny, len(crops)), replace=False):
         img = decoded(crops[i])
         small = cv2.resize(img, (max(1, img.shape[1] // 3), max(1, img.shape[0] // 3)), interpolation=cv2.INTER_AREA)
-        add("pedestrian", crops[i]["identity"], "tiny", small, {"derived_from": crops[i]["pool_id"], "op": "downscale/3"})
+        add("pedestrian", crops[i]["identity"], "tiny", small,
+            {"derived_from": crops[i]["pool_id"], "op": "downscale/3"})
     for i in rng.choice(len(crops), size=min(params.n_blurred, len(crops)), replace=False):
         img = decoded(crops[i])
         add("pedestrian", crops[i]["identity"], "blurred", cv2.GaussianBlur(img, (0, 0), 3.0),

@@ -59,7 +59,7 @@ def measure_table(images: pa.Table, detector: Detector, domains: dict[str, Domai
             return
         try:
             results: list[Detections | None] = list(detector.detect([img for _, img, _ in pending]))
-        except Exception:  # noqa: BLE001 - the batch failed: retry one by one, so one image cannot sink it
+        except Exception:
             results = [_detect_one(detector, img, row) for row, img, _ in pending]
         for (row, _, domain), dets in zip(pending, results, strict=True):
             if dets is None:
@@ -90,7 +90,7 @@ def measure_table(images: pa.Table, detector: Detector, domains: dict[str, Domai
 def _detect_one(detector: Detector, image: np.ndarray, row: dict[str, Any]) -> Detections | None:
     try:
         return detector.detect([image])[0]
-    except Exception as exc:  # noqa: BLE001 - recorded as the row's measurement error
+    except Exception as exc:
         row["error"] = f"detector failed: {type(exc).__name__}: {exc}"
         return None
 

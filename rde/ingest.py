@@ -57,6 +57,25 @@ def list_inputs(spec: InputSpec, project_root: Path, known_domains: list[str]) -
     return _list_paths_file(path, spec, project_root)
 
 
+def check_input(spec: InputSpec, project_root: Path) -> None:
+    """Fail fast, with a user message, when the input as a whole is unusable (before any run starts)."""
+    location = spec.path if "://" in spec.path else str(project_root / spec.path)
+    path = Path(location)
+    if spec.kind == "folder" and not path.is_dir():
+        raise InputError(f"input folder {path} does not exist or is not a folder")
+    if spec.kind == "paths":
+        if not path.is_file():
+            raise InputError(f"input Parquet file {path} does not exist")
+        try:
+            names = pq.read_schema(path).names
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"input {path} is not a readable Parquet file: {exc}") from None
+        if "path" not in names:
+            raise InputError(f"input {path} has no 'path' column (columns: {names})")
+    if spec.kind == "pool" and not Artifact(location).is_complete():
+        raise InputError(f"input pool {location} is not a complete artifact (no _manifest.json or missing shards)")
+
+
 def _list_pool(url: str) -> tuple[list[InputRef], str]:
     pool = Artifact(url)
     manifest = pool.manifest()
@@ -176,7 +195,7 @@ def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str
         except DecodeError as err:
             rejects.append(reject_row(ref, "ingest", [str(err.reason)], err.detail))
             continue
-        except Exception as exc:  # noqa: BLE001 - one bad input never loses the shard
+        except Exception as exc:
             rejects.append(reject_row(ref, "ingest", [str(Reason.READ_ERROR)], f"{type(exc).__name__}: {exc}"))
             continue
         images.append({"input_id": ref.input_id, "image_id": sha256_bytes(data), "source": ref.source,

@@ -224,9 +224,7 @@ class ArtifactWriter(Artifact):
             self.fs.rm(self.manifest_path)
         for entry in self.fs.ls(self.path, detail=False):
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if ".tmp-" in name:
-                self.fs.rm(entry)
-            elif SHARD_PATTERN.match(name) and self._footer_key(entry) != self.stage_key:
+            if ".tmp-" in name or (SHARD_PATTERN.match(name) and self._footer_key(entry) != self.stage_key):
                 self.fs.rm(entry)
 
     def _footer_key(self, path: str) -> str | None:

@@ -12,7 +12,7 @@ from prefect.context import get_run_context
 def _in_prefect_run() -> bool:
     try:
         get_run_context()
-    except Exception:  # noqa: BLE001 - MissingContextError outside a flow/task run
+    except Exception:
         return False
     return True
 

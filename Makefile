@@ -1,0 +1,34 @@
+# The two commands of the README: `make demo` (set up + run build-secmm on the demo profile)
+# and `make test` (set up + lint + the whole test suite). Both create .venv on first use.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-fast lint ui clean-artifacts
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/rde build-secmm --profile demo
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/pytest
+
+test-fast: setup
+	$(BIN)/pytest -m "not slow"
+
+# A local Prefect server with the UI on http://127.0.0.1:4200 (state in .rde/prefect).
+ui: setup
+	PREFECT_HOME=$(CURDIR)/.rde/prefect PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/prefect server start --host 127.0.0.1
+
+clean-artifacts:
+	rm -rf .rde/artifacts

@@ -1,0 +1,50 @@
+"""Test settings: an isolated state folder (Prefect home, YOLO config) per test session.
+
+The environment is set before anything imports Prefect, so the ephemeral server and its
+database live in a temporary folder, never in the developer's ``.rde``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_STATE = Path(tempfile.mkdtemp(prefix="rde-test-state-"))
+os.environ["RDE_STATE_DIR"] = str(_STATE)
+for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "YOLO_CONFIG_DIR"):
+    os.environ.pop(_key, None)
+
+from rde.runtime import configure_prefect_env  # noqa: E402
+
+configure_prefect_env()
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_ARTIFACTS = ROOT / "test-artifacts"  # screenshots and reports kept by tests (git-ignored)
+
+
+@pytest.fixture(scope="session")
+def demo_pool_url() -> str:
+    return str(ROOT / "data" / "demo_pool")
+
+
+@pytest.fixture(scope="session")
+def test_artifacts_dir() -> Path:
+    TEST_ARTIFACTS.mkdir(exist_ok=True)
+    return TEST_ARTIFACTS
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server(request: pytest.FixtureRequest):
+    """One temporary Prefect server (SQLite) for the whole session, started only if a test needs
+    Prefect, and stopped inside the session so its shutdown logs reach an open stream."""
+    needs = any(item.get_closest_marker("slow") for item in request.session.items)
+    if not needs:
+        yield None
+        return
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield True

@@ -1,0 +1,135 @@
+"""Denoise filters against hand-made images with known size, blur and person count."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from models.backends.detectors import Detections, load_detector
+from rde.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
+from rde.image_decoding import decode_rgb
+from rde.profiles import DenoiseSpec, DetectorSpec, DomainSpec
+from storage import Artifact
+from storage.schemas import IMAGES, MEASUREMENTS
+
+SPEC = DenoiseSpec()
+
+
+def test_laplacian_variance_hand_computed() -> None:
+    flat = np.full((64, 32, 3), 200, np.uint8)
+    assert laplacian_variance(flat) == 0.0
+    # checkerboard of 0/255: every pixel's Laplacian is 4*(neighbour - self) = ±1020 (reflect-101
+    # borders keep the pattern), mean 0, so the variance is 1020**2.
+    board = ((np.indices((64, 32)).sum(axis=0) % 2) * 255).astype(np.uint8)
+    assert laplacian_variance(np.repeat(board[:, :, None], 3, axis=2)) == pytest.approx(1020.0**2)
+    # a single bright pixel (value 255) in a 5x5 black image: Laplacian -1020 at the pixel, +255 at
+    # its 4 neighbours, 0 elsewhere: mean 0, variance (1020**2 + 4*255**2) / 25
+    impulse = np.zeros((5, 5), np.uint8)
+    impulse[2, 2] = 255
+    assert laplacian_variance(impulse) == pytest.approx((1020**2 + 4 * 255**2) / 25)
+
+
+def test_blur_lowers_laplacian_variance_below_threshold() -> None:
+    rng = np.random.default_rng(0)
+    sharp = rng.integers(0, 256, (128, 64, 3), dtype=np.uint8)
+    blurred = cv2.GaussianBlur(sharp, (0, 0), 4.0)
+    assert laplacian_variance(sharp) > 80 > laplacian_variance(blurred)
+    assert decide(64, 128, laplacian_variance(blurred), 1, None, SPEC) == ["blurry"]
+    assert decide(64, 128, laplacian_variance(sharp), 1, None, SPEC) == []
+
+
+@pytest.mark.parametrize(("w", "h", "expected"), [(32, 64, []), (31, 64, ["too_small"]), (32, 63, ["too_small"]),
+                                                  (1, 1, ["too_small"]), (500, 900, [])])
+def test_size_thresholds_are_inclusive_minimums(w: int, h: int, expected: list[str]) -> None:
+    assert decide(w, h, 500.0, 1, None, SPEC) == expected
+
+
+def test_decide_lists_every_failing_reason_in_order() -> None:
+    assert decide(10, 10, 5.0, 0, None, SPEC) == ["too_small", "blurry", "no_target"]
+    assert decide(64, 128, 500.0, 3, None, SPEC) == ["multiple_targets"]
+    assert decide(64, 128, None, None, "decode failed", SPEC) == ["measure_error"]
+    assert decide(64, 128, 500.0, 3, None, DenoiseSpec(required_target_count=None)) == []
+
+
+def test_count_targets_merges_one_object_reported_under_two_classes() -> None:
+    dets = Detections(np.array([[0, 0, 100, 60], [2, 1, 101, 62], [200, 0, 260, 50], [0, 0, 10, 30]], np.float32),
+                      ["truck", "bus", "car", "person"], np.array([0.7, 0.5, 0.6, 0.9], np.float32))
+    vehicles = count_targets(dets, ["car", "bus", "truck"])
+    assert len(vehicles) == 2 and sorted(vehicles.labels) == ["car", "truck"]
+    assert len(count_targets(dets, ["person"])) == 1
+
+
+@pytest.fixture(scope="module")
+def pool_rows(demo_pool_url: str) -> dict[str, dict]:
+    return {r["pool_id"]: r for r in Artifact(demo_pool_url).read_shard(0).to_pylist()}
+
+
+def _canvas(*people: np.ndarray) -> np.ndarray:
+    h = max(p.shape[0] for p in people) + 20
+    w = sum(p.shape[1] for p in people) + 10 * (len(people) + 1)
+    canvas = np.full((h, w, 3), 128, np.uint8)
+    x = 10
+    for p in people:
+        canvas[10 : 10 + p.shape[0], x : x + p.shape[1]] = p
+        x += p.shape[1] + 10
+    return canvas
+
+
+def test_person_count_on_hand_made_images(pool_rows: dict[str, dict]) -> None:
+    """Known counts: an empty grey image (0), one real person crop (1), two crops side by side (2)."""
+    detector = load_detector(DetectorSpec())
+    a = decode_rgb(pool_rows["vtest.avi:crop:00288"]["image_bytes"])
+    b = decode_rgb(pool_rows["vtest.avi:crop:00503"]["image_bytes"])
+    images = [np.full((160, 80, 3), 128, np.uint8), a, _canvas(a, b)]
+    counts = [len(count_targets(d, ["person"])) for d in detector.detect(images)]
+    assert counts == [0, 1, 2]
+
+
+class _BrokenDetector:
+    model_id = "broken"
+
+    def detect(self, images):
+        if any(im.shape[0] == 77 for im in images):
+            raise RuntimeError("boom")
+        return [Detections() for _ in images]
+
+
+def _images_table(arrays: list[np.ndarray]) -> pa.Table:
+    rows = []
+    for i, arr in enumerate(arrays):
+        ok, buf = cv2.imencode(".png", arr)
+        assert ok
+        rows.append({"input_id": f"in{i}", "image_id": f"img{i}", "source": f"s{i}", "domain": "pedestrian",
+                     "identity": None, "width": arr.shape[1], "height": arr.shape[0], "source_mode": "RGB",
+                     "image_format": "PNG", "source_meta": None, "image_bytes": buf.tobytes()})
+    return pa.Table.from_pylist(rows, schema=IMAGES)
+
+
+def test_detector_failure_on_one_image_does_not_lose_the_shard() -> None:
+    images = _images_table([np.zeros((77, 40, 3), np.uint8), np.zeros((90, 40, 3), np.uint8)])
+    table = measure_table(images, _BrokenDetector(), {"pedestrian": DomainSpec(name="pedestrian",
+                                                                              target_classes=["person"])},
+                          batch_size=8, max_pixels=10**7)
+    rows = table.to_pylist()
+    assert rows[0]["error"].startswith("detector failed: RuntimeError: boom") and rows[0]["target_count"] is None
+    assert rows[1]["error"] is None and rows[1]["target_count"] == 0
+
+
+def test_decide_shards_deduplicates_and_accounts_for_every_row() -> None:
+    rng = np.random.default_rng(1)
+    sharp = rng.integers(0, 256, (128, 64, 3), dtype=np.uint8)
+    images = _images_table([sharp, sharp, np.zeros((10, 10, 3), np.uint8)])
+    images = images.set_column(1, "image_id", pa.array(["same", "same", "other"]))
+    measures = pa.Table.from_pylist(
+        [{"input_id": f"in{i}", "image_id": "x", "laplacian_variance": v, "target_count": c, "target_scores": [],
+          "target_boxes": [], "error": None} for i, (v, c) in enumerate([(900.0, 1), (900.0, 1), (0.0, 0)])],
+        schema=MEASUREMENTS)
+    counts = DenoiseCounts()
+    [(accepted, rejected)] = list(decide_shards(iter([(images, measures)]), SPEC, counts))
+    assert accepted.column("input_id").to_pylist() == ["in0"]
+    assert rejected.column("reason").to_pylist() == ["duplicate", "too_small"]
+    assert rejected.column("detail").to_pylist()[0] == "same bytes as input in0"
+    assert rejected.column("all_reasons").to_pylist()[1] == ["too_small", "blurry", "no_target"]
+    assert counts.input == 3 and counts.accepted == 1 and counts.rejected == {"duplicate": 1, "too_small": 1}

@@ -1,0 +1,113 @@
+"""End to end: the build-secmm flow on the demo pool and on the bad-input corpus (Prefect ephemeral)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bad_input_corpus import make_corpus
+
+from flows.build_secmm import build_secmm
+from rde.image_decoding import decode_rgb
+from storage import Artifact
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    out = str(tmp_path_factory.mktemp("demo-out"))
+    return out, build_secmm(profile="demo", output_root=out)
+
+
+def _stages(summary: dict) -> dict[str, dict]:
+    return {s["stage"]: s for s in summary["stages"]}
+
+
+def test_demo_run_accounts_for_every_input(demo_run: tuple[str, dict], demo_pool_url: str) -> None:
+    _, summary = demo_run
+    pool_rows = Artifact(demo_pool_url).count_rows()
+    assert summary["inputs"] == pool_rows and summary["balanced"]
+    assert summary["accepted"] + summary["total_rejected"] == pool_rows
+    assert not any(s["skipped"] for s in summary["stages"])
+    arts = summary["artifacts"]
+    assert arts["denoise.accepted"]["rows"] + arts["denoise.rejects"]["rows"] == arts["ingest.images"]["rows"]
+
+
+def test_demo_filter_exercises_are_rejected_for_their_reason(demo_run: tuple[str, dict],
+                                                             demo_pool_url: str) -> None:
+    _, summary = demo_run
+    variants = {f"pool:{r['pool_id']}": r["variant"] for r in
+                Artifact(demo_pool_url).read_shard(0, ["pool_id", "variant"]).to_pylist()}
+    rejects = Artifact(summary["artifacts"]["denoise.rejects"]["url"]).to_pandas()
+    reasons = {row.source: list(row.all_reasons) for row in rejects.itertuples()}
+    by_variant: dict[str, list[list[str]]] = {}
+    for source, variant in variants.items():
+        by_variant.setdefault(variant, []).append(reasons.get(source, []))
+    assert all("too_small" in r for r in by_variant["tiny"])
+    assert all("blurry" in r for r in by_variant["blurred"])
+    # background patches and two-person crops are cut by frame geometry, and the detector judges the
+    # crop itself: a patch may hold part of a walker, a group may hide one person behind another
+    assert sum("no_target" in r for r in by_variant["background"]) >= 0.8 * len(by_variant["background"])
+    assert sum("multiple_targets" in r for r in by_variant["group"]) >= 0.8 * len(by_variant["group"])
+    accepted = Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas()
+    assert (accepted.width >= 32).all() and (accepted.height >= 64).all()
+    assert (accepted.laplacian_variance >= 80).all() and (accepted.target_count == 1).all()
+    assert set(accepted.domain) == {"pedestrian", "vehicle"}
+
+
+def test_rerun_skips_and_a_deleted_shard_recomputes_only_its_stage(demo_run: tuple[str, dict]) -> None:
+    out, first = demo_run
+    again = build_secmm(profile="demo", output_root=out)
+    assert all(s["skipped"] for s in again["stages"]) and again["accepted"] == first["accepted"]
+    Path(first["artifacts"]["measure.measurements"]["url"], "part-00001.parquet").unlink()
+    third = build_secmm(profile="demo", output_root=out)
+    stages = _stages(third)
+    assert stages["ingest"]["skipped"] and stages["denoise"]["skipped"]
+    assert not stages["measure"]["skipped"] and stages["measure"]["shards_reused"] == stages["measure"]["shards"] - 1
+    assert third["accepted"] == first["accepted"]
+
+
+def test_threshold_change_reruns_only_the_decision(demo_run: tuple[str, dict]) -> None:
+    out, first = demo_run
+    stricter = build_secmm(profile="demo", output_root=out, overrides={"denoise": {"min_laplacian_variance": 600}})
+    stages = _stages(stricter)
+    assert stages["ingest"]["skipped"] and stages["measure"]["skipped"] and not stages["denoise"]["skipped"]
+    assert stricter["accepted"] < first["accepted"] and stricter["balanced"]
+
+
+def test_prefect_artifacts_are_published_with_stable_keys(demo_run: tuple[str, dict]) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    keys = ["build-secmm-ingest", "build-secmm-denoise", "build-secmm-summary"]
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+    assert {a.key for a in found} == set(keys)
+    denoise = next(a for a in found if a.key == "build-secmm-denoise")
+    assert "rejected:too_small" in str(denoise.data)
+
+
+def test_bad_input_folder_through_the_flow(tmp_path: Path, demo_pool_url: str) -> None:
+    rows = {r["pool_id"]: r for r in Artifact(demo_pool_url).read_shard(0).to_pylist()}
+    person = decode_rgb(rows["vtest.avi:crop:00288"]["image_bytes"])
+    corpus = tmp_path / "corpus"
+    expected = make_corpus(corpus, person)
+    shutil.copy(corpus / "ok_person.jpg", corpus / "copy.jpg")
+    expected["copy.jpg"] = ("denoise", "duplicate")
+    summary = build_secmm(profile="demo", output_root=str(tmp_path / "out"),
+                          overrides={"input": {"kind": "folder", "path": str(corpus)}})
+    assert summary["balanced"] and summary["inputs"] == len(expected)
+    outcome: dict[str, tuple[str, str | None]] = {}
+    for stage, name in (("ingest", "ingest.rejects"), ("denoise", "denoise.rejects")):
+        for r in Artifact(summary["artifacts"][name]["url"]).to_pandas().itertuples():
+            outcome[Path(r.source).name] = (stage, r.reason)
+    for r in Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas().itertuples():
+        outcome[Path(r.source).name] = ("denoise", None)
+    # which of ok_person.jpg / copy.jpg is "the duplicate" follows input (sorted name) order
+    assert outcome["copy.jpg"] == ("denoise", None) and outcome["ok_person.jpg"] == ("denoise", "duplicate")
+    expected["copy.jpg"], expected["ok_person.jpg"] = ("denoise", None), ("denoise", "duplicate")
+    assert outcome == expected
+    assert np.isfinite(Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas().laplacian_variance).all()
