@@ -8,7 +8,9 @@ a decompression bomb is caught from the header before any pixel is decoded.
 from __future__ import annotations
 
 import io
+import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +20,20 @@ from rde.reasons import Reason
 
 # Truncated files must fail, not decode half-grey.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+
+def _pil_open() -> Callable[..., Image.Image]:
+    """Pillow's own ``Image.open``.
+
+    Importing ultralytics replaces ``PIL.Image.open`` process-wide with a wrapper that, on any
+    unidentified file, tries to pip-install ``pi-heif`` and then raises ``ModuleNotFoundError``;
+    that would turn "not an image" into a crash. We call the original it keeps.
+    """
+    opener = Image.open
+    module = getattr(opener, "__module__", "") or ""
+    if module.startswith("ultralytics"):
+        opener = getattr(sys.modules[module], "_image_open", opener)
+    return opener
 
 
 @dataclass(frozen=True)
@@ -46,7 +62,7 @@ def read_header(data: bytes, max_pixels: int) -> ImageHeader:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = _pil_open()(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
         raise DecodeError(Reason.DECOMPRESSION_BOMB, str(exc)) from None
     except UnidentifiedImageError:
@@ -69,7 +85,7 @@ def decode_rgb(data: bytes, max_pixels: int = 50_000_000) -> np.ndarray:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = _pil_open()(io.BytesIO(data))
             image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DecodeError(Reason.CORRUPT_IMAGE, f"decoding failed: {exc}") from None

@@ -52,7 +52,11 @@ class DetectorSpec(Strict):
 
 
 class ModelSpec(Strict):
-    """A model named by backend and id (Hugging Face id or local path); used by later stages."""
+    """A model named by backend and id (Hugging Face id, local path, or a bundled name).
+
+    ``device``: cpu | cuda | cuda:N | mps | auto. ``dtype`` applies on accelerators; the CPU always
+    computes in float32. ``options`` holds backend-specific settings (see each backend's docstring).
+    """
 
     backend: str
     model_id: str
@@ -60,6 +64,11 @@ class ModelSpec(Strict):
     batch_size: int = Field(32, ge=1)
     device: str = "cpu"
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def cache_key(self) -> str:
+        """Identity of the loaded model (for per-process caches and artifact lineage)."""
+        return self.model_dump_json()
 
 
 class ModelsSection(Strict):

@@ -90,3 +90,15 @@ def test_file_too_large(tmp_path: Path, person: np.ndarray) -> None:
     refs, _ = list_inputs(InputSpec(kind="folder", path=str(tmp_path)), tmp_path, DOMAINS)
     _, rejects = ingest_shard(refs, IngestSpec(max_file_bytes=100), DOMAINS)
     assert "file_too_large" in rejects.column("reason").to_pylist()
+
+
+def test_non_images_stay_not_an_image_after_ultralytics_patches_pillow() -> None:
+    """ultralytics monkey-patches PIL.Image.open (HEIF auto-install); our decoding must not change."""
+    pytest.importorskip("ultralytics")
+    import ultralytics.utils.patches  # noqa: F401 - applies the patch
+    from PIL import Image
+
+    assert Image.open.__module__.startswith("ultralytics")
+    with pytest.raises(DecodeError) as err:
+        read_header(b"plain text, not an image", max_pixels=10**6)
+    assert err.value.reason == "not_an_image"

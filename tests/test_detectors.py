@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.backends.detectors import ModelLoadError, SsdMobileNetDetector, YoloDetector, load_detector
+from models.backends.detectors import SsdMobileNetDetector, YoloDetector, load_detector
+from models.backends.model_errors import ModelLoadError
 from rde.image_decoding import decode_rgb
 from rde.profiles import DetectorSpec
 from storage import Artifact

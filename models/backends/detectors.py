@@ -18,13 +18,10 @@ from typing import Protocol
 import cv2
 import numpy as np
 
+from models.backends.model_errors import ModelLoadError
 from rde.profiles import DetectorSpec
 
 LABELS_FILE = Path(__file__).with_name("coco_tf_labels.txt")
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message says which and how to point the profile at it."""
 
 
 @dataclass

@@ -1,0 +1,211 @@
+"""Visual attributes measured in an image, and the same attributes read from a text.
+
+Both sides map into one slot vector (domain, upper-body colour, lower-body colour, carried
+objects, vehicle type, vehicle colour), which is what the attribute expert compares and what the
+grounded captioner is allowed to say.
+
+Colour naming: each pixel goes to the nearest of 11 basic colour terms (Berlin–Kay) in CIELAB;
+a region's colour is the distribution of its pixels over the terms.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+
+from models.backends.detectors import Detections
+
+COLOURS = ["black", "white", "gray", "red", "orange", "yellow", "green", "blue", "purple", "pink", "brown"]
+_COLOUR_RGB = np.array(
+    [[25, 25, 25], [235, 235, 235], [128, 128, 128], [190, 30, 35], [235, 130, 30], [225, 215, 50],
+     [45, 140, 60], [40, 75, 175], [115, 50, 140], [235, 150, 185], [115, 75, 40]], np.uint8)
+_COLOUR_LAB = cv2.cvtColor(_COLOUR_RGB[None], cv2.COLOR_RGB2LAB)[0].astype(np.float32)
+
+OBJECTS = ["backpack", "handbag", "umbrella", "suitcase"]
+VEHICLE_TYPES = ["car", "bus", "truck", "motorcycle"]
+DOMAINS = ["pedestrian", "vehicle"]
+
+COLOUR_SYNONYMS = {
+    "grey": "gray", "silver": "gray", "navy": "blue", "maroon": "red", "crimson": "red", "beige": "brown",
+    "tan": "brown", "khaki": "brown", "violet": "purple", "dark": "black", "light": None, "bright": None,
+    **{c: c for c in COLOURS},
+}
+UPPER = {"shirt", "t-shirt", "tshirt", "top", "jacket", "coat", "sweater", "hoodie", "blouse", "vest", "jersey",
+         "sweatshirt", "cardigan", "blazer", "parka", "upper", "torso"}
+LOWER = {"pants", "trousers", "jeans", "shorts", "skirt", "leggings", "slacks", "lower", "bottoms"}
+WHOLE = {"dress", "suit", "outfit", "clothes", "clothing", "uniform", "overalls"}
+OBJECT_WORDS = {"backpack": "backpack", "rucksack": "backpack", "handbag": "handbag", "bag": "handbag",
+                "purse": "handbag", "umbrella": "umbrella", "suitcase": "suitcase", "luggage": "suitcase"}
+VEHICLE_WORDS = {"car": "car", "sedan": "car", "suv": "car", "taxi": "car", "bus": "bus", "truck": "truck",
+                 "van": "truck", "lorry": "truck", "pickup": "truck", "motorcycle": "motorcycle",
+                 "motorbike": "motorcycle", "scooter": "motorcycle", "vehicle": None}
+PERSON_WORDS = {"man", "woman", "person", "people", "pedestrian", "boy", "girl", "child", "kid", "lady", "guy",
+                "he", "she", "someone", "walker", "adult", "men", "women"}
+
+SLOTS = {"domain": DOMAINS, "upper": COLOURS, "lower": COLOURS, "objects": OBJECTS, "vehicle_type": VEHICLE_TYPES,
+         "vehicle_colour": COLOURS}
+SLOT_WEIGHTS = {"domain": 0.5, "upper": 1.0, "lower": 1.0, "objects": 1.0, "vehicle_type": 1.0,
+                "vehicle_colour": 1.0}
+
+
+@dataclass
+class Attributes:
+    """Per-slot distributions (values in [0, 1]); an empty slot means 'not measured / not said'."""
+
+    slots: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def vector(self) -> np.ndarray:
+        """Weighted concatenation of all slots (zeros where empty), L2-normalised."""
+        parts = []
+        for name, vocab in SLOTS.items():
+            v = self.slots.get(name)
+            v = np.zeros(len(vocab), np.float32) if v is None else np.asarray(v, np.float32)
+            norm = np.linalg.norm(v)
+            parts.append(SLOT_WEIGHTS[name] * (v / norm if norm > 0 else v))
+        vec = np.concatenate(parts)
+        norm = np.linalg.norm(vec)
+        return vec / norm if norm > 0 else vec
+
+    def top(self, slot: str, min_share: float = 0.0) -> list[str]:
+        """Names in a slot ordered by weight, keeping those at or above ``min_share``."""
+        v = self.slots.get(slot)
+        if v is None:
+            return []
+        vocab = SLOTS[slot]
+        order = np.argsort(-v)
+        return [vocab[i] for i in order if v[i] > 0 and v[i] >= min_share]
+
+
+def colour_distribution(rgb: np.ndarray) -> np.ndarray | None:
+    """Share of the region's pixels nearest to each basic colour term (None for an empty region)."""
+    if rgb.size == 0:
+        return None
+    lab = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2LAB).reshape(-1, 3).astype(np.float32)
+    # L is scaled to 0..255 by OpenCV; halve its weight so lighting changes matter less than hue
+    diff = lab[:, None, :] - _COLOUR_LAB[None, :, :]
+    diff[:, :, 0] *= 0.5
+    nearest = np.argmin((diff**2).sum(axis=2), axis=1)
+    return np.bincount(nearest, minlength=len(COLOURS)).astype(np.float32) / len(nearest)
+
+
+def _region(rgb: np.ndarray, box: np.ndarray, top: float, bottom: float, side: float = 0.2) -> np.ndarray:
+    x1, y1, x2, y2 = box
+    w, h = x2 - x1, y2 - y1
+    r0, r1 = int(y1 + top * h), int(y1 + bottom * h)
+    c0, c1 = int(x1 + side * w), int(x2 - side * w)
+    return rgb[max(r0, 0) : max(r1, 0), max(c0, 0) : max(c1, 0)]
+
+
+def _largest(dets: Detections, classes: set[str]) -> tuple[np.ndarray, str, float] | None:
+    mine = dets.of_classes(classes)
+    if not len(mine):
+        return None
+    areas = (mine.boxes[:, 2] - mine.boxes[:, 0]) * (mine.boxes[:, 3] - mine.boxes[:, 1])
+    i = int(np.argmax(areas * mine.scores))
+    return mine.boxes[i], mine.labels[i], float(mine.scores[i])
+
+
+def measure_attributes(rgb: np.ndarray, dets: Detections, object_min_score: float = 0.3) -> Attributes:
+    """Attributes of the main subject (largest confident person or vehicle; whole image if none).
+
+    Person: upper body = rows 15–50 % of the box, lower body = 50–85 %, the central 60 % of
+    columns (less background). Carried objects: detections of bag classes overlapping the person.
+    Vehicle: type from the detector label, colour from the central 60 % of its box.
+    """
+    h, w = rgb.shape[:2]
+    whole = np.array([0, 0, w, h], np.float32)
+    person = _largest(dets, {"person"})
+    vehicle = _largest(dets, set(VEHICLE_TYPES))
+    attrs = Attributes()
+    person_area = 0.0 if person is None else float(np.prod(person[0][2:] - person[0][:2]))
+    vehicle_area = 0.0 if vehicle is None else float(np.prod(vehicle[0][2:] - vehicle[0][:2]))
+    if vehicle is not None and vehicle_area > person_area:
+        box, label, _ = vehicle
+        attrs.slots["domain"] = np.array([0.0, 1.0], np.float32)
+        attrs.slots["vehicle_type"] = np.array([float(t == label) for t in VEHICLE_TYPES], np.float32)
+        attrs.slots["vehicle_colour"] = colour_distribution(_region(rgb, box, 0.2, 0.8))
+        return attrs
+    box = person[0] if person is not None else whole
+    attrs.slots["domain"] = np.array([1.0, 0.0], np.float32)
+    attrs.slots["upper"] = colour_distribution(_region(rgb, box, 0.15, 0.5))
+    attrs.slots["lower"] = colour_distribution(_region(rgb, box, 0.5, 0.85))
+    carried = np.zeros(len(OBJECTS), np.float32)
+    for obj_box, label, score in zip(dets.boxes, dets.labels, dets.scores, strict=True):
+        if label in OBJECTS and score >= object_min_score and _overlaps(obj_box, box):
+            carried[OBJECTS.index(label)] = max(carried[OBJECTS.index(label)], float(score))
+    attrs.slots["objects"] = carried
+    return attrs
+
+
+def _overlaps(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1]))
+
+
+_TOKEN = re.compile(r"[a-z]+(?:-[a-z]+)?")
+
+
+def parse_text_attributes(text: str, window: int = 3) -> Attributes:
+    """Attributes a text states: colour words bound to the nearest garment (ahead first, then
+    behind, within ``window`` tokens), carried objects, vehicle type and colour, domain."""
+    tokens = _TOKEN.findall(text.lower())
+    attrs = Attributes()
+    is_vehicle = any(t in VEHICLE_WORDS for t in tokens)
+    is_person = any(t in PERSON_WORDS for t in tokens) or any(t in UPPER | LOWER | WHOLE for t in tokens)
+    if is_vehicle and not is_person:
+        attrs.slots["domain"] = np.array([0.0, 1.0], np.float32)
+    elif is_person:
+        attrs.slots["domain"] = np.array([1.0, 0.0], np.float32)
+    upper = np.zeros(len(COLOURS), np.float32)
+    lower = np.zeros(len(COLOURS), np.float32)
+    vcol = np.zeros(len(COLOURS), np.float32)
+    for i, tok in enumerate(tokens):
+        colour = COLOUR_SYNONYMS.get(tok)
+        if colour is None:
+            continue
+        if tok == "dark" and i + 1 < len(tokens) and COLOUR_SYNONYMS.get(tokens[i + 1]):
+            continue  # "dark blue" → blue
+        c = COLOURS.index(colour)
+        if is_vehicle and not is_person:
+            vcol[c] = 1.0
+            continue
+        target = _garment_near(tokens, i, window)
+        if target == "upper":
+            upper[c] = 1.0
+        elif target == "lower":
+            lower[c] = 1.0
+        else:  # "in black", "a red dress": the whole outfit
+            upper[c] = max(upper[c], 0.5)
+            lower[c] = max(lower[c], 0.5)
+    if upper.any():
+        attrs.slots["upper"] = upper
+    if lower.any():
+        attrs.slots["lower"] = lower
+    if vcol.any():
+        attrs.slots["vehicle_colour"] = vcol
+    objects = np.zeros(len(OBJECTS), np.float32)
+    for tok in tokens:
+        if tok in OBJECT_WORDS:
+            objects[OBJECTS.index(OBJECT_WORDS[tok])] = 1.0
+    if objects.any():
+        attrs.slots["objects"] = objects
+    vtype = np.zeros(len(VEHICLE_TYPES), np.float32)
+    for tok in tokens:
+        if VEHICLE_WORDS.get(tok):
+            vtype[VEHICLE_TYPES.index(VEHICLE_WORDS[tok])] = 1.0
+    if vtype.any():
+        attrs.slots["vehicle_type"] = vtype
+    return attrs
+
+
+def _garment_near(tokens: list[str], i: int, window: int) -> str | None:
+    for j in list(range(i + 1, min(len(tokens), i + 1 + window))) + list(range(i - 1, max(-1, i - 1 - window), -1)):
+        if tokens[j] in UPPER:
+            return "upper"
+        if tokens[j] in LOWER:
+            return "lower"
+        if tokens[j] in WHOLE:
+            return "whole"
+    return None

@@ -1,0 +1,147 @@
+"""Text–image experts: encode texts and images into one space, compared by cosine.
+
+Offline (real bundled weights, no vision-language model needed):
+
+* ``SemanticBridgeExpert``: an image becomes the probability-weighted MiniLM embedding of its
+  ImageNet classes (EfficientNet-Lite0) plus its detected COCO objects (SSD-MobileNet); a query
+  is its MiniLM embedding. Knows *what* is in the image, not colours.
+* ``AttributeExpert``: measured colours per body region, carried objects, vehicle type and colour
+  versus the same slots parsed from the query. Knows colours and objects, not semantics.
+
+Production: ``TransformersClipExpert`` (CLIP / SigLIP by id) and ``VlmEmbeddingExpert``
+(last-token pooled embeddings of a vision-language model, Qwen3-VL-Embedding / Jina-v4 style).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from models.backends.attributes import measure_attributes, parse_text_attributes
+from models.backends.detectors import Detector
+from models.backends.image_embedders import EfficientNetLiteEmbedder
+from models.backends.interfaces import TextEncoder, l2_normalize
+from models.backends.model_errors import ModelLoadError, hub_hint
+from models.backends.torch_runtime import batched, resolve_device, resolve_dtype
+from rde.profiles import ModelSpec
+
+
+class SemanticBridgeExpert:
+    """Image → MiniLM space through ImageNet class probabilities and detected object labels.
+
+    Options: ``top_k`` classes (5), ``class_prompt`` ("a photo of a {}"), ``detection_weight`` (1.0),
+    ``min_detection_score`` (0.3).
+    """
+
+    preprocessing = "effnet-lite0-imagenet+ssd-coco→minilm"
+
+    def __init__(self, spec: ModelSpec, embedder: EfficientNetLiteEmbedder, detector: Detector,
+                 text_encoder: TextEncoder) -> None:
+        self.spec = spec
+        self.model_id = spec.model_id
+        self.embedder, self.detector, self.text_encoder = embedder, detector, text_encoder
+        self.dim = text_encoder.dim
+        self.top_k = int(spec.options.get("top_k", 5))
+        self.prompt = str(spec.options.get("class_prompt", "a photo of a {}"))
+        self.detection_weight = float(spec.options.get("detection_weight", 1.0))
+        self.min_detection_score = float(spec.options.get("min_detection_score", 0.3))
+
+    @cached_property
+    def _class_vectors(self) -> np.ndarray:
+        return self.text_encoder.encode([self.prompt.format(name) for name in self.embedder.class_names])
+
+    def _label_vectors(self, labels: list[str]) -> dict[str, np.ndarray]:
+        unique = sorted(set(labels))
+        return dict(zip(unique, self.text_encoder.encode([self.prompt.format(x) for x in unique]), strict=True))
+
+    def encode_text(self, texts: list[str]) -> np.ndarray:
+        return self.text_encoder.encode(texts)
+
+    def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
+        if not images:
+            return np.zeros((0, self.dim), np.float32)
+        probs = self.embedder.class_probabilities(images)
+        detections = self.detector.detect(images)
+        labels = self._label_vectors([lab for d in detections for lab in d.labels])
+        out = np.zeros((len(images), self.dim), np.float32)
+        for i, (p, dets) in enumerate(zip(probs, detections, strict=True)):
+            top = np.argsort(-p)[: self.top_k]
+            weights = p[top] / max(float(p[top].sum()), 1e-12)
+            out[i] = weights @ self._class_vectors[top]
+            for label, score in zip(dets.labels, dets.scores, strict=True):
+                if score >= self.min_detection_score:
+                    out[i] += self.detection_weight * float(score) * labels[label]
+        return l2_normalize(out)
+
+
+class AttributeExpert:
+    """Measured attributes (colours per body region, objects, vehicle type/colour) vs parsed query."""
+
+    preprocessing = "ssd-coco+lab-colour-naming-v1"
+    dim = 43
+
+    def __init__(self, spec: ModelSpec, detector: Detector) -> None:
+        self.spec = spec
+        self.model_id = spec.model_id
+        self.detector = detector
+        self.object_min_score = float(spec.options.get("object_min_score", 0.3))
+
+    def encode_text(self, texts: list[str]) -> np.ndarray:
+        return np.stack([parse_text_attributes(t).vector() for t in texts]) if texts \
+            else np.zeros((0, self.dim), np.float32)
+
+    def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
+        out = []
+        for batch in batched(images, self.spec.batch_size):
+            for image, dets in zip(batch, self.detector.detect(list(batch)), strict=True):
+                out.append(measure_attributes(image, dets, self.object_min_score).vector())
+        return np.stack(out) if out else np.zeros((0, self.dim), np.float32)
+
+
+def _features(output: object) -> torch.Tensor:
+    """``get_*_features`` returns a tensor (transformers 4) or an output with ``pooler_output`` (5)."""
+    return output if isinstance(output, torch.Tensor) else output.pooler_output  # type: ignore[attr-defined]
+
+
+class TransformersClipExpert:
+    """CLIP / SigLIP (any dual encoder with ``get_text_features``/``get_image_features``) by id."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
+
+        self.spec = spec
+        self.model_id = spec.model_id
+        self.device = resolve_device(spec.device)
+        self.dtype = resolve_dtype(spec.dtype, self.device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(spec.model_id, revision=spec.revision)
+            self.image_processor = AutoImageProcessor.from_pretrained(spec.model_id, revision=spec.revision)
+            self.model = AutoModel.from_pretrained(spec.model_id, revision=spec.revision, dtype=self.dtype)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(hub_hint("expert", spec.model_id, exc)) from exc
+        self.model.eval().to(self.device)
+        cfg = self.model.config
+        self.dim = int(getattr(cfg, "projection_dim", 0) or cfg.text_config.hidden_size)
+        # SigLIP was trained with max-length padding; CLIP with dynamic padding
+        self.padding = spec.options.get("padding", "max_length" if "siglip" in cfg.model_type else True)
+        self.max_length = int(spec.options.get("max_length", getattr(cfg.text_config, "max_position_embeddings", 64)))
+        self.preprocessing = f"hf:{type(self.image_processor).__name__}:{spec.revision or 'main'}"
+
+    @torch.inference_mode()
+    def encode_text(self, texts: list[str]) -> np.ndarray:
+        out = []
+        for b in batched(list(texts), self.spec.batch_size):
+            tok = self.tokenizer(list(b), padding=self.padding, truncation=True, max_length=self.max_length,
+                                 return_tensors="pt").to(self.device)
+            out.append(_features(self.model.get_text_features(**tok)).float().cpu().numpy())
+        return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
+
+    @torch.inference_mode()
+    def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
+        out = []
+        for b in batched(images, self.spec.batch_size):
+            pix = self.image_processor(images=list(b), return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
+            out.append(_features(self.model.get_image_features(pixel_values=pix)).float().cpu().numpy())
+        return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
