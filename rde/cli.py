@@ -173,6 +173,46 @@ def pool_build(
     console.print(f"wrote {n} pool images to {out}")
 
 
+@app.command("models")
+def models_cmd(
+    profile: ProfileOpt = "demo",
+    load: Annotated[bool, typer.Option("--load/--no-load", help="Try loading each model.")] = True,
+) -> None:
+    """List the profile's model backends and whether each one loads here (exit 1 if any fails)."""
+    import time
+
+    from models.backends.model_errors import ModelLoadError
+    from models.backends.registry import ModelRegistry
+    from rde.profiles import ProfileError, load_profile
+
+    try:
+        prof = load_profile(profile)
+    except ProfileError as exc:
+        _fail(str(exc))
+        return
+    registry = ModelRegistry(prof.models)
+    table = Table(title=f"models of profile {prof.name}")
+    for col in ("role", "backend", "model", "device", "status"):
+        table.add_column(col)
+    failures = 0
+    for role, spec in registry.configured():
+        model_id = getattr(spec, "model_id", None) or getattr(spec, "weights", None) or spec.backend
+        status = "not loaded"
+        if load:
+            start = time.perf_counter()
+            try:
+                model = registry.load(role, spec)
+                dim = getattr(model, "dim", None)
+                status = f"[green]loads[/] in {time.perf_counter() - start:.1f}s" + (f", dim {dim}" if dim else "")
+            except (ModelLoadError, RuntimeError, OSError, ValueError) as exc:
+                failures += 1
+                status = f"[red]fails[/]: {escape(str(exc))}"
+        table.add_row(role, spec.backend, str(model_id), spec.device, status)
+    console.print(table)
+    if failures:
+        raise typer.Exit(1)
+
+
 @app.command("artifacts")
 def artifacts_cmd(
     root: Annotated[str | None, typer.Argument(help="Artifacts root (default: the profile's).")] = None,

@@ -36,7 +36,8 @@ class PoolParams:
     keep_every: int = 8  # keep every 8th tracked crop of a person (0.8 s apart)
     vehicle_every: int = 60  # vehicles are parked: one crop per 60 frames is enough
     score_threshold: float = 0.5
-    track_iou: float = 0.3
+    track_iou: float = 0.4
+    max_appearance: float = 0.45  # Bhattacharyya distance between HS histograms of consecutive boxes
     max_missed: int = 3
     person_margin: tuple[float, float] = (0.25, 0.12)  # fraction of box width, height
     vehicle_margin: tuple[float, float] = (0.1, 0.1)
@@ -55,6 +56,7 @@ class Track:
     last_seen: int
     hits: int = 0
     crops: list[int] = field(default_factory=list)
+    appearance: np.ndarray | None = None  # HSV histogram of the last matched box
 
 
 def expand_box(box: np.ndarray, margin: tuple[float, float], width: int, height: int) -> tuple[int, int, int, int]:
@@ -72,33 +74,55 @@ def _jpeg(rgb: np.ndarray, quality: int) -> bytes:
     return buf.tobytes()
 
 
-class IouTracker:
-    """Greedy IoU tracker: each detection joins the best-overlapping live track, else starts one."""
+def appearance_histogram(rgb: np.ndarray, box: np.ndarray) -> np.ndarray:
+    """Normalised hue–saturation histogram of the central part of a box (appearance for tracking)."""
+    x1, y1, x2, y2 = box.astype(int)
+    w, h = x2 - x1, y2 - y1
+    patch = rgb[max(0, y1 + h // 8) : max(0, y2 - h // 8), max(0, x1 + w // 5) : max(0, x2 - w // 5)]
+    if patch.size == 0:
+        patch = rgb[max(0, y1) : max(0, y2), max(0, x1) : max(0, x2)]
+    hsv = cv2.cvtColor(np.ascontiguousarray(patch), cv2.COLOR_RGB2HSV)
+    hist = cv2.calcHist([hsv], [0, 1], None, [16, 8], [0, 180, 0, 256]).flatten()
+    return hist / max(float(hist.sum()), 1e-9)
 
-    def __init__(self, iou_threshold: float, max_missed: int) -> None:
+
+class IouTracker:
+    """Greedy IoU tracker with an appearance gate: a detection joins the best-overlapping live
+    track whose colour histogram still matches (Bhattacharyya distance ≤ ``max_appearance``), so
+    two people crossing do not swap identities; otherwise it starts a new track."""
+
+    def __init__(self, iou_threshold: float, max_missed: int, max_appearance: float = 0.5) -> None:
         self.iou_threshold = iou_threshold
         self.max_missed = max_missed
+        self.max_appearance = max_appearance
         self.tracks: list[Track] = []
         self.next_id = 0
 
-    def update(self, step: int, boxes: np.ndarray) -> list[int]:
+    def update(self, step: int, boxes: np.ndarray, appearances: list[np.ndarray] | None = None) -> list[int]:
         live = [t for t in self.tracks if step - t.last_seen <= self.max_missed]
         assigned: list[int] = []
         taken: set[int] = set()
-        for box in boxes:
+        for k, box in enumerate(boxes):
+            look = appearances[k] if appearances is not None else None
             best, best_iou = None, self.iou_threshold
             for t in live:
                 if t.track_id in taken:
                     continue
                 iou = float(box_iou(box, t.box[None])[0])
-                if iou >= best_iou:
-                    best, best_iou = t, iou
+                if iou < best_iou:
+                    continue
+                if look is not None and t.appearance is not None and cv2.compareHist(
+                        look.astype(np.float32), t.appearance.astype(np.float32),
+                        cv2.HISTCMP_BHATTACHARYYA) > self.max_appearance:
+                    continue
+                best, best_iou = t, iou
             if best is None:
                 best = Track(self.next_id, box, step)
                 self.next_id += 1
                 self.tracks.append(best)
                 live.append(best)
             best.box, best.last_seen = box, step
+            best.appearance = look
             best.hits += 1
             taken.add(best.track_id)
             assigned.append(best.track_id)
@@ -127,7 +151,7 @@ def build_pool_rows(video: str, params: PoolParams) -> list[dict]:
     """Detect, track and crop; returns pool rows (dicts matching ``storage.schemas.POOL``)."""
     detector = load_detector(DetectorSpec(score_threshold=params.score_threshold))
     frames = read_frames(video, params.frame_step)
-    tracker = IouTracker(params.track_iou, params.max_missed)
+    tracker = IouTracker(params.track_iou, params.max_missed, params.max_appearance)
     rng = np.random.default_rng(params.seed)
     rows: list[dict] = []
     person_records: list[tuple[int, np.ndarray, np.ndarray]] = []  # (frame, rgb, boxes)
@@ -144,7 +168,7 @@ def build_pool_rows(video: str, params: PoolParams) -> list[dict]:
         h, w = rgb.shape[:2]
         dets: Detections = detector.detect([rgb])[0]
         persons = dets.of_classes({"person"})
-        track_ids = tracker.update(step, persons.boxes)
+        track_ids = tracker.update(step, persons.boxes, [appearance_histogram(rgb, b) for b in persons.boxes])
         person_records.append((frame_index, rgb, persons.boxes))
         for box, score, tid in zip(persons.boxes, persons.scores, track_ids, strict=True):
             track = tracker.tracks[tid]

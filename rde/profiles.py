@@ -71,12 +71,38 @@ class ModelSpec(Strict):
         return self.model_dump_json()
 
 
+# Backend names per role (implemented in models/backends/registry.py).
+BACKENDS: dict[str, set[str]] = {
+    "image_embedder": {"efficientnet-lite0", "transformers"},
+    "text_encoder": {"sentence-transformers"},
+    "experts": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding"},
+    "teacher": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding"},
+    "generators": {"grounded", "llama-cpp", "openai-http", "vllm", "transformers-vlm"},
+}
+
+
 class ModelsSection(Strict):
+    """The models a profile uses; unset roles fall back to the bundled offline models."""
+
     detector: DetectorSpec = DetectorSpec()
     image_embedder: ModelSpec | None = None
+    text_encoder: ModelSpec | None = None
     experts: list[ModelSpec] = Field(default_factory=list)
     generators: list[ModelSpec] = Field(default_factory=list)
     teacher: ModelSpec | None = None
+
+    @model_validator(mode="after")
+    def _known_backends(self) -> ModelsSection:
+        for role in ("image_embedder", "text_encoder", "teacher"):
+            spec = getattr(self, role)
+            if spec is not None and spec.backend not in BACKENDS[role]:
+                raise ValueError(f"models.{role}.backend {spec.backend!r} is not one of {sorted(BACKENDS[role])}")
+        for role in ("experts", "generators"):
+            for i, spec in enumerate(getattr(self, role)):
+                if spec.backend not in BACKENDS[role]:
+                    raise ValueError(f"models.{role}[{i}].backend {spec.backend!r} is not one of "
+                                     f"{sorted(BACKENDS[role])}")
+        return self
 
 
 class InputSpec(Strict):

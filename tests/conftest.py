@@ -48,3 +48,23 @@ def prefect_server(request: pytest.FixtureRequest):
 
     with prefect_test_harness(server_startup_timeout=120):
         yield True
+
+
+# Two sharp single-person crops of the demo pool (checked: SSD finds exactly one person in each,
+# score > 0.95, and two when they stand side by side on a canvas).
+PERSON_A = "vtest.avi:crop:00333"
+PERSON_B = "vtest.avi:crop:00516"
+
+
+@pytest.fixture(scope="session")
+def pool_rows(demo_pool_url: str) -> dict[str, dict]:
+    from storage import Artifact
+
+    return {r["pool_id"]: r for r in Artifact(demo_pool_url).read_shard(0).to_pylist()}
+
+
+@pytest.fixture(scope="session")
+def person_crop(pool_rows: dict[str, dict]):
+    from rde.image_decoding import decode_rgb
+
+    return decode_rgb(pool_rows[PERSON_A]["image_bytes"])

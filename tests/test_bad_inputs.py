@@ -13,15 +13,13 @@ from bad_input_corpus import make_corpus
 from rde.image_decoding import DecodeError, decode_rgb, read_header
 from rde.ingest import InputError, _list_paths_file, ingest_shard, list_inputs
 from rde.profiles import IngestSpec, InputSpec
-from storage import Artifact
 
 DOMAINS = ["pedestrian", "vehicle"]
 
 
 @pytest.fixture(scope="module")
-def person(demo_pool_url: str) -> np.ndarray:
-    rows = {r["pool_id"]: r for r in Artifact(demo_pool_url).read_shard(0).to_pylist()}
-    return decode_rgb(rows["vtest.avi:crop:00288"]["image_bytes"])
+def person(person_crop: np.ndarray) -> np.ndarray:
+    return person_crop
 
 
 def test_ingest_reasons_for_each_corpus_file(tmp_path: Path, person: np.ndarray) -> None:

@@ -6,12 +6,12 @@ import cv2
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import PERSON_A, PERSON_B
 
 from models.backends.detectors import Detections, load_detector
 from rde.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
 from rde.image_decoding import decode_rgb
 from rde.profiles import DenoiseSpec, DetectorSpec, DomainSpec
-from storage import Artifact
 from storage.schemas import IMAGES, MEASUREMENTS
 
 SPEC = DenoiseSpec()
@@ -61,11 +61,6 @@ def test_count_targets_merges_one_object_reported_under_two_classes() -> None:
     assert len(count_targets(dets, ["person"])) == 1
 
 
-@pytest.fixture(scope="module")
-def pool_rows(demo_pool_url: str) -> dict[str, dict]:
-    return {r["pool_id"]: r for r in Artifact(demo_pool_url).read_shard(0).to_pylist()}
-
-
 def _canvas(*people: np.ndarray) -> np.ndarray:
     h = max(p.shape[0] for p in people) + 20
     w = sum(p.shape[1] for p in people) + 10 * (len(people) + 1)
@@ -80,8 +75,8 @@ def _canvas(*people: np.ndarray) -> np.ndarray:
 def test_person_count_on_hand_made_images(pool_rows: dict[str, dict]) -> None:
     """Known counts: an empty grey image (0), one real person crop (1), two crops side by side (2)."""
     detector = load_detector(DetectorSpec())
-    a = decode_rgb(pool_rows["vtest.avi:crop:00288"]["image_bytes"])
-    b = decode_rgb(pool_rows["vtest.avi:crop:00503"]["image_bytes"])
+    a = decode_rgb(pool_rows[PERSON_A]["image_bytes"])
+    b = decode_rgb(pool_rows[PERSON_B]["image_bytes"])
     images = [np.full((160, 80, 3), 128, np.uint8), a, _canvas(a, b)]
     counts = [len(count_targets(d, ["person"])) for d in detector.detect(images)]
     assert counts == [0, 1, 2]

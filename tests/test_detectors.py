@@ -7,14 +7,11 @@ import pytest
 
 from models.backends.detectors import SsdMobileNetDetector, YoloDetector, load_detector
 from models.backends.model_errors import ModelLoadError
-from rde.image_decoding import decode_rgb
 from rde.profiles import DetectorSpec
-from storage import Artifact
 
 
-def test_ssd_finds_the_persons_of_a_real_frame_crop(demo_pool_url: str) -> None:
-    rows = {r["pool_id"]: r for r in Artifact(demo_pool_url).read_shard(0).to_pylist()}
-    image = decode_rgb(rows["vtest.avi:crop:00288"]["image_bytes"])
+def test_ssd_finds_the_persons_of_a_real_frame_crop(person_crop: np.ndarray) -> None:
+    image = person_crop
     detector = load_detector(DetectorSpec())
     assert isinstance(detector, SsdMobileNetDetector) and load_detector(DetectorSpec()) is detector  # cached
     [dets] = detector.detect([image])

@@ -10,7 +10,6 @@ import pytest
 from bad_input_corpus import make_corpus
 
 from flows.build_secmm import build_secmm
-from rde.image_decoding import decode_rgb
 from storage import Artifact
 
 pytestmark = pytest.mark.slow
@@ -90,9 +89,8 @@ def test_prefect_artifacts_are_published_with_stable_keys(demo_run: tuple[str, d
     assert "rejected:too_small" in str(denoise.data)
 
 
-def test_bad_input_folder_through_the_flow(tmp_path: Path, demo_pool_url: str) -> None:
-    rows = {r["pool_id"]: r for r in Artifact(demo_pool_url).read_shard(0).to_pylist()}
-    person = decode_rgb(rows["vtest.avi:crop:00288"]["image_bytes"])
+def test_bad_input_folder_through_the_flow(tmp_path: Path, person_crop: np.ndarray) -> None:
+    person = person_crop
     corpus = tmp_path / "corpus"
     expected = make_corpus(corpus, person)
     shutil.copy(corpus / "ok_person.jpg", corpus / "copy.jpg")

@@ -4,8 +4,8 @@ Both sides map into one slot vector (domain, upper-body colour, lower-body colou
 objects, vehicle type, vehicle colour), which is what the attribute expert compares and what the
 grounded captioner is allowed to say.
 
-Colour naming: each pixel goes to the nearest of 11 basic colour terms (Berlin–Kay) in CIELAB;
-a region's colour is the distribution of its pixels over the terms.
+Colour naming: each pixel goes to the basic colour term (Berlin–Kay, 11 terms) of its nearest
+prototype in CIELAB; a region's colour is the distribution of its pixels over the terms.
 """
 
 from __future__ import annotations
@@ -19,10 +19,24 @@ import numpy as np
 from models.backends.detectors import Detections
 
 COLOURS = ["black", "white", "gray", "red", "orange", "yellow", "green", "blue", "purple", "pink", "brown"]
-_COLOUR_RGB = np.array(
-    [[25, 25, 25], [235, 235, 235], [128, 128, 128], [190, 30, 35], [235, 130, 30], [225, 215, 50],
-     [45, 140, 60], [40, 75, 175], [115, 50, 140], [235, 150, 185], [115, 75, 40]], np.uint8)
-_COLOUR_LAB = cv2.cvtColor(_COLOUR_RGB[None], cv2.COLOR_RGB2LAB)[0].astype(np.float32)
+# Several prototypes per term: surveillance colours are dark and washed out (denim is a dark
+# greyish blue, a red jacket in shade is maroon), one saturated prototype per term misnames them.
+_PROTOTYPES: list[tuple[str, tuple[int, int, int]]] = [
+    ("black", (20, 20, 20)), ("black", (45, 45, 50)),
+    ("white", (240, 240, 240)), ("white", (200, 205, 210)),
+    ("gray", (128, 128, 128)), ("gray", (90, 92, 95)), ("gray", (165, 165, 165)),
+    ("red", (190, 30, 35)), ("red", (120, 25, 30)), ("red", (150, 60, 65)),
+    ("orange", (235, 130, 30)), ("orange", (190, 110, 60)),
+    ("yellow", (225, 215, 50)), ("yellow", (200, 190, 110)),
+    ("green", (45, 140, 60)), ("green", (50, 80, 50)), ("green", (110, 150, 100)),
+    ("blue", (40, 75, 175)), ("blue", (35, 45, 85)), ("blue", (70, 90, 125)), ("blue", (140, 175, 210)),
+    ("purple", (115, 50, 140)), ("purple", (75, 45, 85)),
+    ("pink", (235, 150, 185)), ("pink", (200, 130, 150)),
+    ("brown", (115, 75, 40)), ("brown", (75, 55, 40)), ("brown", (170, 140, 105)),
+]
+_PROTO_INDEX = np.array([COLOURS.index(name) for name, _ in _PROTOTYPES])
+_COLOUR_LAB = cv2.cvtColor(np.array([[rgb for _, rgb in _PROTOTYPES]], np.uint8), cv2.COLOR_RGB2LAB)[0].astype(
+    np.float32)
 
 OBJECTS = ["backpack", "handbag", "umbrella", "suitcase"]
 VEHICLE_TYPES = ["car", "bus", "truck", "motorcycle"]
@@ -87,7 +101,7 @@ def colour_distribution(rgb: np.ndarray) -> np.ndarray | None:
     # L is scaled to 0..255 by OpenCV; halve its weight so lighting changes matter less than hue
     diff = lab[:, None, :] - _COLOUR_LAB[None, :, :]
     diff[:, :, 0] *= 0.5
-    nearest = np.argmin((diff**2).sum(axis=2), axis=1)
+    nearest = _PROTO_INDEX[np.argmin((diff**2).sum(axis=2), axis=1)]
     return np.bincount(nearest, minlength=len(COLOURS)).astype(np.float32) / len(nearest)
 
 
@@ -200,12 +214,27 @@ def parse_text_attributes(text: str, window: int = 3) -> Attributes:
     return attrs
 
 
+_CONNECTORS = {"and", "or", "with", "light", "bright", "pale", "deep"}
+
+
 def _garment_near(tokens: list[str], i: int, window: int) -> str | None:
-    for j in list(range(i + 1, min(len(tokens), i + 1 + window))) + list(range(i - 1, max(-1, i - 1 - window), -1)):
-        if tokens[j] in UPPER:
-            return "upper"
-        if tokens[j] in LOWER:
-            return "lower"
-        if tokens[j] in WHOLE:
-            return "whole"
-    return None
+    """The garment a colour word at ``i`` describes: look ahead, then behind, counting only
+    words that are neither colours nor connectors ("red and navy blue jacket" → jacket)."""
+    def scan(indices: range) -> str | None:
+        seen = 0
+        for j in indices:
+            tok = tokens[j]
+            if tok in UPPER:
+                return "upper"
+            if tok in LOWER:
+                return "lower"
+            if tok in WHOLE:
+                return "whole"
+            if tok in COLOUR_SYNONYMS or tok in _CONNECTORS:
+                continue
+            seen += 1
+            if seen >= window:
+                return None
+        return None
+
+    return scan(range(i + 1, len(tokens))) or scan(range(i - 1, -1, -1))

@@ -145,3 +145,61 @@ class TransformersClipExpert:
             pix = self.image_processor(images=list(b), return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
             out.append(_features(self.model.get_image_features(pixel_values=pix)).float().cpu().numpy())
         return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
+
+
+class VlmEmbeddingExpert:
+    """Embeddings from a vision-language model, as Qwen3-VL-Embedding / GME / Jina-v4 compute them:
+    the final hidden state of the last token of a chat-formatted input (left padding), L2-normalised.
+
+    Options: ``text_instruction`` and ``image_instruction`` (the task prompts these models are
+    trained with), ``trust_remote_code`` (False).
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        self.spec = spec
+        self.model_id = spec.model_id
+        self.device = resolve_device(spec.device)
+        self.dtype = resolve_dtype(spec.dtype, self.device)
+        trust = bool(spec.options.get("trust_remote_code", False))
+        try:
+            self.processor = AutoProcessor.from_pretrained(spec.model_id, revision=spec.revision,
+                                                           trust_remote_code=trust)
+            self.model = AutoModelForImageTextToText.from_pretrained(spec.model_id, revision=spec.revision,
+                                                                     dtype=self.dtype, trust_remote_code=trust)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(hub_hint("expert", spec.model_id, exc)) from exc
+        self.model.eval().to(self.device)
+        self.processor.tokenizer.padding_side = "left"
+        cfg = self.model.config
+        self.dim = int(getattr(cfg, "text_config", cfg).hidden_size)
+        self.text_instruction = spec.options.get("text_instruction", "Find an image that matches the given text.")
+        self.image_instruction = spec.options.get("image_instruction", "Represent the given image.")
+        self.preprocessing = f"hf:{type(self.processor).__name__}:last-token:{spec.revision or 'main'}"
+
+    def _conversation(self, text: str, with_image: bool) -> str:
+        content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": text}]
+        messages = [{"role": "system", "content": [{"type": "text", "text": self.text_instruction if not with_image
+                                                    else self.image_instruction}]},
+                    {"role": "user", "content": content}]
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    @torch.inference_mode()
+    def _embed(self, texts: list[str], images: list[np.ndarray] | None) -> np.ndarray:
+        kwargs = {"text": texts, "return_tensors": "pt", "padding": True}
+        if images:
+            kwargs["images"] = images
+        inputs = self.processor(**kwargs).to(self.device)
+        out = self.model(**inputs, output_hidden_states=True)
+        return out.hidden_states[-1][:, -1].float().cpu().numpy()  # left padding: the last token is real
+
+    def encode_text(self, texts: list[str]) -> np.ndarray:
+        out = [self._embed([self._conversation(t, False) for t in b], None)
+               for b in batched(list(texts), self.spec.batch_size)]
+        return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
+
+    def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
+        out = [self._embed([self._conversation("", True) for _ in b], list(b))
+               for b in batched(images, self.spec.batch_size)]
+        return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)

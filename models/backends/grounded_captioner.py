@@ -1,0 +1,192 @@
+"""A captioning Generator for the CPU built from real models that cannot see in words by themselves.
+
+Per attached image it measures facts (detected subject and objects, colour names of body regions
+or of the vehicle, ImageNet clothing cues), renders them into the system prompt (a versioned
+file in ``prompts/``) and lets a small text LLM answer the request. The answer is then checked:
+any sentence that names a colour, garment, object, vehicle type, gender, age or accessory that
+was not measured is removed, together with its tokens' log-probabilities. If nothing is left the
+result is an error ("ungrounded"), which the stage keeps as a rejected row. The captioner
+therefore never states an attribute that was not measured.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.backends.attributes import (
+    COLOUR_SYNONYMS,
+    LOWER,
+    OBJECT_WORDS,
+    UPPER,
+    VEHICLE_WORDS,
+    WHOLE,
+    measure_attributes,
+)
+from models.backends.detectors import Detector
+from models.backends.image_embedders import EfficientNetLiteEmbedder
+from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, Generator, TokenLogprob
+from rde.profiles import ModelSpec
+from rde.prompt_files import PromptFile, load_prompt
+
+# ImageNet classes that name clothing or carried things → the word a caption may use for them.
+IMAGENET_CUES = {
+    "jean": "jeans", "jersey": "jersey", "sweatshirt": "sweatshirt", "cardigan": "cardigan",
+    "trench coat": "coat", "fur coat": "coat", "lab coat": "coat", "suit": "suit", "miniskirt": "skirt",
+    "poncho": "poncho", "kimono": "kimono", "abaya": "abaya", "swimming trunks": "shorts", "sarong": "sarong",
+    "running shoe": "sneakers", "sandal": "sandals", "cowboy boot": "boots", "backpack": "backpack",
+    "umbrella": "umbrella", "sunglasses": "sunglasses", "sunglass": "sunglasses", "cowboy hat": "hat",
+    "sombrero": "hat", "bonnet": "hat", "military uniform": "uniform", "bulletproof vest": "vest",
+    "stole": "scarf", "mailbag": "bag", "purse": "handbag", "shopping basket": "basket",
+}
+GENDER_AGE = {"man", "woman", "men", "women", "boy", "girl", "he", "she", "his", "her", "him", "male", "female",
+              "lady", "gentleman", "guy", "young", "old", "elderly", "child", "kid", "teenager", "adult", "senior"}
+ACCESSORIES = {"hair", "hat", "cap", "glasses", "sunglasses", "beard", "scarf", "helmet", "mask", "gloves", "watch",
+               "earrings", "necklace", "tie", "belt", "shoes", "sneakers", "boots", "sandals", "heels"}
+GARMENTS = (UPPER | LOWER | WHOLE | {"poncho", "kimono", "abaya", "sarong", "uniform"}) - {"upper", "lower", "torso"}
+GENERIC_ALLOWED = {"top", "bottoms", "clothing", "clothes", "outfit", "person", "people", "pedestrian"}
+_WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
+_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
+
+
+@dataclass
+class ImageFacts:
+    """What was measured in one image, as prompt lines and as the words a caption may use."""
+
+    lines: list[str]
+    allowed: set[str]
+
+
+def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class_names: list[str],
+                   min_colour_share: float = 0.2, min_cue_prob: float = 0.1) -> ImageFacts:
+    """Facts about one image: subject, region colours, carried objects, clothing cues, size."""
+    attrs = measure_attributes(image, detections)
+    allowed: set[str] = set(GENERIC_ALLOWED)
+    lines: list[str] = []
+    h, w = image.shape[:2]
+    if attrs.top("domain")[:1] == ["vehicle"]:
+        vtype = attrs.top("vehicle_type")[:1] or ["vehicle"]
+        colours = attrs.top("vehicle_colour", min_colour_share)[:2]
+        lines += [f"subject: a {vtype[0]}", f"vehicle colour: {', '.join(colours) or 'unclear'}"]
+        allowed |= set(vtype) | set(colours) | {"vehicle"}
+        allowed |= {word for word, kind in VEHICLE_WORDS.items() if kind in vtype}
+    else:
+        persons = [lab for lab in detections.labels if lab == "person"]
+        lines.append("subject: a person" if persons else "subject: no person detected")
+        upper = attrs.top("upper", min_colour_share)[:2]
+        lower = attrs.top("lower", min_colour_share)[:2]
+        lines.append(f"upper-body clothing colour: {', '.join(upper) or 'unclear'}")
+        lines.append(f"lower-body clothing colour: {', '.join(lower) or 'unclear'}")
+        allowed |= set(upper) | set(lower)
+        carried = attrs.top("objects", 0.3)
+        lines.append(f"carried objects: {', '.join(carried) if carried else 'none detected'}")
+        allowed |= set(carried) | {w for w, kind in OBJECT_WORDS.items() if kind in carried}
+    cues = sorted({IMAGENET_CUES[class_names[i]] for i in np.argsort(-class_probs)[:10]
+                   if class_probs[i] >= min_cue_prob and class_names[i] in IMAGENET_CUES})
+    if cues:
+        lines.append(f"clothing cues: {', '.join(cues)}")
+        allowed |= set(cues)
+    lines.append(f"image size: {w}x{h} pixels")
+    return ImageFacts(lines, allowed)
+
+
+def _attribute_words(words: set[str]) -> set[str]:
+    """The subset of ``words`` that makes an attribute claim (and so must have been measured)."""
+    colours = {w for w in words if w in COLOUR_SYNONYMS and COLOUR_SYNONYMS[w] is not None}
+    vehicles = {w for w in words if w in VEHICLE_WORDS}
+    return colours | vehicles | (words & (GARMENTS | set(OBJECT_WORDS) | GENDER_AGE | ACCESSORIES))
+
+
+def ungrounded_words(sentence: str, allowed: set[str]) -> set[str]:
+    """Attribute words in ``sentence`` that the facts do not contain (synonyms count as the same colour)."""
+    words = set(_WORD.findall(sentence.lower()))
+    allowed_colours = {COLOUR_SYNONYMS[a] for a in allowed if COLOUR_SYNONYMS.get(a)}
+    bad = set()
+    for word in _attribute_words(words):
+        if word in allowed:
+            continue
+        if word in COLOUR_SYNONYMS and COLOUR_SYNONYMS[word] in allowed_colours:
+            continue
+        bad.add(word)
+    return bad
+
+
+def keep_grounded(result: GenerationResult, allowed: set[str]) -> tuple[str, list[TokenLogprob], list[str]]:
+    """Remove ungrounded sentences from a result; keep the log-probabilities of the kept tokens."""
+    text = result.text
+    spans, dropped = [], []
+    for match in _SENTENCE.finditer(text):
+        sentence = match.group(0)
+        if not sentence.strip():
+            continue
+        bad = ungrounded_words(sentence, allowed)
+        if bad:
+            dropped.append(f"{sentence.strip()[:80]!r}: {sorted(bad)}")
+        else:
+            spans.append((match.start(), match.end()))
+    kept_text = " ".join(text[a:b].strip() for a, b in spans).strip()
+    tokens, pos = [], 0
+    for tok in result.tokens:
+        start = text.find(tok.token, pos) if tok.token else pos
+        start = pos if start < 0 else start
+        pos = start + len(tok.token)
+        if any(a <= start < b for a, b in spans):
+            tokens.append(tok)
+    return kept_text, tokens, dropped
+
+
+class GroundedCaptionGenerator:
+    """Measured facts + a text LLM = a Generator that takes images and never invents attributes.
+
+    ``model_id`` names the composition; ``llm`` is any text Generator (SmolLM2 through llama.cpp
+    offline). Options: ``min_colour_share`` (0.2), ``min_cue_prob`` (0.1).
+    """
+
+    def __init__(self, spec: ModelSpec, detector: Detector, embedder: EfficientNetLiteEmbedder,
+                 llm: Generator, prompt: PromptFile | None = None) -> None:
+        self.spec = spec
+        self.detector, self.embedder, self.llm = detector, embedder, llm
+        self.prompt = prompt or load_prompt("grounded_captioner")
+        self.model_id = f"{spec.model_id}[{llm.model_id}]"
+        self.min_colour_share = float(spec.options.get("min_colour_share", 0.2))
+        self.min_cue_prob = float(spec.options.get("min_cue_prob", 0.1))
+
+    def facts(self, images: list[np.ndarray]) -> list[ImageFacts]:
+        if not images:
+            return []
+        detections = self.detector.detect(images)
+        probs = self.embedder.class_probabilities(images)
+        return [describe_image(im, d, p, self.embedder.class_names, self.min_colour_share, self.min_cue_prob)
+                for im, d, p in zip(images, detections, probs, strict=True)]
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        grounded: list[GenerationRequest] = []
+        allowed_sets: list[set[str]] = []
+        for request in requests:
+            images = [im for m in request.messages for im in m.images]
+            facts = self.facts(images)
+            roles = ["target"] + ["reference"] * (len(facts) - 1)
+            block = "\n".join(self.prompt.render("image_facts", index=i + 1, role=roles[i], lines="; ".join(f.lines))
+                              for i, f in enumerate(facts)) or "No image was given."
+            system = ChatMessage("system", self.prompt.render("system", facts=block))
+            rest = [ChatMessage(m.role, m.content) for m in request.messages if m.role != "system"]
+            extra_system = [m.content for m in request.messages if m.role == "system"]
+            if extra_system:
+                system.content += "\n" + "\n".join(extra_system)
+            grounded.append(GenerationRequest(request.request_id, [system, *rest], request.max_tokens,
+                                              request.temperature, request.seed))
+            allowed_sets.append(set().union(*(f.allowed for f in facts)) if facts else set(GENERIC_ALLOWED))
+        results = []
+        for result, allowed in zip(self.llm.generate(grounded), allowed_sets, strict=True):
+            if not result.ok:
+                results.append(GenerationResult(result.request_id, "", [], self.model_id, result.finish_reason,
+                                                result.error, result.attempts))
+                continue
+            text, tokens, dropped = keep_grounded(result, allowed)
+            error = None if text else "ungrounded: every sentence stated something not measured (" + \
+                "; ".join(dropped)[:300] + ")"
+            results.append(GenerationResult(result.request_id, text, tokens if text else [], self.model_id,
+                                            result.finish_reason, error, result.attempts))
+        return results

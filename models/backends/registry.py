@@ -1,0 +1,138 @@
+"""Build backends from profile specs; each distinct spec is loaded once per process.
+
+Roles and backend names (``models.<role>.backend`` in a profile):
+
+| role | backends |
+|---|---|
+| image_embedder | ``efficientnet-lite0`` (bundled), ``transformers`` (DINOv2/DINOv3 by id) |
+| text_encoder | ``sentence-transformers`` (``bundled:all-MiniLM-L6-v2`` or any id) |
+| experts | ``semantic-bridge``, ``attributes`` (offline), ``transformers-clip`` (CLIP/SigLIP), ``vlm-embedding`` |
+| generators | ``grounded`` (offline captioner), ``llama-cpp``, ``openai-http``, ``vllm``, ``transformers-vlm`` |
+| detector | ``ssd_mobilenet`` (bundled), ``yolo`` (ultralytics, local weights) |
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from models.backends.detectors import Detector, load_detector
+from models.backends.interfaces import Generator, ImageEmbedder, TextEncoder, TextImageExpert
+from models.backends.model_errors import ModelLoadError
+from rde.profiles import BACKENDS, ModelSpec, ModelsSection
+from rde.runtime import state_dir
+
+BUNDLED_IMAGE_EMBEDDER = ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0", batch_size=16)
+BUNDLED_TEXT_ENCODER = ModelSpec(backend="sentence-transformers", model_id="bundled:all-MiniLM-L6-v2", batch_size=64)
+BUNDLED_LLM = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
+
+_cache: dict[tuple[str, str], Any] = {}
+_lock = threading.RLock()  # composite backends load their parts through _cached too
+
+
+def _cached(role: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
+    key = (role, spec.cache_key())
+    with _lock:
+        if key not in _cache:
+            if spec.backend not in BACKENDS[role]:
+                raise ModelLoadError(f"{role}: unknown backend {spec.backend!r} (known: {sorted(BACKENDS[role])})")
+            _cache[key] = build()
+        return _cache[key]
+
+
+class ModelRegistry:
+    """The models a profile names, built on first use and shared by every stage in the process."""
+
+    def __init__(self, models: ModelsSection) -> None:
+        self.models = models
+
+    def detector(self) -> Detector:
+        return load_detector(self.models.detector, str(state_dir()))
+
+    def image_embedder(self, spec: ModelSpec | None = None) -> ImageEmbedder:
+        spec = spec or self.models.image_embedder or BUNDLED_IMAGE_EMBEDDER
+
+        def build() -> ImageEmbedder:
+            from models.backends.image_embedders import EfficientNetLiteEmbedder, TransformersImageEmbedder
+
+            return EfficientNetLiteEmbedder(spec) if spec.backend == "efficientnet-lite0" \
+                else TransformersImageEmbedder(spec)
+
+        return _cached("image_embedder", spec, build)
+
+    def text_encoder(self, spec: ModelSpec | None = None) -> TextEncoder:
+        spec = spec or self.models.text_encoder or BUNDLED_TEXT_ENCODER
+
+        def build() -> TextEncoder:
+            from models.backends.text_encoders import SentenceTransformerTextEncoder
+
+            return SentenceTransformerTextEncoder(spec)
+
+        return _cached("text_encoder", spec, build)
+
+    def _bundled_embedder(self):
+        from models.backends.image_embedders import EfficientNetLiteEmbedder
+
+        embedder = self.image_embedder(BUNDLED_IMAGE_EMBEDDER)
+        assert isinstance(embedder, EfficientNetLiteEmbedder)
+        return embedder
+
+    def expert(self, spec: ModelSpec) -> TextImageExpert:
+        def build() -> TextImageExpert:
+            from models.backends import experts
+
+            if spec.backend == "semantic-bridge":
+                return experts.SemanticBridgeExpert(spec, self._bundled_embedder(), self.detector(),
+                                                    self.text_encoder())
+            if spec.backend == "attributes":
+                return experts.AttributeExpert(spec, self.detector())
+            if spec.backend == "transformers-clip":
+                return experts.TransformersClipExpert(spec)
+            return experts.VlmEmbeddingExpert(spec)
+
+        return _cached("experts", spec, build)
+
+    def experts(self) -> list[TextImageExpert]:
+        return [self.expert(spec) for spec in self.models.experts]
+
+    def generator(self, spec: ModelSpec) -> Generator:
+        def build() -> Generator:
+            from models.backends import generators
+
+            if spec.backend == "grounded":
+                from models.backends.grounded_captioner import GroundedCaptionGenerator
+
+                llm = self.generator(ModelSpec(**{**BUNDLED_LLM, **spec.options.get("llm", {})}))
+                return GroundedCaptionGenerator(spec, self.detector(), self._bundled_embedder(), llm)
+            return {"llama-cpp": generators.LlamaCppGenerator, "openai-http": generators.OpenAIHttpGenerator,
+                    "vllm": generators.VllmGenerator, "transformers-vlm": generators.TransformersVlmGenerator,
+                    }[spec.backend](spec)
+
+        return _cached("generators", spec, build)
+
+    def generators(self) -> list[Generator]:
+        return [self.generator(spec) for spec in self.models.generators]
+
+    def configured(self) -> list[tuple[str, ModelSpec | Any]]:
+        """Every (role, spec) the profile names, with bundled defaults for unset roles."""
+        out: list[tuple[str, Any]] = [("detector", self.models.detector),
+                                      ("image_embedder", self.models.image_embedder or BUNDLED_IMAGE_EMBEDDER),
+                                      ("text_encoder", self.models.text_encoder or BUNDLED_TEXT_ENCODER)]
+        out += [("experts", s) for s in self.models.experts]
+        out += [("generators", s) for s in self.models.generators]
+        if self.models.teacher:
+            out.append(("teacher", self.models.teacher))
+        return out
+
+    def load(self, role: str, spec: Any) -> Any:
+        """Load one configured model by role (used by ``rde models``)."""
+        if role == "detector":
+            return self.detector()
+        if role == "image_embedder":
+            return self.image_embedder(spec)
+        if role == "text_encoder":
+            return self.text_encoder(spec)
+        if role in ("experts", "teacher"):
+            return self.expert(spec)
+        return self.generator(spec)

@@ -1,0 +1,56 @@
+"""Versioned prompt files in ``prompts/``: YAML with ``name``, ``version`` and named templates.
+
+A prompt's identity is ``name@version#sha`` (the hash of the file), which enters the manifest of
+every artifact it helped make: editing a prompt changes the lineage and re-runs its stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from rde.runtime import project_root
+from storage.hashing import sha256_bytes
+
+
+class PromptError(ValueError):
+    """A prompt file is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class PromptFile:
+    name: str
+    version: str
+    sha256: str
+    templates: dict[str, str]
+
+    @property
+    def identity(self) -> str:
+        return f"{self.name}@{self.version}#{self.sha256[:12]}"
+
+    def render(self, template: str, **values: object) -> str:
+        try:
+            return self.templates[template].format(**values)
+        except KeyError as exc:
+            raise PromptError(f"prompt {self.identity}: template {template!r} or value {exc} missing") from None
+
+
+def prompt_dir() -> Path:
+    return project_root() / "prompts"
+
+
+@lru_cache(maxsize=64)
+def load_prompt(name: str) -> PromptFile:
+    """Load ``prompts/<name>.yaml``."""
+    path = prompt_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise PromptError(f"prompt file {path} not found")
+    raw = path.read_bytes()
+    data = yaml.safe_load(raw)
+    if not isinstance(data, dict) or not {"name", "version", "templates"} <= set(data):
+        raise PromptError(f"prompt file {path} needs keys name, version, templates")
+    templates = {str(k): str(v) for k, v in data["templates"].items()}
+    return PromptFile(str(data["name"]), str(data["version"]), sha256_bytes(raw), templates)
