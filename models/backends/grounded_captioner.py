@@ -45,8 +45,10 @@ GENDER_AGE = {"man", "woman", "men", "women", "boy", "girl", "he", "she", "his",
               "lady", "gentleman", "guy", "young", "old", "elderly", "child", "kid", "teenager", "adult", "senior"}
 ACCESSORIES = {"hair", "hat", "cap", "glasses", "sunglasses", "beard", "scarf", "helmet", "mask", "gloves", "watch",
                "earrings", "necklace", "tie", "belt", "shoes", "sneakers", "boots", "sandals", "heels"}
-GARMENTS = (UPPER | LOWER | WHOLE | {"poncho", "kimono", "abaya", "sarong", "uniform"}) - {"upper", "lower", "torso"}
+# Generic words name no attribute ("top", "bottoms" are what the prompt asks the model to say).
 GENERIC_ALLOWED = {"top", "bottoms", "clothing", "clothes", "outfit", "person", "people", "pedestrian"}
+GARMENTS = (UPPER | LOWER | WHOLE | {"poncho", "kimono", "abaya", "sarong", "uniform"}) - {"upper", "lower",
+                                                                                          "torso"} - GENERIC_ALLOWED
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
@@ -113,28 +115,74 @@ def ungrounded_words(sentence: str, allowed: set[str]) -> set[str]:
     return bad
 
 
+_PRONOUNS = [(re.compile(r"\b(she|he)\b", re.I), "the person"), (re.compile(r"\b(her|his)\b", re.I), "their"),
+             (re.compile(r"\bhim\b", re.I), "them")]
+_CLAUSE = re.compile(r",|;|\s+(?:with|and|while|but)\s+")
+
+
+def neutralise_pronouns(text: str) -> str:
+    """Gendered pronouns → neutral ones (gender is never measured): a grounding edit, not a claim."""
+    for pattern, replacement in _PRONOUNS:
+        text = pattern.sub(lambda m, r=replacement: r.capitalize() if m.group(0)[0].isupper() else r, text)
+    return text
+
+
+def _clause_spans(sentence: str, offset: int) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    for match in _CLAUSE.finditer(sentence):
+        spans.append((offset + start, offset + match.start()))
+        start = match.start()
+    spans.append((offset + start, offset + len(sentence)))
+    return spans
+
+
 def keep_grounded(result: GenerationResult, allowed: set[str]) -> tuple[str, list[TokenLogprob], list[str]]:
-    """Remove ungrounded sentences from a result; keep the log-probabilities of the kept tokens."""
-    text = result.text
+    """Remove what the facts do not support; keep the log-probabilities of the kept tokens.
+
+    Pronouns are neutralised first. Then, per sentence, each clause (split at commas, semicolons,
+    "with", "and", "while", "but") that names an unmeasured attribute is removed; if the first
+    (main) clause is ungrounded the whole sentence goes. Tokens are kept when they start inside a
+    kept span of the original text, so q_txt is computed over what is actually kept.
+    """
+    original = result.text
     spans, dropped = [], []
-    for match in _SENTENCE.finditer(text):
+    for match in _SENTENCE.finditer(original):
         sentence = match.group(0)
         if not sentence.strip():
             continue
-        bad = ungrounded_words(sentence, allowed)
-        if bad:
-            dropped.append(f"{sentence.strip()[:80]!r}: {sorted(bad)}")
+        clauses = _clause_spans(sentence, match.start())
+        verdicts = [ungrounded_words(neutralise_pronouns(original[a:b]), allowed) for a, b in clauses]
+        if verdicts[0]:
+            dropped.append(f"{sentence.strip()[:80]!r}: {sorted(verdicts[0])}")
+            continue
+        for (a, b), bad in zip(clauses, verdicts, strict=True):
+            if bad:
+                dropped.append(f"{original[a:b].strip()[:60]!r}: {sorted(bad)}")
+            else:
+                spans.append((a, b))
+    pieces: list[str] = []
+    prev_end = -1
+    for a, b in spans:
+        if pieces and a == prev_end:  # the clause continues the previous kept one
+            pieces[-1] += original[a:b]
         else:
-            spans.append((match.start(), match.end()))
-    kept_text = " ".join(text[a:b].strip() for a, b in spans).strip()
+            pieces.append(original[a:b].strip())
+        prev_end = b
+    kept = ""
+    for piece in (p.strip() for p in pieces if re.search(r"\w", p)):
+        kept = piece if not kept else kept + ("" if piece[0] in ",;" else " ") + piece
+    kept = kept.rstrip(",;")
+    if kept and kept[-1] not in ".!?":
+        kept += "."
+    kept = neutralise_pronouns(kept)
     tokens, pos = [], 0
     for tok in result.tokens:
-        start = text.find(tok.token, pos) if tok.token else pos
+        start = original.find(tok.token, pos) if tok.token else pos
         start = pos if start < 0 else start
         pos = start + len(tok.token)
         if any(a <= start < b for a, b in spans):
             tokens.append(tok)
-    return kept_text, tokens, dropped
+    return kept, tokens, dropped
 
 
 class GroundedCaptionGenerator:

@@ -1,0 +1,267 @@
+"""Model backends through their real code paths: bundled weights on demo images, and the
+production (transformers) backends on tiny random-weight models built from config."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_models import build_tiny_clip, build_tiny_dinov2, build_tiny_qwen2vl, random_images
+
+from models.backends.attributes import COLOURS, colour_distribution, measure_attributes, parse_text_attributes
+from models.backends.detectors import Detections
+from models.backends.grounded_captioner import GroundedCaptionGenerator, keep_grounded, ungrounded_words
+from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
+from models.backends.model_errors import ModelLoadError
+from models.backends.registry import ModelRegistry
+from rde.profiles import ModelSpec, ProfileError, load_profile
+
+
+@pytest.fixture(scope="module")
+def registry() -> ModelRegistry:
+    return ModelRegistry(load_profile("demo").models)
+
+
+@pytest.fixture(scope="module")
+def crops(pool_rows: dict[str, dict]) -> dict[str, list[np.ndarray]]:
+    """Real crops grouped by identity (persons with >= 3 crops, and the two parked vehicles)."""
+    from rde.image_decoding import decode_rgb
+
+    groups: dict[str, list[np.ndarray]] = {}
+    for row in pool_rows.values():
+        if row["variant"] == "crop":
+            groups.setdefault(row["identity"], []).append(decode_rgb(row["image_bytes"]))
+    return {k: v for k, v in groups.items() if len(v) >= 3}
+
+
+def _norms(x: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(x, axis=1)
+
+
+# --- q_txt -------------------------------------------------------------------------------------
+
+def test_mean_token_probability_is_the_mean_not_the_product() -> None:
+    res = GenerationResult("r", "ab", [TokenLogprob("a", math.log(0.5)), TokenLogprob("b", math.log(0.25))], "m")
+    assert res.mean_token_probability == pytest.approx(0.375)
+    assert GenerationResult("r", "", [], "m").mean_token_probability is None
+
+
+# --- offline backends, real weights ------------------------------------------------------------
+
+def test_efficientnet_embedder_on_real_crops(registry: ModelRegistry, crops: dict[str, list[np.ndarray]]) -> None:
+    emb = registry.image_embedder()
+    assert emb.dim == 1280 and registry.image_embedder() is emb  # loaded once per process
+    van = crops["vtest-vehicle-x17"][:2]
+    vecs = emb.embed(van)
+    assert vecs.shape == (2, 1280) and np.allclose(_norms(vecs), 1, atol=1e-5)
+    assert emb.feature_maps(van).shape == (2, 49, 1280)
+    probs = emb.class_probabilities(van)
+    assert np.allclose(probs.sum(axis=1), 1, atol=1e-4)
+    top = {emb.class_names[i] for p in probs for i in np.argsort(-p)[:5]}
+    assert top & {"minivan", "moving van", "police van", "ambulance", "minibus", "car wheel", "pickup",
+                  "cab", "jeep", "grille", "recreational vehicle", "tow truck", "trailer truck"}, top
+    # frames of one identity are closer to each other than to other identities
+    ids = sorted(crops)[:12]
+    vecs = [emb.embed(crops[i][:3]) for i in ids]
+    same = np.mean([float((v @ v.T)[np.triu_indices(len(v), 1)].mean()) for v in vecs])
+    cross = np.mean([float((vecs[a] @ vecs[b].T).mean()) for a in range(len(ids)) for b in range(a + 1, len(ids))])
+    assert same > cross + 0.05
+
+
+def test_minilm_text_encoder(registry: ModelRegistry) -> None:
+    enc = registry.text_encoder()
+    v = enc.encode(["a man in a red jacket", "a person wearing a crimson coat", "a white van parked outside"])
+    assert v.shape == (3, 384) and np.allclose(_norms(v), 1, atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2]
+    assert enc.encode([]).shape == (0, 384)
+
+
+def test_offline_experts_rank_matching_crops_first(registry: ModelRegistry,
+                                                   crops: dict[str, list[np.ndarray]]) -> None:
+    gallery = crops["vtest-vehicle-x17"][:2] + crops["vtest-vehicle-x18"][:2]
+    for spec in load_profile("demo").models.experts:
+        expert = registry.expert(spec)
+        img = expert.encode_image(gallery)
+        txt = expert.encode_text(["a white van", "a light blue car"])
+        assert img.shape == (4, expert.dim) and txt.shape == (2, expert.dim)
+        scores = txt @ img.T
+        assert scores[0, :2].mean() > scores[0, 2:].mean(), spec.backend
+
+
+# --- attributes -------------------------------------------------------------------------------
+
+def test_colour_naming_of_pure_and_surveillance_colours() -> None:
+    for name, rgb in [("red", (200, 30, 30)), ("blue", (40, 60, 180)), ("black", (15, 15, 15)),
+                      ("white", (245, 245, 245)), ("blue", (40, 50, 85)), ("green", (40, 140, 50))]:
+        dist = colour_distribution(np.full((10, 10, 3), rgb, np.uint8))
+        assert COLOURS[int(np.argmax(dist))] == name and dist.max() == 1.0, (name, rgb)
+    assert colour_distribution(np.zeros((0, 3, 3), np.uint8)) is None
+
+
+def test_measured_attributes_follow_the_person_box() -> None:
+    image = np.full((200, 100, 3), 128, np.uint8)
+    image[40:100, 20:80] = (200, 30, 30)  # upper body red
+    image[100:170, 20:80] = (40, 60, 180)  # lower body blue
+    dets = Detections(np.array([[20, 10, 80, 180], [60, 90, 90, 130]], np.float32), ["person", "handbag"],
+                      np.array([0.9, 0.6], np.float32))
+    attrs = measure_attributes(image, dets)
+    assert attrs.top("upper")[0] == "red" and attrs.top("lower")[0] == "blue"
+    assert attrs.top("objects") == ["handbag"] and attrs.top("domain") == ["pedestrian"]
+    text = parse_text_attributes("a woman in a red jacket and blue jeans carrying a bag")
+    other = parse_text_attributes("a man in a green shirt and black trousers")
+    assert attrs.vector() @ text.vector() > attrs.vector() @ other.vector()
+
+
+def test_text_attribute_parsing() -> None:
+    a = parse_text_attributes("a person wearing a red and navy blue padded jacket")
+    assert a.top("upper") == ["red", "blue"] and a.top("lower") == []
+    b = parse_text_attributes("a white van parked by the road")
+    assert b.top("domain") == ["vehicle"] and b.top("vehicle_type") == ["truck"]
+    assert b.top("vehicle_colour") == ["white"]
+    c = parse_text_attributes("a woman in black with a backpack")
+    assert c.top("upper") == ["black"] and c.top("lower") == ["black"] and c.top("objects") == ["backpack"]
+
+
+# --- grounded captioner -----------------------------------------------------------------------
+
+def test_ungrounded_sentences_and_their_tokens_are_removed() -> None:
+    text = "The person wears a red top. He has long hair! The bottoms are navy."
+    tokens = [TokenLogprob(t, -0.1 * (i + 1)) for i, t in enumerate(
+        ["The", " person", " wears", " a", " red", " top", ".", " He", " has", " long", " hair", "!", " The",
+         " bottoms", " are", " navy", "."])]
+    kept, kept_tokens, dropped = keep_grounded(GenerationResult("r", text, tokens, "m"), {"red", "blue", "top"})
+    assert kept == "The person wears a red top. The bottoms are navy."  # navy = blue, a measured colour
+    assert "".join(t.token for t in kept_tokens).strip() == kept
+    assert len(dropped) == 1 and "['hair']" in dropped[0]
+    assert ungrounded_words("a woman in a green dress", {"green"}) == {"woman", "dress"}
+
+
+def test_clause_pruning_and_pronoun_neutralisation() -> None:
+    text = "She wears a red top and a green hat, with blue bottoms. His bag is white."
+    tokens = [TokenLogprob(w, -0.2) for w in re.findall(r"\s*\S+", text)]
+    kept, kept_tokens, dropped = keep_grounded(GenerationResult("r", text, tokens, "m"), {"red", "blue", "top"})
+    assert kept == "The person wears a red top, with blue bottoms."
+    # tokens are kept by where they start: " hat," starts in the dropped clause, so its comma goes too
+    assert "".join(t.token for t in kept_tokens).strip() == "She wears a red top with blue bottoms."
+    assert any("['green', 'hat']" in d for d in dropped) and any("['bag', 'white']" in d for d in dropped)
+
+
+class _ScriptedLlm:
+    model_id = "scripted"
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.seen: list[GenerationRequest] = []
+
+    def generate(self, requests):
+        self.seen.extend(requests)
+        return [GenerationResult(r.request_id, self.answer, [TokenLogprob(w, -0.5) for w in self.answer.split(" ")],
+                                 "scripted") for r in requests]
+
+
+def test_grounded_captioner_puts_facts_in_the_prompt_and_rejects_inventions(
+        registry: ModelRegistry, person_crop: np.ndarray) -> None:
+    spec = ModelSpec(backend="grounded", model_id="grounded-test")
+    llm = _ScriptedLlm("The man has a beard and a green umbrella.")
+    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm)
+    [res] = gen.generate([GenerationRequest("r1", [ChatMessage("user", "Describe the person.", [person_crop])])])
+    system = llm.seen[0].messages[0].content
+    assert "Image 1 (target): subject: a person" in system and "upper-body clothing colour" in system
+    assert llm.seen[0].messages[0].images == [] and llm.seen[0].messages[1].images == []
+    assert not res.ok and res.error.startswith("ungrounded")
+
+
+@pytest.mark.slow
+def test_grounded_captioner_with_real_smollm2(registry: ModelRegistry, person_crop: np.ndarray) -> None:
+    gen = registry.generator(load_profile("demo").models.generators[0])
+    requests = [GenerationRequest(f"r{i}", [ChatMessage("user", q, [person_crop])], max_tokens=60)
+                for i, q in enumerate(["Describe the clothing of the person in one sentence.",
+                                       "What colour is the person's top?"])]
+    facts = gen.facts([person_crop])[0]
+    for res in gen.generate(requests):
+        if res.ok:
+            assert res.text and ungrounded_words(res.text, facts.allowed) == set()
+            assert 0 < res.mean_token_probability <= 1
+        else:
+            assert res.error.startswith("ungrounded")
+
+
+@pytest.mark.slow
+def test_llama_cpp_generator_real_smollm2() -> None:
+    from models.backends.generators import LlamaCppGenerator
+
+    gen = LlamaCppGenerator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))
+    req = GenerationRequest("a", [ChatMessage("user", "Name a colour.")], max_tokens=12)
+    first, second = gen.generate([req]), gen.generate([req])
+    assert first[0].ok and first[0].text == second[0].text  # greedy decoding is deterministic
+    assert len(first[0].tokens) > 0 and all(t.logprob <= 0 for t in first[0].tokens)
+    [with_image] = gen.generate([GenerationRequest("b", [ChatMessage("user", "x", [np.zeros((4, 4, 3), np.uint8)])])])
+    assert with_image.error == "unsupported: this generator does not take images"
+
+
+# --- production backends on tiny models --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiny-models")
+    build_tiny_dinov2(root / "dinov2")
+    build_tiny_clip(root / "clip")
+    build_tiny_qwen2vl(root / "qwen2vl")
+    return root
+
+
+def test_transformers_dinov2_embedder(tiny_dir: Path) -> None:
+    from models.backends.image_embedders import TransformersImageEmbedder
+
+    emb = TransformersImageEmbedder(ModelSpec(backend="transformers", model_id=str(tiny_dir / "dinov2"), batch_size=2))
+    images = random_images(5)
+    vecs = emb.embed(images)
+    assert vecs.shape == (5, 48) and np.allclose(_norms(vecs), 1, atol=1e-5)
+    assert np.allclose(vecs[3], emb.embed([images[3]])[0], atol=1e-5)  # batching does not change results
+    assert emb.feature_maps(images[:2]).shape == (2, 16, 48)  # 56/14 = 4 → 4x4 patches, CLS removed
+
+
+def test_transformers_clip_expert(tiny_dir: Path) -> None:
+    from models.backends.experts import TransformersClipExpert
+
+    expert = TransformersClipExpert(ModelSpec(backend="transformers-clip", model_id=str(tiny_dir / "clip"),
+                                              batch_size=2))
+    txt = expert.encode_text(["a red jacket", "a white van", "a person"])
+    img = expert.encode_image(random_images(3))
+    assert txt.shape == (3, 16) and img.shape == (3, 16)
+    assert np.allclose(_norms(txt), 1, atol=1e-5) and np.allclose(_norms(img), 1, atol=1e-5)
+
+
+def test_vlm_embedding_expert_and_vlm_generator(tiny_dir: Path) -> None:
+    from models.backends.experts import VlmEmbeddingExpert
+    from models.backends.generators import TransformersVlmGenerator
+
+    spec = ModelSpec(backend="vlm-embedding", model_id=str(tiny_dir / "qwen2vl"), batch_size=2)
+    expert = VlmEmbeddingExpert(spec)
+    images = random_images(3)
+    assert expert.encode_image(images).shape == (3, 64) and expert.encode_text(["a red jacket"]).shape == (1, 64)
+    gen = TransformersVlmGenerator(spec.model_copy(update={"backend": "transformers-vlm"}))
+    results = gen.generate([
+        GenerationRequest("one", [ChatMessage("user", "describe the person", [images[0]])], max_tokens=6),
+        GenerationRequest("two", [ChatMessage("user", "compare", [images[1], images[2]])], max_tokens=6),
+        GenerationRequest("text", [ChatMessage("user", "a white van")], max_tokens=4),
+    ])
+    assert [r.request_id for r in results] == ["one", "two", "text"]
+    for res in results:
+        assert res.ok and 0 < len(res.tokens) <= 6 and all(t.logprob <= 0 for t in res.tokens)
+        assert 0 < res.mean_token_probability <= 1
+
+
+def test_production_ids_fail_fast_offline_with_a_hint() -> None:
+    from models.backends.image_embedders import TransformersImageEmbedder
+
+    with pytest.raises(ModelLoadError, match=r"could not load 'facebook/dinov2-large'.*local folder"):
+        TransformersImageEmbedder(ModelSpec(backend="transformers", model_id="facebook/dinov2-large"))
+
+
+def test_unknown_backend_is_a_profile_error() -> None:
+    with pytest.raises(ProfileError, match=r"models\.experts\[0\]\.backend 'clip-magic'"):
+        load_profile("demo", {"models": {"experts": [{"backend": "clip-magic", "model_id": "x"}]}})
