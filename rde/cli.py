@@ -213,6 +213,35 @@ def models_cmd(
         raise typer.Exit(1)
 
 
+@app.command("check-experts")
+def check_experts_cmd(
+    profile: ProfileOpt = "demo",
+    k: Annotated[int, typer.Option(help="Cut-off of mAP@K.")] = 10,
+) -> None:
+    """Score the profile's experts on the hand-labelled check set (data/check_set) against random."""
+    from models.backends.registry import ModelRegistry
+    from rde.expert_check import expert_map, load_check_set, random_map
+    from rde.profiles import ProfileError, load_profile
+
+    try:
+        prof = load_profile(profile)
+    except ProfileError as exc:
+        _fail(str(exc))
+        return
+    check = load_check_set()
+    registry = ModelRegistry(prof.models)
+    table = Table(title=f"check set: {len(check.queries)} queries, {len(check.gallery_images)} gallery crops")
+    table.add_column("expert")
+    table.add_column(f"mAP@{k}", justify="right")
+    table.add_column("× random", justify="right")
+    baseline = random_map(check, k)
+    table.add_row("random ranking (expected)", f"{baseline:.4f}", "1.0")
+    for spec in prof.models.experts:
+        score = expert_map(registry.expert(spec), check, k)
+        table.add_row(f"{spec.backend} ({spec.model_id})", f"{score:.4f}", f"{score / baseline:.1f}")
+    console.print(table)
+
+
 @app.command("artifacts")
 def artifacts_cmd(
     root: Annotated[str | None, typer.Argument(help="Artifacts root (default: the profile's).")] = None,

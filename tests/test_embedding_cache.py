@@ -1,0 +1,47 @@
+"""Embeddings are cached by (model, preprocessing, image hash): a rerun never re-embeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rde.embedding_cache import EmbeddingCache
+
+
+class CountingEmbedder:
+    """A deterministic embedder that counts the images it is asked to embed."""
+
+    def __init__(self, preprocessing: str = "p1", dim: int = 4) -> None:
+        self.model_id, self.preprocessing, self.dim = "counting", preprocessing, dim
+        self.calls = 0
+
+    def embed(self, images: list[np.ndarray]) -> np.ndarray:
+        self.calls += len(images)
+        return np.stack([np.full(self.dim, float(im.mean()), np.float32) for im in images])
+
+
+def _images(values: list[int]) -> list[np.ndarray]:
+    return [np.full((2, 2, 3), v, np.uint8) for v in values]
+
+
+def test_second_run_embeds_nothing_and_new_images_only_once(tmp_path: Path) -> None:
+    images = _images([1, 2, 3])
+    ids = ["a", "b", "c"]
+    emb = CountingEmbedder()
+    first = EmbeddingCache(str(tmp_path), emb).embed(ids, lambda pos: [images[p] for p in pos])
+    assert emb.calls == 3 and first[:, 0].tolist() == [1, 2, 3]
+    again = EmbeddingCache(str(tmp_path), emb).embed(ids, lambda pos: [images[p] for p in pos])
+    assert emb.calls == 3 and np.array_equal(first, again)
+    more = _images([1, 9, 9])
+    mixed = EmbeddingCache(str(tmp_path), emb).embed(["a", "d", "d"], lambda pos: [more[p] for p in pos])
+    assert emb.calls == 4 and mixed[:, 0].tolist() == [1, 9, 9]  # 'd' twice in the batch: embedded once
+
+
+def test_other_preprocessing_is_another_cache(tmp_path: Path) -> None:
+    images = _images([5])
+    a, b = CountingEmbedder("p1"), CountingEmbedder("p2")
+    EmbeddingCache(str(tmp_path), a).embed(["x"], lambda pos: images)
+    EmbeddingCache(str(tmp_path), b).embed(["x"], lambda pos: images)
+    assert a.calls == 1 and b.calls == 1
+    assert EmbeddingCache(str(tmp_path), a).url != EmbeddingCache(str(tmp_path), b).url
