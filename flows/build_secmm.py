@@ -1,4 +1,8 @@
-"""``build-secmm``: the DSMM-TBIR engine flow (ingest → denoise; later stages join here)."""
+"""``build-secmm``: the DSMM-TBIR engine flow.
+
+ingest → denoise (measure, decide) → caption pool → statistics + DAP queries → CGDS gallery →
+MECF candidates (Eq. 1) → benchmark export (unverified until reviewed) → evaluation.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +12,62 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from rde.profiles import load_profile
-from tasks import denoise, ingest
+from tasks import denoise, ingest, secmm
 from tasks.context import RunContext
+from tasks.sharded import StageResult
 from tasks.summary import publish_summary, run_summary
 
 FLOW_NAME = "build-secmm"
+STAGES = ("denoise", "queries", "gallery", "candidates", "benchmark", "evaluate")
 
 
 @flow(name=FLOW_NAME, task_runner=ThreadPoolTaskRunner(max_workers=2), log_prints=True)
 def build_secmm(profile: str = "demo", overrides: dict[str, Any] | None = None,
-                output_root: str | None = None) -> dict[str, Any]:
-    """Build the SecMM-style benchmark from the profile's inputs; returns the run summary."""
+                output_root: str | None = None, until: str | None = None) -> dict[str, Any]:
+    """Build the SecMM-style benchmark from the profile's inputs; returns the run summary.
+
+    ``until`` stops after a stage (one of STAGES), e.g. ``denoise`` for only the cleaned pool.
+    """
+    if until is not None and until not in STAGES:
+        raise ValueError(f"until must be one of {STAGES}, got {until!r}")
     ctx = RunContext(load_profile(profile, overrides), FLOW_NAME, output_root)
+    results: list[StageResult] = []
+
+    def finish() -> dict[str, Any]:
+        for result in results[3:]:  # ingest and denoise published their own tables
+            secmm.publish(result, FLOW_NAME)
+        summary = run_summary(ctx, results)
+        publish_summary(FLOW_NAME, summary)
+        return summary
+
     ingested = ingest.run_ingest(ctx)
     ingest.publish(ingested, FLOW_NAME)
     measured = denoise.run_measure(ctx, ingested.artifacts["images"])
     denoised = denoise.decide_task(ctx, ingested.artifacts["images"], measured.artifacts["measurements"])
     denoise.publish(denoised, FLOW_NAME)
-    summary = run_summary(ctx, [ingested, measured, denoised])
-    publish_summary(FLOW_NAME, summary)
-    return summary
+    results += [ingested, measured, denoised]
+    if until == "denoise":
+        return finish()
+    accepted = denoised.artifacts["accepted"]
+    captions = secmm.caption_pool_task(ctx, accepted)
+    stats, queries = secmm.dap_task(ctx, captions.artifacts["captions"])
+    results += [captions, stats, queries]
+    if until == "queries":
+        return finish()
+    gallery = secmm.cgds_task(ctx, accepted)
+    results.append(gallery)
+    if until == "gallery":
+        return finish()
+    candidates = secmm.mecf_task(ctx, queries.artifacts["queries"], gallery.artifacts["gallery"])
+    results.append(candidates)
+    if until == "candidates":
+        return finish()
+    results.append(secmm.export_task(ctx, queries.artifacts["queries"], gallery.artifacts["gallery"],
+                                     candidates.artifacts["candidates"]))
+    if until == "benchmark":
+        return finish()
+    results.append(secmm.evaluate_task(ctx, ctx.artifact_url("benchmark")))
+    return finish()
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rde.profiles import ProfileError
     from storage import ArtifactError
 
-    return (ProfileError, InputError, ArtifactError, FileNotFoundError, PermissionError)
+    return (ProfileError, InputError, ArtifactError, FileNotFoundError, PermissionError, ValueError)
 
 
 @app.command("build-secmm")
@@ -69,6 +69,8 @@ def build_secmm_cmd(
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
                                                   "--set denoise.min_laplacian_variance=100")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, queries, gallery, "
+                                              "candidates, benchmark, evaluate.")] = None,
 ) -> None:
     """Run the build-secmm flow: ingest → denoise (→ sampling, queries, retrieval as they land).
 
@@ -88,7 +90,7 @@ def build_secmm_cmd(
         check_input(prof.input, project_root())
         from flows.build_secmm import build_secmm
 
-        summary = build_secmm(profile=profile, overrides=overrides or None, output_root=output)
+        summary = build_secmm(profile=profile, overrides=overrides or None, output_root=output, until=until)
     except _user_errors() as exc:
         _fail(str(exc))
         return
@@ -112,9 +114,9 @@ def _guess_kind(path: str) -> str:
 def print_summary(summary: dict[str, Any]) -> None:
     table = Table(title=f"{summary['flow']} · profile {summary['profile']}")
     for col in ("stage", "status", "input", "accepted", "rejected", "shards", "reused", "seconds"):
-        table.add_column(col, justify="right" if col not in ("stage", "status") else "left")
+        table.add_column(col, justify="right" if col not in ("stage", "status") else "left", no_wrap=True)
     for s in summary["stages"]:
-        table.add_row(s["stage"], "skipped (complete)" if s["skipped"] else "ran", str(s["input"]),
+        table.add_row(s["stage"], "skipped" if s["skipped"] else "ran", str(s["input"]),
                       str(s["accepted"]), str(s["rejected"]), str(s["shards"]), str(s["shards_reused"]),
                       f"{s['seconds']:.1f}")
     console.print(table)

@@ -26,16 +26,21 @@ class CheckSet:
     relevant: list[set[str]]  # identities per query
     gallery_images: list[np.ndarray]
     gallery_identities: list[str]
+    gallery_domains: list[str]
+
+
+def load_check_yaml(path: Path | None = None) -> dict:
+    return yaml.safe_load((path or project_root() / "data" / "check_set" / "queries.yaml").read_text())
 
 
 def load_check_set(pool_url: str | None = None, queries_file: Path | None = None) -> CheckSet:
-    root = project_root()
-    data = yaml.safe_load((queries_file or root / "data" / "check_set" / "queries.yaml").read_text())
-    table = Artifact(pool_url or str(root / "data" / "demo_pool")).read_shard(0).to_pylist()
+    data = load_check_yaml(queries_file)
+    table = Artifact(pool_url or str(project_root() / "data" / "demo_pool")).read_shard(0).to_pylist()
     junk = set(data.get("junk_identities", []))
     crops = [r for r in table if r["variant"] == "crop" and r["identity"] not in junk]
     return CheckSet([q["text"] for q in data["queries"]], [set(q["relevant_identities"]) for q in data["queries"]],
-                    [decode_rgb(r["image_bytes"]) for r in crops], [r["identity"] for r in crops])
+                    [decode_rgb(r["image_bytes"]) for r in crops], [r["identity"] for r in crops],
+                    [r["domain"] for r in crops])
 
 
 def relevance_lists(check: CheckSet, ranked: np.ndarray) -> tuple[list[list[bool]], list[int]]:

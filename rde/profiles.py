@@ -78,6 +78,7 @@ BACKENDS: dict[str, set[str]] = {
     "experts": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding"},
     "teacher": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding"},
     "generators": {"grounded", "llama-cpp", "openai-http", "vllm", "transformers-vlm"},
+    "query_generator": {"llama-cpp", "openai-http", "vllm", "transformers-vlm"},
 }
 
 
@@ -90,10 +91,11 @@ class ModelsSection(Strict):
     experts: list[ModelSpec] = Field(default_factory=list)
     generators: list[ModelSpec] = Field(default_factory=list)
     teacher: ModelSpec | None = None
+    query_generator: ModelSpec | None = None  # text LLM for DAP queries (default: bundled SmolLM2)
 
     @model_validator(mode="after")
     def _known_backends(self) -> ModelsSection:
-        for role in ("image_embedder", "text_encoder", "teacher"):
+        for role in ("image_embedder", "text_encoder", "teacher", "query_generator"):
             spec = getattr(self, role)
             if spec is not None and spec.backend not in BACKENDS[role]:
                 raise ValueError(f"models.{role}.backend {spec.backend!r} is not one of {sorted(BACKENDS[role])}")
@@ -153,9 +155,34 @@ class RetrievalSpec(Strict):
 
 
 class QueriesSpec(Strict):
+    """Distribution-Aware Prompting (DSMM-TBIR Sec. 3.1, Table 11) and query post-processing."""
+
     per_domain: int = Field(100, ge=1)
     min_words: int = Field(5, ge=1)
     max_words: int = Field(15, ge=1)
+    per_request: int = Field(10, ge=1)  # queries asked for in one prompt ([part_num])
+    keywords_per_pos: int = Field(12, ge=1)  # nouns / verbs / adjectives sampled into each prompt
+    max_rounds: int = Field(10, ge=1)  # prompts per domain at most, until per_domain is reached
+    temperature: float = Field(0.8, ge=0.0)
+    max_tokens: int = Field(256, ge=16)
+    near_duplicate_cosine: float = Field(0.92, gt=0.0, le=1.0)  # text-embedding cosine ≥ this → near duplicate
+    caption_sample_per_domain: int = Field(40, ge=1)  # images captioned for the caption pool
+    caption_file: str | None = None  # CUHK-PEDES-style JSON captions instead of captioning the pool
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _lengths(self) -> QueriesSpec:
+        if self.min_words > self.max_words:
+            raise ValueError("queries.min_words must not exceed queries.max_words")
+        return self
+
+
+class EvaluationSpec(Strict):
+    """What ``evaluate`` scores besides the built benchmark: hand-labelled check sets (YAML files
+    like data/check_set/queries.yaml, relevance by identity over a pool artifact)."""
+
+    check_sets: list[str] = Field(default_factory=list)
+    check_set_pool: str = "data/demo_pool"
 
 
 class PrefectSpec(Strict):
@@ -177,6 +204,7 @@ class Profile(Strict):
     sampling: SamplingSpec = SamplingSpec()
     retrieval: RetrievalSpec = RetrievalSpec()
     queries: QueriesSpec = QueriesSpec()
+    evaluation: EvaluationSpec = EvaluationSpec()
     prefect: PrefectSpec = PrefectSpec()
 
     @model_validator(mode="after")

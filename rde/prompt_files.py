@@ -6,9 +6,10 @@ every artifact it helped make: editing a prompt changes the lineage and re-runs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -26,6 +27,7 @@ class PromptFile:
     version: str
     sha256: str
     templates: dict[str, str]
+    extras: dict[str, Any] = field(default_factory=dict)  # other keys of the file (word lists...)
 
     @property
     def identity(self) -> str:
@@ -53,4 +55,5 @@ def load_prompt(name: str) -> PromptFile:
     if not isinstance(data, dict) or not {"name", "version", "templates"} <= set(data):
         raise PromptError(f"prompt file {path} needs keys name, version, templates")
     templates = {str(k): str(v) for k, v in data["templates"].items()}
-    return PromptFile(str(data["name"]), str(data["version"]), sha256_bytes(raw), templates)
+    extras = {k: v for k, v in data.items() if k not in {"name", "version", "templates"}}
+    return PromptFile(str(data["name"]), str(data["version"]), sha256_bytes(raw), templates, extras)

@@ -78,10 +78,124 @@ POOL = pa.schema(
     ]
 )
 
+# Captions of the caption pool (DAP input) and, later, of LargeFine-style shards.
+CAPTIONS = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("q_txt", pa.float64()),  # mean token probability (GTR+ Eq. 8)
+        pa.field("generator", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),  # prompt identity name@version#sha
+    ]
+)
+
+# Rejected generated texts (captions or queries): what was produced and why it was not kept.
+TEXT_REJECTS = pa.schema(
+    [
+        pa.field("source_id", pa.string(), nullable=False),  # image id or request id
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("text", pa.string()),
+        pa.field("detail", pa.string()),
+    ]
+)
+
+# Per-domain word frequencies by part of speech (DAP statistics).
+CAPTION_STATS = pa.schema(
+    [
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("pos", pa.string(), nullable=False),  # noun | verb | adj | adv
+        pa.field("word", pa.string(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+    ]
+)
+
+QUERIES = pa.schema(
+    [
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),  # generation request id
+        pa.field("generator", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+    ]
+)
+
+# CGDS outcome for every accepted image: sampled into the gallery or not, with its cluster.
+SAMPLING = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("cluster", pa.int32(), nullable=False),
+        pa.field("sampled", pa.bool_(), nullable=False),
+        pa.field("reason", pa.string()),  # null when sampled: not_sampled | wrong_category
+    ]
+)
+
+GALLERY = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("identity", pa.string()),
+        pa.field("cluster", pa.int32(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("width", pa.int32(), nullable=False),
+        pa.field("height", pa.int32(), nullable=False),
+        pa.field("image_bytes", pa.binary(), nullable=False),
+    ]
+)
+
+# MECF union (Eq. 1): one row per (query, image) retrieved by at least one expert.
+CANDIDATES = pa.schema(
+    [
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("experts", pa.list_(pa.string()), nullable=False),
+        pa.field("ranks", pa.list_(pa.int32()), nullable=False),  # aligned with experts, 1-based
+        pa.field("scores", pa.list_(pa.float32()), nullable=False),
+        pa.field("best_rank", pa.int32(), nullable=False),
+    ]
+)
+
+QRELS = pa.schema(
+    [
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("relevant", pa.bool_(), nullable=False),
+        pa.field("verified", pa.bool_(), nullable=False),  # False: an unreviewed MECF candidate
+        pa.field("annotator", pa.string()),
+        pa.field("decided_at", pa.string()),
+    ]
+)
+
+EVALUATION = pa.schema(
+    [
+        pa.field("benchmark", pa.string(), nullable=False),  # the built benchmark or a check set
+        pa.field("labels", pa.string(), nullable=False),  # verified | pending-review
+        pa.field("expert", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),  # a domain or "all"
+        pa.field("metric", pa.string(), nullable=False),  # mAP@10, R@1, ...
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("queries", pa.int32(), nullable=False),
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "images": IMAGES,
     "measurements": MEASUREMENTS,
     "accepted_images": ACCEPTED_IMAGES,
     "rejects": REJECTS,
     "pool": POOL,
+    "captions": CAPTIONS,
+    "text_rejects": TEXT_REJECTS,
+    "caption_stats": CAPTION_STATS,
+    "queries": QUERIES,
+    "sampling": SAMPLING,
+    "gallery": GALLERY,
+    "candidates": CANDIDATES,
+    "qrels": QRELS,
+    "evaluation": EVALUATION,
 }

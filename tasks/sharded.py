@@ -8,7 +8,7 @@ key are kept and only missing ones are computed; manifests are written last.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,12 +70,36 @@ def write_shards(outputs: Sequence[Output], stage_key: str, index: int,
 
 def finalize(outputs: Sequence[Output], stage_key: str, shards: Sequence[dict[str, ShardInfo]], ctx: RunContext,
              *, upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
-             models: dict[str, Any] | None = None, stats: dict[str, Any] | None = None) -> None:
+             models: dict[str, Any] | None = None, stats: dict[str, Any] | None = None,
+             prompt_versions: dict[str, str] | None = None) -> None:
     for out in outputs:
         out.writer(stage_key).finalize(
             [s[out.name] for s in shards], code_version=ctx.code_version, config=config, models=models,
-            upstream=upstream, stats=stats,
+            upstream=upstream, stats=stats, prompt_versions=prompt_versions,
         )
+
+
+def run_single(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key: str,
+               compute: Callable[[], tuple[dict[str, pa.Table], dict[str, Any]]], *,
+               upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
+               models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None,
+               main_output: str | None = None) -> StageResult:
+    """A stage that writes its outputs as one shard each (small results: queries, candidates...).
+
+    ``compute`` returns the tables by output name and stats with ``input_rows``, ``accepted`` and
+    ``rejected`` (reason → count); skipped when every output is complete for ``stage_key``.
+    """
+    main = main_output or outputs[0].name
+    if all_complete(outputs, stage_key):
+        return skipped_result(stage, outputs, main)
+    with Timer() as timer:
+        begin(outputs, stage_key)
+        tables, stats = compute()
+        shards = write_shards(outputs, stage_key, 0, tables)
+        finalize(outputs, stage_key, [shards], ctx, upstream=upstream, config=config, models=models, stats=stats,
+                 prompt_versions=prompt_versions)
+    return StageResult(stage, False, {o.name: o.url for o in outputs}, int(stats.get("input_rows", 0)),
+                       int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), 1, 0, timer.seconds)
 
 
 def reason_counts(rejects: pa.Table) -> dict[str, int]:

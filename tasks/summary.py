@@ -24,7 +24,10 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
     for stage in stages:
         for name, url in stage.artifacts.items():
             artifacts[f"{stage.stage}.{name}"] = {"url": url, "rows": Artifact(url).count_rows()}
+    gallery = by_name.get("cgds")
     return {
+        "gallery": gallery.accepted if gallery else None,
+        "queries": by_name["dap"].accepted if "dap" in by_name else None,
         "flow": ctx.flow_name, "profile": ctx.profile.name, "output_root": ctx.root,
         "stages": [{"stage": s.stage, "skipped": s.skipped, "input": s.input_rows, "accepted": s.accepted,
                     "rejected": sum(s.rejected.values()), "shards": s.shards, "shards_reused": s.shards_resumed,

@@ -39,3 +39,26 @@ def test_offline_experts_beat_random_by_a_wide_margin() -> None:
     assert baseline < 0.03
     for backend, score in scores.items():
         assert score > 5 * baseline, (backend, score, baseline)
+
+
+def test_evaluate_rankings_hand_computed() -> None:
+    from rde.evaluation import evaluate_rankings
+
+    ranked = [["a", "x", "b"], ["y", "z", "c"], ["d"]]
+    relevant = [{"a", "b"}, {"c"}, set()]  # the third query has no relevant image: left out
+    m = evaluate_rankings(ranked, relevant)
+    assert m["queries"] == 2
+    assert m["mAP@10"] == pytest.approx(((1 + 2 / 3) / 2 + (1 / 3) / 1) / 2)
+    assert m["R@1"] == pytest.approx(0.5) and m["R@5"] == pytest.approx(1.0)
+
+
+def test_evaluate_expert_ranks_within_the_query_domain() -> None:
+    from rde.evaluation import evaluate_expert
+
+    q = np.array([[1, 0], [0, 1]], np.float32)
+    g = np.array([[1, 0], [0.9, 0.1], [0, 1]], np.float32)
+    res = evaluate_expert(q, ["pedestrian", "vehicle"], ["q1", "q2"], g, ["pedestrian", "vehicle", "vehicle"],
+                          ["p1", "v1", "v2"], {"q1": {"p1"}, "q2": {"v1"}})
+    assert res["pedestrian"]["mAP@10"] == 1.0
+    assert res["vehicle"]["mAP@10"] == pytest.approx(0.5)  # v2 (cosine 1) outranks v1 (0.1)
+    assert res["all"]["queries"] == 2 and res["all"]["R@1"] == pytest.approx(0.5)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
     out = str(tmp_path_factory.mktemp("demo-out"))
-    return out, build_secmm(profile="demo", output_root=out)
+    return out, build_secmm(profile="demo", output_root=out, until="denoise")
 
 
 def _stages(summary: dict) -> dict[str, dict]:
@@ -59,10 +59,10 @@ def test_demo_filter_exercises_are_rejected_for_their_reason(demo_run: tuple[str
 
 def test_rerun_skips_and_a_deleted_shard_recomputes_only_its_stage(demo_run: tuple[str, dict]) -> None:
     out, first = demo_run
-    again = build_secmm(profile="demo", output_root=out)
+    again = build_secmm(profile="demo", output_root=out, until="denoise")
     assert all(s["skipped"] for s in again["stages"]) and again["accepted"] == first["accepted"]
     Path(first["artifacts"]["measure.measurements"]["url"], "part-00001.parquet").unlink()
-    third = build_secmm(profile="demo", output_root=out)
+    third = build_secmm(profile="demo", output_root=out, until="denoise")
     stages = _stages(third)
     assert stages["ingest"]["skipped"] and stages["denoise"]["skipped"]
     assert not stages["measure"]["skipped"] and stages["measure"]["shards_reused"] == stages["measure"]["shards"] - 1
@@ -71,7 +71,8 @@ def test_rerun_skips_and_a_deleted_shard_recomputes_only_its_stage(demo_run: tup
 
 def test_threshold_change_reruns_only_the_decision(demo_run: tuple[str, dict]) -> None:
     out, first = demo_run
-    stricter = build_secmm(profile="demo", output_root=out, overrides={"denoise": {"min_laplacian_variance": 600}})
+    stricter = build_secmm(profile="demo", output_root=out, overrides={"denoise": {"min_laplacian_variance": 600}},
+                           until="denoise")
     stages = _stages(stricter)
     assert stages["ingest"]["skipped"] and stages["measure"]["skipped"] and not stages["denoise"]["skipped"]
     assert stricter["accepted"] < first["accepted"] and stricter["balanced"]
@@ -96,7 +97,7 @@ def test_bad_input_folder_through_the_flow(tmp_path: Path, person_crop: np.ndarr
     shutil.copy(corpus / "ok_person.jpg", corpus / "copy.jpg")
     expected["copy.jpg"] = ("denoise", "duplicate")
     summary = build_secmm(profile="demo", output_root=str(tmp_path / "out"),
-                          overrides={"input": {"kind": "folder", "path": str(corpus)}})
+                          overrides={"input": {"kind": "folder", "path": str(corpus)}}, until="denoise")
     assert summary["balanced"] and summary["inputs"] == len(expected)
     outcome: dict[str, tuple[str, str | None]] = {}
     for stage, name in (("ingest", "ingest.rejects"), ("denoise", "denoise.rejects")):
@@ -109,3 +110,47 @@ def test_bad_input_folder_through_the_flow(tmp_path: Path, person_crop: np.ndarr
     expected["copy.jpg"], expected["ok_person.jpg"] = ("denoise", None), ("denoise", "duplicate")
     assert outcome == expected
     assert np.isfinite(Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas().laplacian_variance).all()
+
+
+def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path) -> None:
+    """Every stage on the demo pool: queries and gallery for both domains, the MECF union with
+    provenance, the benchmark folder, and verified check-set metrics for each expert."""
+    import pyarrow.dataset as pads
+
+    out = str(tmp_path / "full")
+    summary = build_secmm(profile="demo", output_root=out)
+    stages = _stages(summary)
+    assert list(stages) == ["ingest", "measure", "denoise", "caption-pool", "caption-stats", "dap", "cgds", "mecf",
+                            "export", "evaluate"]
+    arts = summary["artifacts"]
+    accepted = arts["denoise.accepted"]["rows"]
+    # every accepted image is either in the gallery or recorded as not sampled, with its cluster
+    sampling = Artifact(arts["cgds.sampling"]["url"]).to_pandas()
+    assert len(sampling) == accepted and sampling.sampled.sum() == arts["cgds.gallery"]["rows"] > 0
+    assert set(sampling[~sampling.sampled].reason) <= {"not_sampled", "wrong_category"}
+    # every captioned image is a caption or a rejected row; every generated query line likewise
+    cap = stages["caption-pool"]
+    assert cap["accepted"] + cap["rejected"] == cap["input"] > 0
+    dap = stages["dap"]
+    assert dap["accepted"] + dap["rejected"] == dap["input"] and dap["accepted"] > 0
+    queries = Artifact(arts["dap.queries"]["url"]).to_pandas()
+    assert set(queries.domain) == {"pedestrian", "vehicle"}
+    assert queries.text.str.split().str.len().between(5, 15).all()
+    # MECF: per-expert provenance, union no larger than the sum of per-expert top-K lists
+    cands = Artifact(arts["mecf.candidates"]["url"]).to_pandas()
+    assert len(cands) and (cands.experts.str.len() == cands.ranks.str.len()).all()
+    assert cands.groupby("query_id").size().max() <= 2 * 50
+    # the benchmark folder: three Parquet datasets + a dataset card, qrels unverified until review
+    bench = Path(out) / "build-secmm" / "demo" / "benchmark"
+    for name in ("queries", "gallery", "qrels"):
+        assert pads.dataset(str(bench / name), format="parquet").count_rows() > 0
+    assert (bench / "README.md").read_text().startswith("# SecMM-style benchmark")
+    assert not Artifact(str(bench / "qrels")).to_pandas().verified.any()
+    # evaluation: verified check-set metrics for each expert, the built benchmark pending review
+    ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
+    assert set(ev.labels) == {"verified"} and ev.benchmark.str.startswith("check-set").all()
+    assert set(ev.expert) == {"semantic-bridge:semantic-bridge-v1", "attributes:attributes-v1"}
+    assert {"mAP@10", "mAP@20", "mAP@30", "R@1", "R@5", "R@10"} <= set(ev.metric)
+    # rerun: everything skipped
+    again = build_secmm(profile="demo", output_root=out)
+    assert all(s["skipped"] for s in again["stages"])

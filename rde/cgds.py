@@ -1,0 +1,50 @@
+"""Centroid-Guided Diversity Sampling (DSMM-TBIR, Sec. 3.1 / App. A).
+
+Embeddings of one domain's pool are clustered with k-means (K≈100 per domain in production);
+from each cluster n images are drawn at random, n uniform in [min, max] and at most the
+cluster's size. Drawing per cluster (not from the whole pool) keeps rare looks represented.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.cluster import KMeans, MiniBatchKMeans
+
+
+@dataclass
+class Clustering:
+    labels: np.ndarray  # cluster id per item
+    centroids: np.ndarray
+    inertia: float
+
+
+def kmeans_clusters(vectors: np.ndarray, k: int, seed: int, minibatch_above: int = 20_000) -> Clustering:
+    """k-means on L2-normalised vectors; K is capped at the number of items.
+
+    scikit-learn's Lloyd KMeans for small pools, MiniBatchKMeans above ``minibatch_above`` items
+    (see benchmarks/cgds_mecf_scaling.py for the measured trade-off).
+    """
+    n = len(vectors)
+    if n == 0:
+        return Clustering(np.zeros(0, np.int64), np.zeros((0, vectors.shape[1] if vectors.ndim == 2 else 0)), 0.0)
+    k = max(1, min(k, n))
+    if n > minibatch_above:
+        model = MiniBatchKMeans(n_clusters=k, random_state=seed, batch_size=4096, n_init=3)
+    else:
+        model = KMeans(n_clusters=k, random_state=seed, n_init=3)
+    labels = model.fit_predict(vectors.astype(np.float32))
+    return Clustering(labels.astype(np.int64), model.cluster_centers_, float(model.inertia_))
+
+
+def sample_per_cluster(labels: np.ndarray, min_n: int, max_n: int, seed: int) -> np.ndarray:
+    """Indices drawn per cluster: n_c ~ U{min_n..max_n}, capped at the cluster size, without
+    replacement. Deterministic for a seed (clusters visited in id order); returned sorted."""
+    rng = np.random.default_rng(seed)
+    chosen: list[np.ndarray] = []
+    for cluster in np.unique(labels):
+        members = np.flatnonzero(labels == cluster)
+        n = min(int(rng.integers(min_n, max_n + 1)), len(members))
+        chosen.append(rng.choice(members, size=n, replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)

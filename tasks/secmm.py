@@ -1,0 +1,447 @@
+"""build-secmm stages after denoise: caption pool → statistics → DAP queries → CGDS gallery →
+MECF candidates → benchmark export → evaluation. Each is a Prefect task over plain functions."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from models.backends.interfaces import ChatMessage, GenerationRequest
+from models.backends.registry import BUNDLED_LLM, ModelRegistry
+from rde import caption_stats, cgds, dap, mecf
+from rde.embedding_cache import EmbeddingCache
+from rde.evaluation import evaluate_expert
+from rde.expert_check import load_check_set, load_check_yaml
+from rde.image_decoding import decode_rgb
+from rde.profiles import ModelSpec
+from rde.prompt_files import load_prompt
+from rde.runtime import resolve_location
+from storage import Artifact, content_key
+from storage.hashing import sha256_json
+from storage.schemas import (
+    CANDIDATES,
+    CAPTION_STATS,
+    CAPTIONS,
+    EVALUATION,
+    GALLERY,
+    QRELS,
+    QUERIES,
+    SAMPLING,
+    TEXT_REJECTS,
+)
+from tasks import sharded
+from tasks.context import RunContext
+from tasks.reporting import log, publish_markdown, publish_table, stage_table
+
+VERSION = "1"
+
+
+def _accepted_rows(url: str, columns: list[str]) -> list[dict[str, Any]]:
+    return [row for _, table in Artifact(url).iter_shards(columns) for row in table.to_pylist()]
+
+
+def _spec_id(spec: Any) -> dict[str, Any]:
+    return spec.model_dump(mode="json") if spec is not None else {}
+
+
+def _query_generator_spec(ctx: RunContext) -> ModelSpec:
+    return ctx.profile.models.query_generator or ModelSpec(**BUNDLED_LLM)
+
+
+# -- caption pool ---------------------------------------------------------------------------------
+
+@task(name="caption-pool", cache_policy=NO_CACHE)
+def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
+    """Captions for DAP statistics: a user caption file, or the profile's first generator on a
+    seeded sample of the denoised pool (per domain)."""
+    p = ctx.profile
+    prompt = load_prompt("caption_pool")
+    gen_spec = p.models.generators[0] if p.models.generators else None
+    caption_file = resolve_location(p.queries.caption_file) if p.queries.caption_file else None
+    key = content_key(stage="caption-pool", version=VERSION, accepted=Artifact(accepted_url).manifest().fingerprint,
+                      generator=_spec_id(gen_spec), prompt=prompt.identity, file=caption_file,
+                      sample=p.queries.caption_sample_per_domain, seed=p.queries.seed)
+    outs = [sharded.Output("captions", ctx.artifact_url("caption_pool"), "captions", CAPTIONS),
+            sharded.Output("rejects", ctx.artifact_url("caption_pool_rejects"), "text_rejects", TEXT_REJECTS)]
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        if caption_file:
+            rows = _captions_from_file(Path(caption_file), p.input.default_domain)
+            return {"captions": pa.Table.from_pylist(rows, schema=CAPTIONS),
+                    "rejects": TEXT_REJECTS.empty_table()}, {"input_rows": len(rows), "accepted": len(rows)}
+        if gen_spec is None:
+            raise ValueError("queries: no caption_file and no models.generators to caption the pool with")
+        generator = ModelRegistry(p.models).generator(gen_spec)
+        rows = _accepted_rows(accepted_url, ["image_id", "domain", "image_bytes"])
+        rng = np.random.default_rng(p.queries.seed)
+        captions, rejects = [], []
+        for domain in sorted({r["domain"] for r in rows}):
+            mine = [r for r in rows if r["domain"] == domain]
+            pick = rng.choice(len(mine), size=min(p.queries.caption_sample_per_domain, len(mine)), replace=False)
+            chosen = [mine[i] for i in sorted(pick)]
+            requests = [GenerationRequest(r["image_id"], [ChatMessage("user", prompt.templates[domain],
+                                                                      [decode_rgb(r["image_bytes"])])],
+                                          max_tokens=80, temperature=0.0) for r in chosen]
+            for res in generator.generate(requests):
+                if res.ok:
+                    captions.append({"image_id": res.request_id, "domain": domain, "text": res.text,
+                                     "q_txt": res.mean_token_probability, "generator": res.model_id,
+                                     "prompt": prompt.identity})
+                else:
+                    reason = res.error.split(":")[0] if res.error else "failed"
+                    rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
+                                    "reason": reason, "text": None, "detail": res.error})
+        stats = {"input_rows": len(captions) + len(rejects), "accepted": len(captions),
+                 "rejected": dict(Counter(r["reason"] for r in rejects))}
+        return {"captions": pa.Table.from_pylist(captions, schema=CAPTIONS),
+                "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
+
+    result = sharded.run_single(ctx, "caption-pool", outs, key, compute, upstream=[Artifact(accepted_url)],
+                                models={"generator": _spec_id(gen_spec)},
+                                prompt_versions={"caption_pool": prompt.identity})
+    log(f"caption-pool: {'skipped, ' if result.skipped else ''}{result.accepted}/{result.input_rows} captions kept")
+    return result
+
+
+def _captions_from_file(path: Path, domain: str) -> list[dict[str, Any]]:
+    """CUHK-PEDES-style JSON: a list of {"file_path" or "id", "captions": [...], optional "domain"}."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows = []
+    for item in data:
+        for i, text in enumerate(item.get("captions", [])):
+            ident = str(item.get("id", item.get("file_path", len(rows))))
+            rows.append({"image_id": f"{ident}#{i}", "domain": item.get("domain", domain), "text": text,
+                         "q_txt": None, "generator": "caption-file", "prompt": path.name})
+    return rows
+
+
+# -- statistics + DAP -----------------------------------------------------------------------------
+
+@task(name="dap-queries", cache_policy=NO_CACHE)
+def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, sharded.StageResult]:
+    """POS statistics of the caption pool, then Distribution-Aware Prompting per domain."""
+    p = ctx.profile
+    captions = Artifact(captions_url)
+    stats_key = content_key(stage="caption-stats", version=VERSION, captions=captions.manifest().fingerprint)
+    stats_out = [sharded.Output("stats", ctx.artifact_url("caption_stats"), "caption_stats", CAPTION_STATS)]
+
+    def compute_stats() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        rows = _accepted_rows(captions_url, ["domain", "text"])
+        out = []
+        for domain in sorted({r["domain"] for r in rows}):
+            freqs = caption_stats.pos_frequencies([r["text"] for r in rows if r["domain"] == domain])
+            out += [{"domain": domain, "pos": pos, "word": w, "count": c}
+                    for pos, counter in freqs.items() for w, c in counter.most_common()]
+        return {"stats": pa.Table.from_pylist(out, schema=CAPTION_STATS)}, {"input_rows": len(rows),
+                                                                             "accepted": len(out)}
+
+    stats_result = sharded.run_single(ctx, "caption-stats", stats_out, stats_key, compute_stats, upstream=[captions],
+                                      models={"pos_tagger": "en_core_web_sm 3.8.0"})
+    stats_rows = Artifact(stats_out[0].url).to_pandas()
+
+    registry = ModelRegistry(p.models)
+    gen_spec = _query_generator_spec(ctx)
+    prompts = {d.name: load_prompt(f"dap_{d.name}") for d in p.domains}
+    safety = load_prompt("query_safety")
+    key = content_key(stage="dap", version=VERSION, stats=Artifact(stats_out[0].url).manifest().fingerprint,
+                      queries=p.queries.model_dump(), generator=_spec_id(gen_spec),
+                      encoder=_spec_id(p.models.text_encoder), prompts={k: v.identity for k, v in prompts.items()},
+                      safety=safety.identity)
+    outs = [sharded.Output("queries", ctx.artifact_url("queries"), "queries", QUERIES),
+            sharded.Output("rejects", ctx.artifact_url("query_rejects"), "text_rejects", TEXT_REJECTS)]
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        generator = registry.generator(gen_spec)
+        encoder = registry.text_encoder()
+        queries, rejects = [], []
+        for domain, prompt in prompts.items():
+            mine = stats_rows[stats_rows.domain == domain]
+            stats = {pos: Counter(dict(zip(g.word, g["count"], strict=True))) for pos, g in mine.groupby("pos")}
+            rng = np.random.default_rng([p.queries.seed, len(domain)])
+            accepted: list[str] = []
+            for round_ in range(p.queries.max_rounds):
+                if len(accepted) >= p.queries.per_domain:
+                    break
+                rid = f"{domain}-r{round_:03d}"
+                [res] = generator.generate([dap.dap_request(prompt, stats, p.queries, rng, rid,
+                                                            seed=p.queries.seed * 1000 + round_)])
+                if not res.ok:
+                    rejects.append({"source_id": rid, "domain": domain, "stage": "dap", "reason": "generation_failed",
+                                    "text": None, "detail": res.error})
+                    continue
+                verdicts = dap.postprocess_queries([(t, rid) for t in dap.split_queries(res.text)],
+                                                   set(prompt.extras.get("domain_words", [])), p.queries,
+                                                   safety.extras["blocked"], encoder, accepted)
+                for v in verdicts:
+                    if v.reason is None and len(accepted) < p.queries.per_domain:
+                        accepted.append(v.text)
+                        queries.append({"query_id": f"{domain}-q{len(accepted):04d}", "domain": domain,
+                                        "text": v.text, "source": v.source, "generator": generator.model_id,
+                                        "prompt": prompt.identity})
+                    else:
+                        rejects.append({"source_id": v.source, "domain": domain, "stage": "dap",
+                                        "reason": v.reason or "over_target", "text": v.text, "detail": v.detail})
+        stats_out_ = {"input_rows": len(queries) + len(rejects), "accepted": len(queries),
+                      "rejected": dict(Counter(r["reason"] for r in rejects))}
+        return {"queries": pa.Table.from_pylist(queries, schema=QUERIES),
+                "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats_out_
+
+    result = sharded.run_single(ctx, "dap", outs, key, compute, upstream=[Artifact(stats_out[0].url)],
+                                models={"generator": _spec_id(gen_spec)},
+                                prompt_versions={**{f"dap_{k}": v.identity for k, v in prompts.items()},
+                                                 "query_safety": safety.identity})
+    log(f"dap: {'skipped, ' if result.skipped else ''}{result.accepted} queries kept of {result.input_rows} "
+        f"generated lines, rejected {result.rejected}")
+    return stats_result, result
+
+
+# -- CGDS -----------------------------------------------------------------------------------------
+
+@task(name="cgds", cache_policy=NO_CACHE)
+def cgds_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
+    """Embed the denoised pool, k-means per domain, sample per cluster, keep the target category."""
+    p = ctx.profile
+    registry = ModelRegistry(p.models)
+    embedder = registry.image_embedder()
+    cache = EmbeddingCache(resolve_location(p.artifacts_root), embedder)
+    key = content_key(stage="cgds", version=VERSION, accepted=Artifact(accepted_url).manifest().fingerprint,
+                      sampling=p.sampling.model_dump(), embedder=cache.identity)
+    outs = [sharded.Output("gallery", ctx.artifact_url("gallery"), "gallery", GALLERY),
+            sharded.Output("sampling", ctx.artifact_url("sampling"), "sampling", SAMPLING)]
+    sizes: list[dict[str, Any]] = []
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        rows = _accepted_rows(accepted_url, ["image_id", "domain", "identity", "source", "width", "height",
+                                             "target_count", "image_bytes"])
+        ids = [r["image_id"] for r in rows]
+        vectors = cache.embed(ids, lambda pos: [decode_rgb(rows[i]["image_bytes"]) for i in pos])
+        gallery, sampling = [], []
+        for domain in sorted({r["domain"] for r in rows}):
+            idx = np.array([i for i, r in enumerate(rows) if r["domain"] == domain])
+            clusters = cgds.kmeans_clusters(vectors[idx], p.sampling.clusters_per_domain, p.sampling.seed)
+            picked = set(idx[cgds.sample_per_cluster(clusters.labels, p.sampling.min_per_cluster,
+                                                     p.sampling.max_per_cluster, p.sampling.seed)].tolist())
+            for c in np.unique(clusters.labels):
+                members = idx[clusters.labels == c]
+                sizes.append({"domain": domain, "cluster": int(c), "size": len(members),
+                              "sampled": sum(int(m) in picked for m in members)})
+            for i, label in zip(idx, clusters.labels, strict=True):
+                r = rows[int(i)]
+                reason = None if int(i) in picked else "not_sampled"
+                if reason is None and not (r["target_count"] or 0) >= 1:
+                    reason = "wrong_category"  # the category filter: the domain's target must be detected
+                sampling.append({"image_id": r["image_id"], "domain": domain, "cluster": int(label),
+                                 "sampled": reason is None, "reason": reason})
+                if reason is None:
+                    gallery.append({**{k: r[k] for k in ("image_id", "domain", "identity", "source", "width",
+                                                         "height", "image_bytes")}, "cluster": int(label)})
+        stats = {"input_rows": len(rows), "accepted": len(gallery),
+                 "rejected": dict(Counter(s["reason"] for s in sampling if s["reason"])), "clusters": sizes}
+        return {"gallery": pa.Table.from_pylist(gallery, schema=GALLERY),
+                "sampling": pa.Table.from_pylist(sampling, schema=SAMPLING)}, stats
+
+    result = sharded.run_single(ctx, "cgds", outs, key, compute, upstream=[Artifact(accepted_url)],
+                                models={"image_embedder": cache.identity}, config={"sampling": p.sampling.model_dump()})
+    clusters = Artifact(outs[0].url).manifest().stats.get("clusters", [])
+    publish_table(f"{ctx.flow_name}-cgds-clusters", clusters or [{"domain": "-", "cluster": 0, "size": 0}],
+                  "CGDS: cluster sizes and how many images each contributed to the gallery")
+    log(f"cgds: {'skipped, ' if result.skipped else ''}gallery {result.accepted} of {result.input_rows} images, "
+        f"{len(clusters)} clusters, embedded {cache.embedded} new images")
+    return result
+
+
+# -- MECF -----------------------------------------------------------------------------------------
+
+@task(name="mecf", cache_policy=NO_CACHE)
+def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.StageResult:
+    """Every expert retrieves its top-K per query within the query's domain; keep the union (Eq. 1)."""
+    p = ctx.profile
+    key = content_key(stage="mecf", version=VERSION, queries=Artifact(queries_url).manifest().fingerprint,
+                      gallery=Artifact(gallery_url).manifest().fingerprint, retrieval=p.retrieval.model_dump(),
+                      experts=[_spec_id(s) for s in p.models.experts])
+    outs = [sharded.Output("candidates", ctx.artifact_url("candidates"), "candidates", CANDIDATES)]
+    per_expert_counts: dict[str, int] = {}
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        registry = ModelRegistry(p.models)
+        queries = _accepted_rows(queries_url, ["query_id", "domain", "text"])
+        gallery = _accepted_rows(gallery_url, ["image_id", "domain", "image_bytes"])
+        images = [decode_rgb(g["image_bytes"]) for g in gallery]
+        rows = []
+        for domain in sorted({q["domain"] for q in queries}):
+            q_idx = [i for i, q in enumerate(queries) if q["domain"] == domain]
+            g_idx = [i for i, g in enumerate(gallery) if g["domain"] == domain]
+            if not q_idx or not g_idx:
+                continue
+            per_expert = {}
+            for spec in p.models.experts:
+                expert = registry.expert(spec)
+                name = f"{spec.backend}:{spec.model_id}"
+                qv = expert.encode_text([queries[i]["text"] for i in q_idx])
+                gv = expert.encode_image([images[i] for i in g_idx])
+                per_expert[name] = mecf.topk(qv, gv, p.retrieval.top_k, p.retrieval.index_above)
+                per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
+            for cand in mecf.union_candidates(per_expert):
+                names = sorted(cand.ranks)
+                rows.append({"query_id": queries[q_idx[cand.query]]["query_id"],
+                             "image_id": gallery[g_idx[cand.item]]["image_id"], "domain": domain,
+                             "experts": names, "ranks": [cand.ranks[n] for n in names],
+                             "scores": [cand.scores[n] for n in names], "best_rank": min(cand.ranks.values())})
+        stats = {"input_rows": len(queries), "accepted": len(rows), "per_expert_candidates": per_expert_counts,
+                 "union_candidates": len(rows)}
+        return {"candidates": pa.Table.from_pylist(rows, schema=CANDIDATES)}, stats
+
+    result = sharded.run_single(ctx, "mecf", outs, key, compute, upstream=[Artifact(queries_url),
+                                                                          Artifact(gallery_url)],
+                                models={"experts": [_spec_id(s) for s in p.models.experts]})
+    stats = Artifact(outs[0].url).manifest().stats
+    table = [{"expert": k, "candidates": v} for k, v in stats.get("per_expert_candidates", {}).items()]
+    table.append({"expert": "union (Eq. 1)", "candidates": stats.get("union_candidates", 0)})
+    publish_table(f"{ctx.flow_name}-mecf", table, "MECF: top-K candidates per expert and their union")
+    log(f"mecf: {'skipped, ' if result.skipped else ''}{table}")
+    return result
+
+
+# -- export + evaluation --------------------------------------------------------------------------
+
+@task(name="benchmark-export", cache_policy=NO_CACHE)
+def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_url: str) -> sharded.StageResult:
+    """queries / gallery / qrels artifacts plus a dataset card. Until people review them, the qrels
+    are the MECF candidates marked ``verified = false`` (the "unverified" benchmark)."""
+    key = content_key(stage="export", version=VERSION, queries=Artifact(queries_url).manifest().fingerprint,
+                      gallery=Artifact(gallery_url).manifest().fingerprint,
+                      candidates=Artifact(candidates_url).manifest().fingerprint)
+    bench = ctx.artifact_url("benchmark")
+    outs = [sharded.Output("queries", f"{bench}/queries", "queries", QUERIES),
+            sharded.Output("gallery", f"{bench}/gallery", "gallery", GALLERY),
+            sharded.Output("qrels", f"{bench}/qrels", "qrels", QRELS)]
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        queries = pa.concat_tables([t for _, t in Artifact(queries_url).iter_shards()])
+        gallery = pa.concat_tables([t for _, t in Artifact(gallery_url).iter_shards()])
+        cands = _accepted_rows(candidates_url, ["query_id", "image_id"])
+        qrels = [{"query_id": c["query_id"], "image_id": c["image_id"], "relevant": True, "verified": False,
+                  "annotator": None, "decided_at": None} for c in cands]
+        stats = {"input_rows": len(cands), "accepted": len(qrels), "verified": 0}
+        return {"queries": queries, "gallery": gallery, "qrels": pa.Table.from_pylist(qrels, schema=QRELS)}, stats
+
+    result = sharded.run_single(ctx, "export", outs, key, compute, upstream=[Artifact(candidates_url)],
+                                main_output="qrels")
+    card = dataset_card(ctx, bench)
+    fs_path = Path(bench)
+    if "://" not in bench:
+        fs_path.mkdir(parents=True, exist_ok=True)
+        (fs_path / "README.md").write_text(card, encoding="utf-8")
+    publish_markdown(f"{ctx.flow_name}-dataset-card", card, "Benchmark dataset card")
+    return result
+
+
+def dataset_card(ctx: RunContext, bench: str) -> str:
+    queries = Artifact(f"{bench}/queries").to_pandas(["query_id", "domain"])
+    gallery = Artifact(f"{bench}/gallery").to_pandas(["image_id", "domain"])
+    qrels = Artifact(f"{bench}/qrels").to_pandas()
+    per_query = qrels.groupby("query_id").size()
+    low, mid, high = (int(per_query.min()), float(per_query.median()), int(per_query.max())) if len(per_query) \
+        else (0, 0.0, 0)
+    lines = [f"# SecMM-style benchmark ({ctx.profile.name} profile)", "",
+             "Text-to-image multi-match retrieval: `queries`, `gallery`, `qrels` (Parquet).", "",
+             "```python", "from datasets import load_dataset",
+             f'ds = load_dataset("parquet", data_files={{"queries": "{bench}/queries/*.parquet", '
+             f'"gallery": "{bench}/gallery/*.parquet", "qrels": "{bench}/qrels/*.parquet"}})', "```", "",
+             "| domain | queries | gallery images |", "|---|---|---|"]
+    for domain in sorted(set(gallery.domain) | set(queries.domain)):
+        lines.append(f"| {domain} | {(queries.domain == domain).sum()} | {(gallery.domain == domain).sum()} |")
+    verified = int(qrels.verified.sum()) if len(qrels) else 0
+    lines += ["", f"qrels: {len(qrels)} rows, {verified} verified by a person. Matches per query: "
+              f"min {low}, median {mid:.0f}, max {high}.",
+              "", "Unverified rows are MECF candidates (the union of the experts' top-K) awaiting review: "
+              "metrics against them measure agreement with the experts, not correctness.", "",
+              "Lineage: see `_manifest.json` in each folder (stage keys, models, prompt versions, upstream)."]
+    return "\n".join(lines)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate_task(ctx: RunContext, bench_url: str) -> sharded.StageResult:
+    """mAP@10/20/30 and R@1/5/10 per domain for every configured expert, on the built benchmark's
+    verified qrels (none until people review the candidates: reported as pending) and on the
+    profile's hand-labelled check sets."""
+    p = ctx.profile
+    check_files = [resolve_location(f) for f in p.evaluation.check_sets]
+    key = content_key(stage="evaluate", version=VERSION, qrels=Artifact(f"{bench_url}/qrels").manifest().fingerprint,
+                      experts=[_spec_id(s) for s in p.models.experts], check_sets=[
+                          sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files],
+                      pool=p.evaluation.check_set_pool)
+    outs = [sharded.Output("evaluation", ctx.artifact_url("evaluation"), "evaluation", EVALUATION)]
+
+    def score(bench: str, labels: str, queries: list[dict], gallery: list[dict], images: list[np.ndarray],
+              qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
+        registry = ModelRegistry(p.models)
+        rows = []
+        for spec in p.models.experts:
+            expert = registry.expert(spec)
+            res = evaluate_expert(expert.encode_text([q["text"] for q in queries]), [q["domain"] for q in queries],
+                                  [q["query_id"] for q in queries], expert.encode_image(images),
+                                  [g["domain"] for g in gallery], [g["image_id"] for g in gallery], qrels)
+            for domain, metrics in res.items():
+                n = int(metrics.pop("queries"))
+                rows += [{"benchmark": bench, "labels": labels, "expert": f"{spec.backend}:{spec.model_id}",
+                          "domain": domain, "metric": m, "value": v, "queries": n} for m, v in metrics.items()]
+        return rows
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        qrels_rows = _accepted_rows(f"{bench_url}/qrels", ["query_id", "image_id", "relevant", "verified"])
+        verified: dict[str, set[str]] = {}
+        for r in qrels_rows:
+            if r["verified"] and r["relevant"]:
+                verified.setdefault(r["query_id"], set()).add(r["image_id"])
+        pending = sum(not r["verified"] for r in qrels_rows)
+        if verified:
+            queries = _accepted_rows(f"{bench_url}/queries", ["query_id", "domain", "text"])
+            gallery = _accepted_rows(f"{bench_url}/gallery", ["image_id", "domain", "image_bytes"])
+            rows += score(f"{ctx.flow_name}/{p.name}", "verified", queries, gallery,
+                          [decode_rgb(g["image_bytes"]) for g in gallery], verified)
+        for path in check_files:
+            check = load_check_set(resolve_location(p.evaluation.check_set_pool), Path(path))
+            data = load_check_yaml(Path(path))
+            queries = [{"query_id": q["id"], "domain": q["domain"], "text": q["text"]} for q in data["queries"]]
+            gallery = [{"image_id": str(i), "domain": d} for i, d in enumerate(check.gallery_domains)]
+            qrels = {q["query_id"]: {str(i) for i, ident in enumerate(check.gallery_identities) if ident in rel}
+                     for q, rel in zip(queries, check.relevant, strict=True)}
+            rows += score(f"check-set:{data.get('name', Path(path).stem)}", "verified", queries, gallery,
+                          check.gallery_images, qrels)
+        return {"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)}, {
+            "input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
+            "verified_queries": len(verified)}
+
+    result = sharded.run_single(ctx, "evaluate", outs, key, compute, upstream=[Artifact(f"{bench_url}/qrels")])
+    table = Artifact(outs[0].url).to_pandas()
+    stats = Artifact(outs[0].url).manifest().stats
+    wide = [{"benchmark": b, "labels": lab, "expert": e, "domain": d,
+             **{r.metric: round(r.value, 4) for r in g.itertuples()}}
+            for (b, lab, e, d), g in table.groupby(["benchmark", "labels", "expert", "domain"])] if len(table) else []
+    if not stats.get("verified_queries"):
+        wide.append({"benchmark": f"{ctx.flow_name}/{p.name}", "labels": "pending-review", "expert": "-",
+                     "domain": "all", "note": f"{stats.get('pending_review', 0)} MECF candidates await review"})
+    publish_table(f"{ctx.flow_name}-evaluation", wide or [{"benchmark": "-"}],
+                  "Zero-shot retrieval per expert and domain (verified labels only)")
+    for w in wide:
+        log(f"evaluate: {w['benchmark']} [{w['labels']}] {w['expert']} {w['domain']}: "
+            + ", ".join(f"{k}={v}" for k, v in w.items() if k.startswith(("mAP", "R@", "note"))))
+    return result
+
+
+def publish(result: sharded.StageResult, flow_name: str) -> None:
+    """The stage table artifact (rows in, kept, rejected by reason) under a stable key."""
+    publish_table(f"{flow_name}-{result.stage}", stage_table(result.stage, result.input_rows, result.accepted,
+                                                             result.rejected, result.skipped),
+                  f"{result.stage}: rows in, kept, rejected by reason")
+
+

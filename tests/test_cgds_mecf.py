@@ -1,0 +1,61 @@
+"""CGDS sampling bounds and MECF union (Eq. 1) against hand-computed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rde.cgds import kmeans_clusters, sample_per_cluster
+from rde.mecf import topk_exact, topk_faiss, union_candidates
+
+
+def test_sampling_respects_bounds_and_cluster_sizes() -> None:
+    labels = np.array([0] * 50 + [1] * 3 + [2] * 20)
+    picked = sample_per_cluster(labels, min_n=5, max_n=10, seed=1)
+    counts = np.bincount(labels[picked], minlength=3)
+    assert 5 <= counts[0] <= 10 and counts[1] == 3 and 5 <= counts[2] <= 10  # small cluster: all of it
+    assert len(set(picked.tolist())) == len(picked)  # without replacement
+    assert np.array_equal(picked, sample_per_cluster(labels, 5, 10, seed=1))  # seeded
+    assert not np.array_equal(picked, sample_per_cluster(labels, 5, 10, seed=2))
+    full = sample_per_cluster(labels, 100, 1000, seed=0)
+    assert np.array_equal(full, np.arange(len(labels)))
+
+
+def test_kmeans_separates_obvious_groups_and_caps_k() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.normal([5, 0], 0.1, (30, 2))
+    b = rng.normal([0, 5], 0.1, (30, 2))
+    result = kmeans_clusters(np.vstack([a, b]), k=2, seed=0)
+    assert len(set(result.labels[:30])) == 1 and len(set(result.labels[30:])) == 1
+    assert result.labels[0] != result.labels[30]
+    assert len(set(kmeans_clusters(a[:3], k=10, seed=0).labels)) <= 3
+
+
+def test_topk_exact_blocked_matches_full_sort_and_faiss() -> None:
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(7, 16)).astype(np.float32)
+    g = rng.normal(size=(1000, 16)).astype(np.float32)
+    idx, val = topk_exact(q, g, 25, block=128)
+    full = np.argsort(-(q @ g.T), axis=1, kind="stable")[:, :25]
+    assert np.array_equal(idx, full)
+    assert np.allclose(val, np.take_along_axis(q @ g.T, full, axis=1), atol=1e-5)
+    f_idx, _ = topk_faiss(q, g, 25)
+    assert np.array_equal(f_idx, full)
+    tie_idx, _ = topk_exact(np.ones((1, 2), np.float32), np.ones((4, 2), np.float32), 3, block=2)
+    assert tie_idx.tolist() == [[0, 1, 2]]  # ties by gallery order
+
+
+def test_union_of_rankings_hand_computed() -> None:
+    # expert A: query 0 → items [3, 1], query 1 → [2, 0]; expert B: query 0 → [1, 4], query 1 → [2, 5]
+    per_expert = {
+        "A": (np.array([[3, 1], [2, 0]]), np.array([[0.9, 0.8], [0.7, 0.6]])),
+        "B": (np.array([[1, 4], [2, 5]]), np.array([[0.95, 0.5], [0.9, 0.4]])),
+    }
+    cands = union_candidates(per_expert)
+    got = [(c.query, c.item, c.ranks) for c in cands]
+    assert got == [
+        (0, 1, {"A": 2, "B": 1}), (0, 3, {"A": 1}), (0, 4, {"B": 2}),
+        (1, 2, {"A": 1, "B": 1}), (1, 0, {"A": 2}), (1, 5, {"B": 2}),
+    ]
+    assert cands[0].scores == {"A": 0.8, "B": 0.95} and cands[0].n_experts == 2
+    # |C(q)| = |∪ top-K| ≤ M·K
+    assert sum(c.query == 0 for c in cands) == 3
