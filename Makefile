@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint ui clean-artifacts
+.PHONY: setup demo test test-fast lint ui clean-artifacts browser
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,15 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check .
 
-test: lint
+# Headless Chromium + driver for the review-page test (Debian packages; installed when running
+# as root with apt, as CI does; elsewhere the test is skipped with a message).
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; \
+	else echo "note: chromium/chromedriver missing; the review-page browser test will be skipped"; fi
+
+test: lint browser
 	$(BIN)/pytest
 
 test-fast: setup

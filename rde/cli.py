@@ -23,6 +23,8 @@ profile_app = typer.Typer(help="Show and validate profiles (YAML, validated on l
 pool_app = typer.Typer(help="The demo image pool of real surveillance crops.", no_args_is_help=True)
 app.add_typer(profile_app, name="profile")
 app.add_typer(pool_app, name="pool")
+labels_app = typer.Typer(help="Human label refinement: import reviewed decisions.", no_args_is_help=True)
+app.add_typer(labels_app, name="labels")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -34,6 +36,17 @@ ProfileOpt = Annotated[
 def _fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(2)
+
+
+def _profile_or_fail(name: str):
+    """The validated profile, or exit 2 with the validation message."""
+    from rde.profiles import ProfileError, load_profile
+
+    try:
+        return load_profile(name)
+    except ProfileError as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail exits
 
 
 def _parse_sets(sets: list[str]) -> dict[str, Any]:
@@ -135,26 +148,14 @@ def print_summary(summary: dict[str, Any]) -> None:
 @profile_app.command("show")
 def profile_show(name: Annotated[str, typer.Argument(help="Profile name or YAML path.")] = "demo") -> None:
     """Print the fully validated profile (defaults filled in)."""
-    from rde.profiles import ProfileError, load_profile
-
-    try:
-        prof = load_profile(name)
-    except ProfileError as exc:
-        _fail(str(exc))
-        return
+    prof = _profile_or_fail(name)
     console.print(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False))
 
 
 @profile_app.command("validate")
 def profile_validate(path: Annotated[str, typer.Argument(help="Profile name or YAML path.")]) -> None:
     """Validate a profile; exit 2 with a message naming each bad key."""
-    from rde.profiles import ProfileError, load_profile
-
-    try:
-        prof = load_profile(path)
-    except ProfileError as exc:
-        _fail(str(exc))
-        return
+    prof = _profile_or_fail(path)
     console.print(f"[green]ok[/] profile {prof.name}")
 
 
@@ -175,6 +176,44 @@ def pool_build(
     console.print(f"wrote {n} pool images to {out}")
 
 
+@labels_app.command("import")
+def labels_import_cmd(
+    decisions: Annotated[Path, typer.Argument(help="decisions.json from the review page, or a Label Studio JSON "
+                                              "export of the tasks in benchmark/review/label_studio_tasks.json")],
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root of the run (default: the profile's).")] = None,
+    rebuild: Annotated[bool, typer.Option("--rebuild/--no-rebuild", help="Rebuild qrels and evaluation now.")] = True,
+) -> None:
+    """Validate decisions against the MECF candidates, merge them, then rebuild qrels + evaluation."""
+    from rde.label_import import merge_decisions
+    from rde.labels import DecisionError
+    from rde.profiles import ProfileError, load_profile
+    from rde.runtime import code_version
+    from tasks.context import RunContext
+
+    try:
+        ctx = RunContext(load_profile(profile), "build-secmm", output)
+        counts = merge_decisions(ctx.artifact_url("decisions"), ctx.artifact_url("candidates"), decisions,
+                                 code_version())
+    except (DecisionError, ProfileError) as exc:
+        _fail(str(exc))
+        return
+    except Exception as exc:
+        from storage import ArtifactError
+
+        if isinstance(exc, ArtifactError):
+            _fail(f"{exc} (run `rde build-secmm` first)")
+            return
+        raise
+    console.print(f"imported {counts['imported']} decisions ({counts['new_pairs']} new pairs); "
+                  f"{counts['total']} decided in all, {counts['relevant']} relevant")
+    if rebuild:
+        from flows.build_secmm import build_secmm
+
+        summary = build_secmm(profile=profile, output_root=output)
+        print_summary(summary)
+
+
 @app.command("models")
 def models_cmd(
     profile: ProfileOpt = "demo",
@@ -185,13 +224,8 @@ def models_cmd(
 
     from models.backends.model_errors import ModelLoadError
     from models.backends.registry import ModelRegistry
-    from rde.profiles import ProfileError, load_profile
 
-    try:
-        prof = load_profile(profile)
-    except ProfileError as exc:
-        _fail(str(exc))
-        return
+    prof = _profile_or_fail(profile)
     registry = ModelRegistry(prof.models)
     table = Table(title=f"models of profile {prof.name}")
     for col in ("role", "backend", "model", "device", "status"):
@@ -223,13 +257,8 @@ def check_experts_cmd(
     """Score the profile's experts on the hand-labelled check set (data/check_set) against random."""
     from models.backends.registry import ModelRegistry
     from rde.expert_check import expert_map, load_check_set, random_map
-    from rde.profiles import ProfileError, load_profile
 
-    try:
-        prof = load_profile(profile)
-    except ProfileError as exc:
-        _fail(str(exc))
-        return
+    prof = _profile_or_fail(profile)
     check = load_check_set()
     registry = ModelRegistry(prof.models)
     table = Table(title=f"check set: {len(check.queries)} queries, {len(check.gallery_images)} gallery crops")

@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import BUNDLED_LLM, ModelRegistry
-from rde import caption_stats, cgds, dap, mecf
+from rde import caption_stats, cgds, dap, labels, mecf
 from rde.embedding_cache import EmbeddingCache
 from rde.evaluation import evaluate_expert
 from rde.expert_check import load_check_set, load_check_yaml
@@ -313,11 +313,14 @@ def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.St
 
 @task(name="benchmark-export", cache_policy=NO_CACHE)
 def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_url: str) -> sharded.StageResult:
-    """queries / gallery / qrels artifacts plus a dataset card. Until people review them, the qrels
-    are the MECF candidates marked ``verified = false`` (the "unverified" benchmark)."""
+    """queries / gallery / qrels artifacts, a dataset card and the review files. Candidates people
+    decided on (the ``decisions`` artifact, filled by ``rde labels import``) become verified qrels;
+    the others stay ``verified = false`` (the "unverified" benchmark)."""
+    decisions = Artifact(ctx.artifact_url("decisions"))
+    decided = decisions.manifest().fingerprint if decisions.is_complete() else None
     key = content_key(stage="export", version=VERSION, queries=Artifact(queries_url).manifest().fingerprint,
                       gallery=Artifact(gallery_url).manifest().fingerprint,
-                      candidates=Artifact(candidates_url).manifest().fingerprint)
+                      candidates=Artifact(candidates_url).manifest().fingerprint, decisions=decided)
     bench = ctx.artifact_url("benchmark")
     outs = [sharded.Output("queries", f"{bench}/queries", "queries", QUERIES),
             sharded.Output("gallery", f"{bench}/gallery", "gallery", GALLERY),
@@ -327,9 +330,17 @@ def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_
         queries = pa.concat_tables([t for _, t in Artifact(queries_url).iter_shards()])
         gallery = pa.concat_tables([t for _, t in Artifact(gallery_url).iter_shards()])
         cands = _accepted_rows(candidates_url, ["query_id", "image_id"])
-        qrels = [{"query_id": c["query_id"], "image_id": c["image_id"], "relevant": True, "verified": False,
-                  "annotator": None, "decided_at": None} for c in cands]
-        stats = {"input_rows": len(cands), "accepted": len(qrels), "verified": 0}
+        made = {(d["query_id"], d["image_id"]): d for d in _accepted_rows(decisions.url, list(QRELS.names))} \
+            if decided else {}
+        qrels = []
+        for c in cands:
+            d = made.get((c["query_id"], c["image_id"]))
+            qrels.append({"query_id": c["query_id"], "image_id": c["image_id"],
+                          "relevant": bool(d["relevant"]) if d else True, "verified": d is not None,
+                          "annotator": d["annotator"] if d else None, "decided_at": d["decided_at"] if d else None})
+        verified = sum(q["verified"] for q in qrels)
+        stats = {"input_rows": len(cands), "accepted": len(qrels), "verified": verified,
+                 "decisions_not_candidates": len(made) - verified}
         return {"queries": queries, "gallery": gallery, "qrels": pa.Table.from_pylist(qrels, schema=QRELS)}, stats
 
     result = sharded.run_single(ctx, "export", outs, key, compute, upstream=[Artifact(candidates_url)],
@@ -339,8 +350,27 @@ def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_
     if "://" not in bench:
         fs_path.mkdir(parents=True, exist_ok=True)
         (fs_path / "README.md").write_text(card, encoding="utf-8")
+        if not result.skipped or not (fs_path / "review" / "review.html").exists():
+            write_review_files(ctx, candidates_url, queries_url, gallery_url, fs_path / "review")
     publish_markdown(f"{ctx.flow_name}-dataset-card", card, "Benchmark dataset card")
     return result
+
+
+def write_review_files(ctx: RunContext, candidates_url: str, queries_url: str, gallery_url: str,
+                       folder: Path) -> None:
+    """Label Studio import (tasks + config + image files) and the HTML review page."""
+    candidates = _accepted_rows(candidates_url, ["query_id", "image_id", "domain", "experts", "best_rank"])
+    queries = {q["query_id"]: q for q in _accepted_rows(queries_url, ["query_id", "domain", "text"])}
+    gallery = _accepted_rows(gallery_url, ["image_id", "image_bytes"])
+    paths = labels.write_review_images(gallery, folder / "images")
+    urls = {k: f"/data/local-files/?d={p.resolve()}" for k, p in paths.items()}
+    tasks_ = labels.label_studio_tasks(candidates, queries, urls)
+    (folder / "label_studio_tasks.json").write_text(json.dumps(tasks_, indent=1), encoding="utf-8")
+    (folder / "label_config.xml").write_text(labels.LABEL_STUDIO_CONFIG, encoding="utf-8")
+    page = labels.review_page(candidates, queries, {g["image_id"]: g["image_bytes"] for g in gallery},
+                              f"{ctx.flow_name} / {ctx.profile.name}")
+    (folder / "review.html").write_text(page, encoding="utf-8")
+    log(f"review: {len(candidates)} candidates → {folder / 'review.html'} and {folder / 'label_studio_tasks.json'}")
 
 
 def dataset_card(ctx: RunContext, bench: str) -> str:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from bad_input_corpus import make_corpus
+from typer.testing import CliRunner
 
 from flows.build_secmm import build_secmm
+from rde.cli import app
 from storage import Artifact
 
 pytestmark = pytest.mark.slow
@@ -151,6 +154,32 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path)
     assert set(ev.labels) == {"verified"} and ev.benchmark.str.startswith("check-set").all()
     assert set(ev.expert) == {"semantic-bridge:semantic-bridge-v1", "attributes:attributes-v1"}
     assert {"mAP@10", "mAP@20", "mAP@30", "R@1", "R@5", "R@10"} <= set(ev.metric)
+    # review files for both tools
+    review = bench / "review"
+    assert (review / "review.html").stat().st_size > 0 and (review / "label_config.xml").exists()
+    tasks = json.loads((review / "label_studio_tasks.json").read_text())
+    assert len(tasks) == len(cands) and Path(tasks[0]["data"]["image"].split("?d=")[1]).exists()
     # rerun: everything skipped
     again = build_secmm(profile="demo", output_root=out)
     assert all(s["skipped"] for s in again["stages"])
+    # a person reviews five candidates (a decisions file edited by hand) and imports them
+    first = cands.head(5)
+    decisions = {"annotator": "tester", "decisions": [
+        {"query_id": r.query_id, "image_id": r.image_id, "decision": "accept" if i < 3 else "reject"}
+        for i, r in enumerate(first.itertuples())]}
+    path = tmp_path / "decisions.json"
+    path.write_text(json.dumps(decisions))
+    result = CliRunner().invoke(app, ["labels", "import", str(path), "--output", out, "--no-rebuild"])
+    assert result.exit_code == 0, result.output
+    assert "imported 5 decisions" in result.output
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"decisions": [{"query_id": "nope", "image_id": "x", "decision": "accept"}]}))
+    refused = CliRunner().invoke(app, ["labels", "import", str(bad), "--output", out, "--no-rebuild"])
+    assert refused.exit_code == 2 and "not candidates of this benchmark" in refused.output
+    rebuilt = _stages(build_secmm(profile="demo", output_root=out))
+    assert rebuilt["mecf"]["skipped"] and not rebuilt["export"]["skipped"] and not rebuilt["evaluate"]["skipped"]
+    qrels = Artifact(str(bench / "qrels")).to_pandas()
+    assert qrels.verified.sum() == 5 and qrels[qrels.verified].relevant.sum() == 3
+    assert set(qrels[qrels.verified].annotator) == {"tester"}
+    ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
+    assert (ev.benchmark == "build-secmm/demo").any() and set(ev.labels) == {"verified"}

@@ -24,7 +24,7 @@ from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
 from models.backends.interfaces import TextEncoder, l2_normalize
 from models.backends.model_errors import ModelLoadError, hub_hint
-from models.backends.torch_runtime import batched, resolve_device, resolve_dtype
+from models.backends.torch_runtime import batched, load_image_text_model, resolve_device, resolve_dtype
 from rde.profiles import ModelSpec
 
 
@@ -156,22 +156,9 @@ class VlmEmbeddingExpert:
     """
 
     def __init__(self, spec: ModelSpec) -> None:
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
         self.spec = spec
         self.model_id = spec.model_id
-        self.device = resolve_device(spec.device)
-        self.dtype = resolve_dtype(spec.dtype, self.device)
-        trust = bool(spec.options.get("trust_remote_code", False))
-        try:
-            self.processor = AutoProcessor.from_pretrained(spec.model_id, revision=spec.revision,
-                                                           trust_remote_code=trust)
-            self.model = AutoModelForImageTextToText.from_pretrained(spec.model_id, revision=spec.revision,
-                                                                     dtype=self.dtype, trust_remote_code=trust)
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(hub_hint("expert", spec.model_id, exc)) from exc
-        self.model.eval().to(self.device)
-        self.processor.tokenizer.padding_side = "left"
+        self.processor, self.model, self.device, self.dtype = load_image_text_model(spec, "expert")
         cfg = self.model.config
         self.dim = int(getattr(cfg, "text_config", cfg).hidden_size)
         self.text_instruction = spec.options.get("text_instruction", "Find an image that matches the given text.")

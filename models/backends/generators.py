@@ -276,24 +276,12 @@ class TransformersVlmGenerator:
 
     def __init__(self, spec: ModelSpec) -> None:
         import torch
-        from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        from models.backends.torch_runtime import resolve_device, resolve_dtype
+        from models.backends.torch_runtime import load_image_text_model
 
         self.spec = spec
         self.model_id = spec.model_id
-        self.device = resolve_device(spec.device)
-        self.dtype = resolve_dtype(spec.dtype, self.device)
-        trust = bool(spec.options.get("trust_remote_code", False))
-        try:
-            self.processor = AutoProcessor.from_pretrained(spec.model_id, revision=spec.revision,
-                                                           trust_remote_code=trust)
-            self.model = AutoModelForImageTextToText.from_pretrained(spec.model_id, revision=spec.revision,
-                                                                     dtype=self.dtype, trust_remote_code=trust)
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(hub_hint("generator", spec.model_id, exc)) from exc
-        self.model.eval().to(self.device)
-        self.processor.tokenizer.padding_side = "left"
+        self.processor, self.model, self.device, self.dtype = load_image_text_model(spec, "generator")
         self._torch = torch
 
     def _inputs(self, requests: list[GenerationRequest]):

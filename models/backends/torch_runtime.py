@@ -36,3 +36,25 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def batched(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def load_image_text_model(spec, role: str):
+    """Processor and ``AutoModelForImageTextToText`` of a vision-language model by id or path, on the
+    spec's device and dtype, processor padding on the left (batched generation and last-token
+    pooling need the real last token at position -1). Returns (processor, model, device, dtype)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from models.backends.model_errors import ModelLoadError, hub_hint
+
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    trust = bool(spec.options.get("trust_remote_code", False))
+    try:
+        processor = AutoProcessor.from_pretrained(spec.model_id, revision=spec.revision, trust_remote_code=trust)
+        model = AutoModelForImageTextToText.from_pretrained(spec.model_id, revision=spec.revision, dtype=dtype,
+                                                            trust_remote_code=trust)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(hub_hint(role, spec.model_id, exc)) from exc
+    model.eval().to(device)
+    processor.tokenizer.padding_side = "left"
+    return processor, model, device, dtype
