@@ -139,6 +139,8 @@ class SamplingSpec(Strict):
     min_per_cluster: int = Field(100, ge=0)
     max_per_cluster: int = Field(1000, ge=1)
     seed: int = 0
+    kmeans_backend: Literal["auto", "sklearn", "sklearn-minibatch", "faiss"] = "auto"
+    minibatch_above: int = Field(20_000, ge=1)  # auto: MiniBatchKMeans above this many images per domain
 
     @model_validator(mode="after")
     def _bounds(self) -> SamplingSpec:

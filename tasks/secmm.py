@@ -225,7 +225,8 @@ def cgds_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
         gallery, sampling = [], []
         for domain in sorted({r["domain"] for r in rows}):
             idx = np.array([i for i, r in enumerate(rows) if r["domain"] == domain])
-            clusters = cgds.kmeans_clusters(vectors[idx], p.sampling.clusters_per_domain, p.sampling.seed)
+            clusters = cgds.kmeans_clusters(vectors[idx], p.sampling.clusters_per_domain, p.sampling.seed,
+                                            p.sampling.kmeans_backend, p.sampling.minibatch_above)
             picked = set(idx[cgds.sample_per_cluster(clusters.labels, p.sampling.min_per_cluster,
                                                      p.sampling.max_per_cluster, p.sampling.seed)].tolist())
             for c in np.unique(clusters.labels):
@@ -382,9 +383,10 @@ def dataset_card(ctx: RunContext, bench: str) -> str:
         else (0, 0.0, 0)
     lines = [f"# SecMM-style benchmark ({ctx.profile.name} profile)", "",
              "Text-to-image multi-match retrieval: `queries`, `gallery`, `qrels` (Parquet).", "",
-             "```python", "from datasets import load_dataset",
-             f'ds = load_dataset("parquet", data_files={{"queries": "{bench}/queries/*.parquet", '
-             f'"gallery": "{bench}/gallery/*.parquet", "qrels": "{bench}/qrels/*.parquet"}})', "```", "",
+             "```python", "from datasets import load_dataset", "",
+             "# three tables with different columns: load each on its own",
+             *[f'{name} = load_dataset("parquet", data_files="{bench}/{name}/*.parquet", split="train")'
+               for name in ("queries", "gallery", "qrels")], "```", "",
              "| domain | queries | gallery images |", "|---|---|---|"]
     for domain in sorted(set(gallery.domain) | set(queries.domain)):
         lines.append(f"| {domain} | {(queries.domain == domain).sum()} | {(gallery.domain == domain).sum()} |")

@@ -28,6 +28,9 @@ def test_kmeans_separates_obvious_groups_and_caps_k() -> None:
     assert len(set(result.labels[:30])) == 1 and len(set(result.labels[30:])) == 1
     assert result.labels[0] != result.labels[30]
     assert len(set(kmeans_clusters(a[:3], k=10, seed=0).labels)) <= 3
+    for backend in ("sklearn-minibatch", "faiss"):
+        other = kmeans_clusters(np.vstack([a, b]).astype(np.float32), k=2, seed=0, backend=backend)
+        assert len(set(other.labels[:30])) == 1 and other.labels[0] != other.labels[30], backend
 
 
 def test_topk_exact_blocked_matches_full_sort_and_faiss() -> None:

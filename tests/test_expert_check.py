@@ -16,6 +16,8 @@ def test_average_precision_at_k_hand_computed() -> None:
     # relevant beyond K does not count
     assert average_precision_at_k([False, False, True], 1, 2) == 0.0
     assert average_precision_at_k([False, True], 0, 10) is None  # no relevant item: no AP
+    assert average_precision_at_k([True] * 10, 10, 10) == pytest.approx(1.0)  # all relevant
+    assert average_precision_at_k([True] * 3, 3, 10) == pytest.approx(1.0)  # R < K, all found first
     assert mean_ap_at_k([[True], [False, True], []], [1, 1, 0], 10) == pytest.approx((1 + 0.5) / 2)
 
 

@@ -148,6 +148,13 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path)
     for name in ("queries", "gallery", "qrels"):
         assert pads.dataset(str(bench / name), format="parquet").count_rows() > 0
     assert (bench / "README.md").read_text().startswith("# SecMM-style benchmark")
+    from datasets import load_dataset  # the card's loading recipe works as written
+
+    ds = {n: load_dataset("parquet", data_files=str(bench / n / "*.parquet"), split="train",
+                          cache_dir=str(tmp_path / "hf-cache")) for n in ("queries", "gallery", "qrels")}
+    assert ds["queries"].num_rows == len(queries) and ds["qrels"].num_rows == len(cands)
+    assert set(ds["gallery"].column_names) >= {"image_id", "domain", "image_bytes"}
+    assert 'split="train")' in (bench / "README.md").read_text()
     assert not Artifact(str(bench / "qrels")).to_pandas().verified.any()
     # evaluation: verified check-set metrics for each expert, the built benchmark pending review
     ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
