@@ -39,3 +39,14 @@ def test_yolo_backend_runs_from_an_architecture_file() -> None:
 def test_yolo_missing_weights_is_a_clear_error() -> None:
     with pytest.raises(ModelLoadError, match=r"set models\.detector\.weights to the local path"):
         YoloDetector(DetectorSpec(backend="yolo", weights="/nonexistent/yolov8x.pt"))
+
+
+def test_detector_chunks_large_inputs_by_batch_size(person_crop: np.ndarray) -> None:
+    """A caller may pass a whole gallery: the detector must process it batch_size images at a time."""
+    detector = SsdMobileNetDetector(DetectorSpec(batch_size=4))
+    seen: list[int] = []
+    original = detector._detect_chunk
+    detector._detect_chunk = lambda chunk: (seen.append(len(chunk)), original(chunk))[1]
+    results = detector.detect([person_crop] * 10)
+    assert seen == [4, 4, 2] and len(results) == 10
+    assert all(len(r.of_classes({"person"})) == 1 for r in results)

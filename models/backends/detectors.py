@@ -83,8 +83,14 @@ class SsdMobileNetDetector:
         self._lock = threading.Lock()  # a cv2.dnn Net is not safe to run from two threads at once
 
     def detect(self, images: list[np.ndarray]) -> list[Detections]:
-        if not images:
-            return []
+        """Detections per image, run in chunks of ``batch_size`` (one OpenCV blob holds a whole
+        chunk: passing a gallery at once would allocate gigabytes)."""
+        out: list[Detections] = []
+        for start in range(0, len(images), self.spec.batch_size):
+            out.extend(self._detect_chunk(images[start : start + self.spec.batch_size]))
+        return out
+
+    def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
         size = self.spec.input_size
         blob = cv2.dnn.blobFromImages(images, size=(size, size), swapRB=False, crop=False)
         with self._lock:
@@ -122,8 +128,13 @@ class YoloDetector:
         self.model_id = Path(weights).name
 
     def detect(self, images: list[np.ndarray]) -> list[Detections]:
-        if not images:
-            return []
+        """Detections per image, predicted in chunks of ``batch_size``."""
+        out: list[Detections] = []
+        for start in range(0, len(images), self.spec.batch_size):
+            out.extend(self._detect_chunk(images[start : start + self.spec.batch_size]))
+        return out
+
+    def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
         # ultralytics treats numpy input as BGR (OpenCV convention); ours is RGB.
         bgr = [np.ascontiguousarray(im[:, :, ::-1]) for im in images]
         preds = self.model.predict(
