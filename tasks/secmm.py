@@ -40,10 +40,11 @@ from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 
-VERSION = "1"
+VERSION = "2"  # bump when a stage here changes what it writes
 
 
-def _accepted_rows(url: str, columns: list[str]) -> list[dict[str, Any]]:
+def _rows(url: str, columns: list[str]) -> list[dict[str, Any]]:
+    """All rows of an artifact (the selected columns) as dicts; for the small per-run artifacts."""
     return [row for _, table in Artifact(url).iter_shards(columns) for row in table.to_pylist()]
 
 
@@ -79,7 +80,7 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
         if gen_spec is None:
             raise ValueError("queries: no caption_file and no models.generators to caption the pool with")
         generator = ModelRegistry(p.models).generator(gen_spec)
-        rows = _accepted_rows(accepted_url, ["image_id", "domain", "image_bytes"])
+        rows = _rows(accepted_url, ["image_id", "domain", "image_bytes"])
         rng = np.random.default_rng(p.queries.seed)
         captions, rejects = [], []
         for domain in sorted({r["domain"] for r in rows}):
@@ -95,7 +96,7 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
                                      "q_txt": res.mean_token_probability, "generator": res.model_id,
                                      "prompt": prompt.identity})
                 else:
-                    reason = res.error.split(":")[0] if res.error else "failed"
+                    reason = generation_reason(res.error)
                     rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
                                     "reason": reason, "text": None, "detail": res.error})
         stats = {"input_rows": len(captions) + len(rejects), "accepted": len(captions),
@@ -108,6 +109,16 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
                                 prompt_versions={"caption_pool": prompt.identity})
     log(f"caption-pool: {'skipped, ' if result.skipped else ''}{result.accepted}/{result.input_rows} captions kept")
     return result
+
+
+def generation_reason(error: str | None) -> str:
+    """A reason code for a failed generation result (its error text stays in ``detail``)."""
+    text = (error or "").lower()
+    for prefix, code in (("ungrounded", "ungrounded"), ("refused", "refused"), ("unsupported", "unsupported"),
+                         ("timeout", "timeout"), ("malformed", "malformed_output")):
+        if text.startswith(prefix):
+            return code
+    return "generation_failed"
 
 
 def _captions_from_file(path: Path, domain: str) -> list[dict[str, Any]]:
@@ -133,7 +144,7 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
     stats_out = [sharded.Output("stats", ctx.artifact_url("caption_stats"), "caption_stats", CAPTION_STATS)]
 
     def compute_stats() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        rows = _accepted_rows(captions_url, ["domain", "text"])
+        rows = _rows(captions_url, ["domain", "text"])
         out = []
         for domain in sorted({r["domain"] for r in rows}):
             freqs = caption_stats.pos_frequencies([r["text"] for r in rows if r["domain"] == domain])
@@ -218,7 +229,7 @@ def cgds_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
     sizes: list[dict[str, Any]] = []
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        rows = _accepted_rows(accepted_url, ["image_id", "domain", "identity", "source", "width", "height",
+        rows = _rows(accepted_url, ["image_id", "domain", "identity", "source", "width", "height",
                                              "target_count", "image_bytes"])
         ids = [r["image_id"] for r in rows]
         vectors = cache.embed(ids, lambda pos: [decode_rgb(rows[i]["image_bytes"]) for i in pos])
@@ -272,8 +283,8 @@ def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.St
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         registry = ModelRegistry(p.models)
-        queries = _accepted_rows(queries_url, ["query_id", "domain", "text"])
-        gallery = _accepted_rows(gallery_url, ["image_id", "domain", "image_bytes"])
+        queries = _rows(queries_url, ["query_id", "domain", "text"])
+        gallery = _rows(gallery_url, ["image_id", "domain", "image_bytes"])
         images = [decode_rgb(g["image_bytes"]) for g in gallery]
         rows = []
         for domain in sorted({q["domain"] for q in queries}):
@@ -330,8 +341,8 @@ def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         queries = pa.concat_tables([t for _, t in Artifact(queries_url).iter_shards()])
         gallery = pa.concat_tables([t for _, t in Artifact(gallery_url).iter_shards()])
-        cands = _accepted_rows(candidates_url, ["query_id", "image_id"])
-        made = {(d["query_id"], d["image_id"]): d for d in _accepted_rows(decisions.url, list(QRELS.names))} \
+        cands = _rows(candidates_url, ["query_id", "image_id"])
+        made = {(d["query_id"], d["image_id"]): d for d in _rows(decisions.url, list(QRELS.names))} \
             if decided else {}
         qrels = []
         for c in cands:
@@ -360,9 +371,9 @@ def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_
 def write_review_files(ctx: RunContext, candidates_url: str, queries_url: str, gallery_url: str,
                        folder: Path) -> None:
     """Label Studio import (tasks + config + image files) and the HTML review page."""
-    candidates = _accepted_rows(candidates_url, ["query_id", "image_id", "domain", "experts", "best_rank"])
-    queries = {q["query_id"]: q for q in _accepted_rows(queries_url, ["query_id", "domain", "text"])}
-    gallery = _accepted_rows(gallery_url, ["image_id", "image_bytes"])
+    candidates = _rows(candidates_url, ["query_id", "image_id", "domain", "experts", "best_rank"])
+    queries = {q["query_id"]: q for q in _rows(queries_url, ["query_id", "domain", "text"])}
+    gallery = _rows(gallery_url, ["image_id", "image_bytes"])
     paths = labels.write_review_images(gallery, folder / "images")
     urls = {k: f"/data/local-files/?d={p.resolve()}" for k, p in paths.items()}
     tasks_ = labels.label_studio_tasks(candidates, queries, urls)
@@ -429,15 +440,15 @@ def evaluate_task(ctx: RunContext, bench_url: str) -> sharded.StageResult:
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        qrels_rows = _accepted_rows(f"{bench_url}/qrels", ["query_id", "image_id", "relevant", "verified"])
+        qrels_rows = _rows(f"{bench_url}/qrels", ["query_id", "image_id", "relevant", "verified"])
         verified: dict[str, set[str]] = {}
         for r in qrels_rows:
             if r["verified"] and r["relevant"]:
                 verified.setdefault(r["query_id"], set()).add(r["image_id"])
         pending = sum(not r["verified"] for r in qrels_rows)
         if verified:
-            queries = _accepted_rows(f"{bench_url}/queries", ["query_id", "domain", "text"])
-            gallery = _accepted_rows(f"{bench_url}/gallery", ["image_id", "domain", "image_bytes"])
+            queries = _rows(f"{bench_url}/queries", ["query_id", "domain", "text"])
+            gallery = _rows(f"{bench_url}/gallery", ["image_id", "domain", "image_bytes"])
             rows += score(f"{ctx.flow_name}/{p.name}", "verified", queries, gallery,
                           [decode_rgb(g["image_bytes"]) for g in gallery], verified)
         for path in check_files:

@@ -74,3 +74,13 @@ def test_keywords_follow_the_statistics_and_fill_the_table11_prompt() -> None:
     assert "[Template Structure]" in system.content and "Safety Guardrails" in system.content
     assert "generate 7 pedestrian-related descriptions" in user.content
     assert "Verbs: walk" in user.content and req.seed == 3 and req.temperature == SPEC.temperature
+
+
+def test_generation_failures_map_to_reason_codes() -> None:
+    from tasks.secmm import generation_reason
+
+    assert generation_reason("ungrounded: every sentence ...") == "ungrounded"
+    assert generation_reason("refused: content_filter") == "refused"
+    assert generation_reason("timeout after 60s (gave up after 4 attempts)") == "timeout"
+    assert generation_reason("generation failed: RuntimeError: x") == "generation_failed"
+    assert generation_reason(None) == "generation_failed"
