@@ -104,7 +104,8 @@ def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str
     kept_norm = {normalise(t) for t in accepted_before or []}
     kept_texts = list(accepted_before or [])
     kept_vecs = encoder.encode(kept_texts) if encoder is not None and kept_texts else None
-    for text, source in candidates:
+    cand_vecs = encoder.encode([t for t, _ in candidates]) if encoder is not None and candidates else None
+    for i, (text, source) in enumerate(candidates):
         words = _WORD.findall(text)
         reason, detail = None, None
         if not words:
@@ -123,8 +124,8 @@ def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str
             reason = "unsafe"
         elif normalise(text) in kept_norm:
             reason = "duplicate"
-        elif encoder is not None:
-            vec = encoder.encode([text])
+        elif cand_vecs is not None:
+            vec = cand_vecs[i : i + 1]
             if kept_vecs is not None and len(kept_vecs):
                 sims = kept_vecs @ vec[0]
                 j = int(np.argmax(sims))

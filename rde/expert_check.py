@@ -15,7 +15,8 @@ import yaml
 
 from models.backends.interfaces import TextImageExpert
 from rde.image_decoding import decode_rgb
-from rde.metrics import mean_ap_at_k, rank_by_similarity
+from rde.mecf import topk_exact
+from rde.metrics import mean_ap_at_k
 from rde.runtime import project_root
 from storage import Artifact
 
@@ -54,7 +55,7 @@ def expert_map(expert: TextImageExpert, check: CheckSet, k: int = 10,
                image_vecs: np.ndarray | None = None) -> float:
     """mAP@k of one expert on the check set."""
     gallery = expert.encode_image(check.gallery_images) if image_vecs is None else image_vecs
-    ranked = rank_by_similarity(expert.encode_text(check.queries), gallery, k)
+    ranked, _ = topk_exact(expert.encode_text(check.queries), gallery, k)
     return mean_ap_at_k(*relevance_lists(check, ranked), k=k)
 
 

@@ -47,9 +47,8 @@ def _input_id(source: str, position: int) -> str:
 
 def list_inputs(spec: InputSpec, project_root: Path, known_domains: list[str]) -> tuple[list[InputRef], str]:
     """All inputs in a deterministic order, plus a fingerprint of the listing (for stage keys)."""
-    path = Path(spec.path)
-    if not path.is_absolute() and "://" not in spec.path:
-        path = project_root / path
+    check_input(spec, project_root)
+    path = _input_location(spec, project_root)
     if spec.kind == "pool":
         return _list_pool(str(path))
     if spec.kind == "folder":
@@ -57,10 +56,15 @@ def list_inputs(spec: InputSpec, project_root: Path, known_domains: list[str]) -
     return _list_paths_file(path, spec, project_root)
 
 
+def _input_location(spec: InputSpec, project_root: Path) -> Path:
+    path = Path(spec.path)
+    return path if path.is_absolute() or "://" in spec.path else project_root / path
+
+
 def check_input(spec: InputSpec, project_root: Path) -> None:
     """Fail fast, with a user message, when the input as a whole is unusable (before any run starts)."""
-    location = spec.path if "://" in spec.path else str(project_root / spec.path)
-    path = Path(location)
+    path = _input_location(spec, project_root)
+    location = spec.path if "://" in spec.path else str(path)
     if spec.kind == "folder" and not path.is_dir():
         raise InputError(f"input folder {path} does not exist or is not a folder")
     if spec.kind == "paths":
@@ -97,8 +101,6 @@ def _file_signature(path: Path) -> list[Any]:
 
 
 def _list_folder(folder: Path, default_domain: str, known_domains: list[str]) -> tuple[list[InputRef], str]:
-    if not folder.is_dir():
-        raise InputError(f"input folder {folder} does not exist or is not a folder")
     files = sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink())
     refs = []
     for path in files:
@@ -109,14 +111,7 @@ def _list_folder(folder: Path, default_domain: str, known_domains: list[str]) ->
 
 
 def _list_paths_file(table_path: Path, spec: InputSpec, project_root: Path) -> tuple[list[InputRef], str]:
-    if not table_path.exists():
-        raise InputError(f"input Parquet file {table_path} does not exist")
-    try:
-        table = pq.read_table(table_path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"input {table_path} is not a readable Parquet file: {exc}") from None
-    if "path" not in table.column_names:
-        raise InputError(f"input {table_path} has no 'path' column (columns: {table.column_names})")
+    table = pq.read_table(table_path)  # check_input has made sure it is readable and has 'path'
     refs, signature = [], []
     for rec in table.to_pylist():
         raw = rec.get("path")

@@ -31,9 +31,3 @@ def mean_ap_at_k(rankings: Sequence[Sequence[bool]], n_relevant: Sequence[int], 
     valid = [a for a in aps if a is not None]
     return float(np.mean(valid)) if valid else 0.0
 
-
-def rank_by_similarity(query_vecs: np.ndarray, gallery_vecs: np.ndarray, k: int) -> np.ndarray:
-    """Top-k gallery indices per query by cosine (vectors L2-normalised); ties broken by index."""
-    scores = query_vecs @ gallery_vecs.T
-    order = np.lexsort((np.broadcast_to(np.arange(scores.shape[1]), scores.shape), -scores), axis=1)
-    return order[:, :k]

@@ -155,7 +155,8 @@ class YoloDetector:
         return results
 
 
-def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+def box_iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """IoU of one box against many (x1, y1, x2, y2)."""
     x1 = np.maximum(box[0], others[:, 0])
     y1 = np.maximum(box[1], others[:, 1])
     x2 = np.minimum(box[2], others[:, 2])
@@ -164,11 +165,6 @@ def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     area = (box[2] - box[0]) * (box[3] - box[1])
     areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
     return inter / np.maximum(area + areas - inter, 1e-9)
-
-
-def box_iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
-    """IoU of one box against many (x1, y1, x2, y2)."""
-    return _iou(box, others)
 
 
 def _nms_per_class(dets: Detections, iou_threshold: float) -> Detections:
@@ -180,7 +176,7 @@ def _nms_per_class(dets: Detections, iou_threshold: float) -> Detections:
     order = np.argsort(-dets.scores)
     for i in order:
         same = [k for k in keep if dets.labels[k] == dets.labels[i]]
-        if same and (_iou(dets.boxes[i], dets.boxes[same]) > iou_threshold).any():
+        if same and (box_iou(dets.boxes[i], dets.boxes[same]) > iou_threshold).any():
             continue
         keep.append(int(i))
     keep.sort()
