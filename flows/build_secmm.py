@@ -12,6 +12,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from rde.profiles import load_profile
+from rde.run_lock import output_lock
 from tasks import denoise, ingest, secmm
 from tasks.context import RunContext
 from tasks.sharded import StageResult
@@ -31,6 +32,11 @@ def build_secmm(profile: str = "demo", overrides: dict[str, Any] | None = None,
     if until is not None and until not in STAGES:
         raise ValueError(f"until must be one of {STAGES}, got {until!r}")
     ctx = RunContext(load_profile(profile, overrides), FLOW_NAME, output_root)
+    with output_lock(ctx.root, FLOW_NAME):  # one run per output folder at a time
+        return _run(ctx, until)
+
+
+def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
     results: list[StageResult] = []
 
     def finish() -> dict[str, Any]:

@@ -25,6 +25,9 @@ app.add_typer(profile_app, name="profile")
 app.add_typer(pool_app, name="pool")
 labels_app = typer.Typer(help="Human label refinement: import reviewed decisions.", no_args_is_help=True)
 app.add_typer(labels_app, name="labels")
+stack_app = typer.Typer(help="A local Prefect server, work pools (cpu, gpu), workers and deployments.",
+                        no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -67,9 +70,12 @@ def _parse_sets(sets: list[str]) -> dict[str, Any]:
 def _user_errors() -> tuple[type[BaseException], ...]:
     from rde.ingest import InputError
     from rde.profiles import ProfileError
+    from rde.run_lock import RunLockedError
     from storage import ArtifactError
+    from storage.filesystem import StorageWriteError
 
-    return (ProfileError, InputError, ArtifactError, FileNotFoundError, PermissionError, ValueError)
+    return (ProfileError, InputError, ArtifactError, StorageWriteError, RunLockedError, FileNotFoundError,
+            PermissionError, ValueError)
 
 
 @app.command("build-secmm")
@@ -85,11 +91,41 @@ def build_secmm_cmd(
     until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, queries, gallery, "
                                               "candidates, benchmark, evaluate.")] = None,
 ) -> None:
-    """Run the build-secmm flow: ingest → denoise (→ sampling, queries, retrieval as they land).
+    """Run the build-secmm flow: ingest → denoise → caption pool → DAP queries → CGDS gallery →
+    MECF candidates → benchmark export → evaluation.
 
     Finished stages are skipped on a rerun with the same inputs and config; an interrupted
     stage resumes at its first missing shard.
     """
+    from flows.build_secmm import build_secmm
+
+    _run_flow(build_secmm, profile, input_path, input_kind, output, sets, as_json, until)
+
+
+@app.command("build-largefine")
+def build_largefine_cmd(
+    profile: ProfileOpt = "demo",
+    input_path: Annotated[str | None, typer.Option("--input", help="Person images: a folder, a Parquet file "
+                                                   "with a 'path' column, or a pool artifact folder.")] = None,
+    input_kind: Annotated[str | None, typer.Option(help="folder | paths | pool (guessed from --input).")] = None,
+    output: Annotated[str | None, typer.Option(help="Artifacts root (path or fsspec URL).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set largefine.max_images=40")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, neighbours, tiers, "
+                                              "gallery, advanced, export.")] = None,
+) -> None:
+    """Run the build-largefine flow (GTR+ generation): ingest → denoise → hard-negative neighbours →
+    base + intermediate tiers → template gallery → advanced tier → LargeFine-style shards + card."""
+    from flows.build_largefine import build_largefine
+
+    _run_flow(build_largefine, profile, input_path, input_kind, output, sets, as_json, until)
+
+
+def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
+              sets: list[str] | None, as_json: bool, until: str | None) -> None:
+    """Validate profile and input before Prefect starts, run the flow, print its summary; user
+    errors exit 2 with a message, an unbalanced accounting exits 2 after the summary."""
     overrides = _parse_sets(sets or [])
     if input_path:
         kind = input_kind or _guess_kind(input_path)
@@ -97,13 +133,15 @@ def build_secmm_cmd(
     try:
         from rde.ingest import check_input
         from rde.profiles import load_profile
+        from rde.run_lock import output_lock
         from rde.runtime import project_root
+        from tasks.context import RunContext
 
         prof = load_profile(profile, overrides)  # validate before starting Prefect
         check_input(prof.input, project_root())
-        from flows.build_secmm import build_secmm
-
-        summary = build_secmm(profile=profile, overrides=overrides or None, output_root=output, until=until)
+        root = RunContext(prof, flow_fn.name, output).root
+        with output_lock(root, flow_fn.name):  # writable and not in use, checked before Prefect starts
+            summary = flow_fn(profile=profile, overrides=overrides or None, output_root=output, until=until)
     except _user_errors() as exc:
         _fail(str(exc))
         return
@@ -142,6 +180,14 @@ def print_summary(summary: dict[str, Any]) -> None:
     status = "[green]balanced[/]" if summary["balanced"] else "[red]NOT balanced[/]"
     console.print(f"inputs {summary['inputs']} = accepted {summary['accepted']} + rejected "
                   f"{summary['total_rejected']}: {status}")
+    if summary.get("captioning"):
+        tiers = Table(title="captioning: retention and throughput")
+        for col in ("stage", "input", "accepted", "retention", "images/s", "tokens/s"):
+            tiers.add_column(col, justify="left" if col == "stage" else "right")
+        for row in summary["captioning"]:
+            tiers.add_row(row["stage"], str(row["input"]), str(row["accepted"]), f"{row['retention']:.1%}",
+                          str(row["images_per_s"]), str(row["tokens_per_s"]))
+        console.print(tiers)
     console.print(f"artifacts: {summary['output_root']}")
 
 
@@ -301,3 +347,42 @@ def main() -> None:  # pragma: no cover
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+@stack_app.command("up")
+def stack_up(
+    host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless auth is configured).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Server port (UI and API).")] = 4200,
+    database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL, e.g. postgresql+asyncpg://... "
+                                                     "(default: SQLite in .rde/stack).")] = None,
+    gpu_slots: Annotated[int, typer.Option(help="Slots of the `gpu` global concurrency limit.")] = 1,
+    workers: Annotated[int, typer.Option(help="Workers per pool.")] = 1,
+) -> None:
+    """Start the server, create pools and the `gpu` limit, deploy prefect.yaml, start workers."""
+    from rde.stack import StackConfig, StackError, up
+
+    try:
+        cfg = up(StackConfig(host=host, port=port, database_url=database_url, gpu_slots=gpu_slots,
+                             workers_per_pool=workers))
+    except StackError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"stack up: API {cfg.api_url}, UI http://{cfg.host}:{cfg.port}/ ; logs in {cfg.folder}")
+    console.print(f"run: PREFECT_API_URL={cfg.api_url} .venv/bin/prefect deployment run 'build-secmm/demo'")
+
+
+@stack_app.command("down")
+def stack_down(port: Annotated[int, typer.Option(help="Server port.")] = 4200) -> None:
+    """Stop the workers (first), then the server."""
+    from rde.stack import StackConfig, down
+
+    down(StackConfig(port=port))
+    console.print("stack down")
+
+
+@stack_app.command("status")
+def stack_status(port: Annotated[int, typer.Option(help="Server port.")] = 4200) -> None:
+    """Server health and whether each stack process is alive."""
+    from rde.stack import StackConfig, status
+
+    console.print_json(json.dumps(status(StackConfig(port=port))))

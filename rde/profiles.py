@@ -79,6 +79,7 @@ BACKENDS: dict[str, set[str]] = {
     "teacher": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding"},
     "generators": {"grounded", "llama-cpp", "openai-http", "vllm", "transformers-vlm"},
     "query_generator": {"llama-cpp", "openai-http", "vllm", "transformers-vlm"},
+    "template_generator": {"llama-cpp", "openai-http", "vllm", "transformers-vlm"},
 }
 
 
@@ -92,10 +93,11 @@ class ModelsSection(Strict):
     generators: list[ModelSpec] = Field(default_factory=list)
     teacher: ModelSpec | None = None
     query_generator: ModelSpec | None = None  # text LLM for DAP queries (default: bundled SmolLM2)
+    template_generator: ModelSpec | None = None  # text LLM for the GTR+ template gallery (default: SmolLM2)
 
     @model_validator(mode="after")
     def _known_backends(self) -> ModelsSection:
-        for role in ("image_embedder", "text_encoder", "teacher", "query_generator"):
+        for role in ("image_embedder", "text_encoder", "teacher", "query_generator", "template_generator"):
             spec = getattr(self, role)
             if spec is not None and spec.backend not in BACKENDS[role]:
                 raise ValueError(f"models.{role}.backend {spec.backend!r} is not one of {sorted(BACKENDS[role])}")
@@ -187,6 +189,61 @@ class EvaluationSpec(Strict):
     check_set_pool: str = "data/demo_pool"
 
 
+class RetrySpec(Strict):
+    """Generator calls that fail for a transient reason (timeout, server error) are retried with
+    exponential backoff, then recorded as rejected rows."""
+
+    max_attempts: int = Field(3, ge=1)
+    backoff_s: float = Field(0.5, ge=0.0)
+
+
+class TemplateGallerySpec(Strict):
+    """GTR+ advanced tier: the extract-and-expand loop that builds the template gallery."""
+
+    sample_captions: int = Field(24, ge=1)  # tier-1/2 captions sampled as extraction input
+    captions_per_request: int = Field(6, ge=1)
+    rounds: int = Field(2, ge=0)  # expand rounds after the extraction round
+    max_templates: int = Field(64, ge=1)
+    min_words: int = Field(6, ge=1)
+    max_words: int = Field(60, ge=1)
+    max_tokens: int = Field(256, ge=16)
+    temperature: float = Field(0.7, ge=0.0)
+    seed: int = 0
+
+
+class LargeFineSpec(Strict):
+    """``build-largefine``: GTR+ three-tier captioning (paper Sec. 3.1) into LargeFine-style shards."""
+
+    domains: list[str] = Field(default_factory=lambda: ["pedestrian"])  # other domains: rejected out_of_domain
+    tier_prompt: str = "gtr_tiers"  # prompts/<name>.yaml: the paper's wording; gtr_tiers_small for tiny LLMs
+    shard_size: int = Field(64, ge=1)  # images per captioning task
+    max_images: int | None = Field(None, ge=1)  # cap on accepted images captioned (None = all)
+    neighbours_k: int = Field(10, ge=1)  # hard negative drawn from the top-k nearest neighbours (Eq. 1)
+    neighbour_index_above: int = Field(100_000, ge=1)  # pool size above which a faiss index is searched
+    seed: int = 0  # hard-negative draw, generator assignment, template choice
+    temperature: float = Field(0.0, ge=0.0)
+    qa_max_tokens: int = Field(256, ge=16)
+    summary_max_tokens: int = Field(160, ge=16)
+    min_qa_pairs: int = Field(2, ge=1)  # fewer distinct answered pairs → malformed_qa
+    min_words: int = Field(10, ge=1)  # quality gate on every tier's text (issue: <10 or >200 words)
+    max_words: int = Field(200, ge=1)
+    max_repeated_sentence_share: float = Field(0.5, ge=0.0, le=1.0)
+    boilerplate: list[str] = Field(default_factory=lambda: [
+        "in the image", "in this image", "in the picture", "in the photo", "the image shows", "this image shows",
+        "the picture shows", "in the target-image", "in target-image"])
+    # Phrases that name the hard-negative image: removed from intermediate and advanced texts.
+    negative_mentions: list[str] = Field(default_factory=lambda: [
+        "compare-image", "compare image", "both persons", "both of them", "the other person", "second person"])
+    retries: RetrySpec = RetrySpec()
+    templates: TemplateGallerySpec = TemplateGallerySpec()
+
+    @model_validator(mode="after")
+    def _lengths(self) -> LargeFineSpec:
+        if self.min_words > self.max_words:
+            raise ValueError("largefine.min_words must not exceed largefine.max_words")
+        return self
+
+
 class PrefectSpec(Strict):
     task_runner_workers: int = Field(2, ge=1)
     gpu_concurrency_limit: str = "gpu"
@@ -207,6 +264,7 @@ class Profile(Strict):
     retrieval: RetrievalSpec = RetrievalSpec()
     queries: QueriesSpec = QueriesSpec()
     evaluation: EvaluationSpec = EvaluationSpec()
+    largefine: LargeFineSpec = LargeFineSpec()
     prefect: PrefectSpec = PrefectSpec()
 
     @model_validator(mode="after")
@@ -216,6 +274,9 @@ class Profile(Strict):
             raise ValueError(f"domains: names must be unique, got {names}")
         if self.input.default_domain not in names:
             raise ValueError(f"input.default_domain {self.input.default_domain!r} is not one of domains {names}")
+        unknown = [d for d in self.largefine.domains if d not in names]
+        if unknown:
+            raise ValueError(f"largefine.domains {unknown} are not among domains {names}")
         return self
 
     def domain(self, name: str) -> DomainSpec:

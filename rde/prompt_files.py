@@ -33,11 +33,12 @@ class PromptFile:
     def identity(self) -> str:
         return f"{self.name}@{self.version}#{self.sha256[:12]}"
 
-    def render(self, template: str, **values: object) -> str:
+    def render(self, name: str, /, **values: object) -> str:
+        """Template ``name`` with ``{placeholders}`` filled (unused values are ignored)."""
         try:
-            return self.templates[template].format(**values)
+            return self.templates[name].format(**values)
         except KeyError as exc:
-            raise PromptError(f"prompt {self.identity}: template {template!r} or value {exc} missing") from None
+            raise PromptError(f"prompt {self.identity}: template {name!r} or value {exc} missing") from None
 
 
 def prompt_dir() -> Path:

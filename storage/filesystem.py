@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import posixpath
 
 import fsspec
@@ -19,20 +20,37 @@ def join(base: str, *parts: str) -> str:
     return posixpath.join(str(base), *parts)
 
 
+class StorageWriteError(RuntimeError):
+    """An artifact file could not be written (disk full, permission denied, read-only...); the
+    message names the path. Nothing partial is left behind."""
+
+
+_HINTS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+          errno.EACCES: "permission denied: check the owner and mode of the artifact folder",
+          errno.EPERM: "operation not permitted on the artifact folder", errno.EROFS: "the filesystem is read-only"}
+
+
 def atomic_write_bytes(fs: AbstractFileSystem, path: str, data: bytes, tmp_tag: str) -> None:
     """Write ``data`` to ``path`` so that readers see either nothing or the whole file.
 
     The bytes go to a temporary sibling first and are then renamed over the target;
-    on a local filesystem the rename is atomic (POSIX ``rename``).
+    on a local filesystem the rename is atomic (POSIX ``rename``). An OSError becomes a
+    ``StorageWriteError`` naming the path, after the temporary file is removed.
     """
     parent = posixpath.dirname(path)
-    fs.makedirs(parent, exist_ok=True)
     tmp = f"{path}.tmp-{tmp_tag}"
     try:
+        fs.makedirs(parent, exist_ok=True)
         with fs.open(tmp, "wb") as handle:
             handle.write(data)
         fs.mv(tmp, path)
-    except BaseException:
-        if fs.exists(tmp):
-            fs.rm(tmp)
+    except BaseException as exc:
+        try:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            hint = _HINTS.get(exc.errno or -1, exc.strerror or str(exc))
+            raise StorageWriteError(f"cannot write artifact file {path}: {hint} ({exc})") from exc
         raise

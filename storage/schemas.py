@@ -183,6 +183,66 @@ EVALUATION = pa.schema(
     ]
 )
 
+# build-largefine: the images chosen for captioning, their neighbours and hard negative (GTR+ Eq. 1),
+# the generator assigned to each, and where the image bytes live in the accepted artifact.
+NEIGHBOURS = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("identity", pa.string()),
+        pa.field("accepted_shard", pa.int32(), nullable=False),
+        pa.field("neighbour_ids", pa.list_(pa.string()), nullable=False),  # top-k, best first
+        pa.field("neighbour_scores", pa.list_(pa.float32()), nullable=False),
+        pa.field("hard_negative_id", pa.string()),  # null when the pool has no other distinct image
+        pa.field("hard_negative_shard", pa.int32()),
+        pa.field("generator_index", pa.int32(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+    ]
+)
+
+# LargeFine-Person-style captions: one row per (image, tier).
+TIER_CAPTIONS = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("tier", pa.string(), nullable=False),  # base | inter | adv
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("q_txt", pa.float64()),  # mean token probability (GTR+ Eq. 8)
+        pa.field("words", pa.int32(), nullable=False),
+        pa.field("generator", pa.string(), nullable=False),
+        pa.field("generator_index", pa.int32(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),  # prompt identity and the steps used
+        pa.field("template_id", pa.string()),  # advanced tier only
+        pa.field("gallery", pa.string()),  # template gallery version (advanced tier only)
+        pa.field("hard_negative_id", pa.string()),  # intermediate and advanced tiers
+    ]
+)
+
+# The self-asked questions and answers behind base and intermediate captions.
+QA_PAIRS = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("tier", pa.string(), nullable=False),
+        pa.field("pair_index", pa.int32(), nullable=False),
+        pa.field("question", pa.string(), nullable=False),
+        pa.field("answer", pa.string(), nullable=False),
+        pa.field("generator", pa.string(), nullable=False),
+    ]
+)
+
+# The advanced tier's template gallery (a prompts artifact): accepted templates with typed slots.
+TEMPLATES = pa.schema(
+    [
+        pa.field("template_id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("slots", pa.list_(pa.string()), nullable=False),
+        pa.field("origin", pa.string(), nullable=False),  # seed | extracted | expanded
+        pa.field("round", pa.int32(), nullable=False),
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "images": IMAGES,
     "measurements": MEASUREMENTS,
@@ -198,4 +258,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     "candidates": CANDIDATES,
     "qrels": QRELS,
     "evaluation": EVALUATION,
+    "neighbours": NEIGHBOURS,
+    "tier_captions": TIER_CAPTIONS,
+    "qa_pairs": QA_PAIRS,
+    "templates": TEMPLATES,
 }

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_image_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.context import get_run_context
 
 
@@ -50,3 +56,22 @@ def stage_table(stage: str, input_rows: int, accepted: int, rejected: dict[str, 
     rows.append({"stage": stage, "measure": "skipped (complete for same inputs)", "count": int(skipped),
                  "share": 0.0})
     return rows
+
+
+class Progress:
+    """A progress artifact (0-100 %) with a stable key, updated as shards finish; a no-op outside
+    a Prefect run."""
+
+    def __init__(self, key: str, description: str) -> None:
+        self.artifact_id = create_progress_artifact(0.0, key=key, description=description) \
+            if _in_prefect_run() else None
+
+    def update(self, percent: float) -> None:
+        if self.artifact_id is not None:
+            update_progress_artifact(self.artifact_id, min(100.0, percent))
+
+
+def publish_image(key: str, url: str, description: str) -> None:
+    """An image artifact (a plot written next to the Parquet outputs, shown in the UI)."""
+    if _in_prefect_run():
+        create_image_artifact(image_url=url, key=key, description=description)

@@ -14,11 +14,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.backends.interfaces import ChatMessage, GenerationRequest
-from models.backends.registry import BUNDLED_LLM, ModelRegistry
+from models.backends.registry import BUNDLED_LLM, ModelRegistry, spec_lineage
 from rde import caption_stats, cgds, dap, labels, mecf
 from rde.embedding_cache import EmbeddingCache
 from rde.evaluation import evaluate_expert
 from rde.expert_check import load_check_set, load_check_yaml
+from rde.generation_retries import error_reason
 from rde.image_decoding import decode_rgb
 from rde.profiles import ModelSpec
 from rde.prompt_files import load_prompt
@@ -67,7 +68,7 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
     gen_spec = p.models.generators[0] if p.models.generators else None
     caption_file = resolve_location(p.queries.caption_file) if p.queries.caption_file else None
     key = content_key(stage="caption-pool", version=VERSION, accepted=Artifact(accepted_url).manifest().fingerprint,
-                      generator=_spec_id(gen_spec), prompt=prompt.identity, file=caption_file,
+                      generator=spec_lineage(gen_spec), prompt=prompt.identity, file=caption_file,
                       sample=p.queries.caption_sample_per_domain, seed=p.queries.seed)
     outs = [sharded.Output("captions", ctx.artifact_url("caption_pool"), "captions", CAPTIONS),
             sharded.Output("rejects", ctx.artifact_url("caption_pool_rejects"), "text_rejects", TEXT_REJECTS)]
@@ -96,7 +97,7 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
                                      "q_txt": res.mean_token_probability, "generator": res.model_id,
                                      "prompt": prompt.identity})
                 else:
-                    reason = generation_reason(res.error)
+                    reason = error_reason(res.error)
                     rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
                                     "reason": reason, "text": None, "detail": res.error})
         stats = {"input_rows": len(captions) + len(rejects), "accepted": len(captions),
@@ -105,20 +106,10 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
 
     result = sharded.run_single(ctx, "caption-pool", outs, key, compute, upstream=[Artifact(accepted_url)],
-                                models={"generator": _spec_id(gen_spec)},
+                                models={"generator": spec_lineage(gen_spec)},
                                 prompt_versions={"caption_pool": prompt.identity})
     log(f"caption-pool: {'skipped, ' if result.skipped else ''}{result.accepted}/{result.input_rows} captions kept")
     return result
-
-
-def generation_reason(error: str | None) -> str:
-    """A reason code for a failed generation result (its error text stays in ``detail``)."""
-    text = (error or "").lower()
-    for prefix, code in (("ungrounded", "ungrounded"), ("refused", "refused"), ("unsupported", "unsupported"),
-                         ("timeout", "timeout"), ("malformed", "malformed_output")):
-        if text.startswith(prefix):
-            return code
-    return "generation_failed"
 
 
 def _captions_from_file(path: Path, domain: str) -> list[dict[str, Any]]:
@@ -205,7 +196,7 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats_out_
 
     result = sharded.run_single(ctx, "dap", outs, key, compute, upstream=[Artifact(stats_out[0].url)],
-                                models={"generator": _spec_id(gen_spec)},
+                                models={"generator": spec_lineage(gen_spec)},
                                 prompt_versions={**{f"dap_{k}": v.identity for k, v in prompts.items()},
                                                  "query_safety": safety.identity})
     log(f"dap: {'skipped, ' if result.skipped else ''}{result.accepted} queries kept of {result.input_rows} "

@@ -13,9 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+from prefect.futures import as_completed
 
 from storage import Artifact, ArtifactWriter, ShardInfo
 from tasks.context import RunContext
+from tasks.reporting import Progress, log
 
 
 @dataclass(frozen=True)
@@ -133,3 +138,88 @@ class Timer:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self.start
+
+
+ShardCompute = Callable[[int], tuple[dict[str, pa.Table], dict[str, Any]]]
+ShardRecount = Callable[[dict[str, pa.Table]], dict[str, Any]]
+
+
+def count_accepted_rejected(accepted: str, rejects: str | None = None) -> ShardRecount:
+    """Stats of a written shard from its rows: ``accepted`` rows, ``rejects`` rows by reason."""
+
+    def recount(tables: dict[str, pa.Table]) -> dict[str, Any]:
+        rejected = reason_counts(tables[rejects]) if rejects else {}
+        n = tables[accepted].num_rows
+        return {"input_rows": n + sum(rejected.values()), "accepted": n, "rejected": rejected}
+
+    return recount
+
+
+@task(name="shard", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def shard_task(outputs: list[Output], stage_key: str, index: int, compute: ShardCompute,
+               recount: ShardRecount, concurrency_limit: str | None = None) -> dict[str, Any]:
+    """One shard of a sharded stage: reuse what a previous run of the same key wrote, else compute
+    and write it atomically. A retry (or a rerun after a crash) redoes only this shard. With
+    ``concurrency_limit`` the computation holds one slot of that Prefect global concurrency limit
+    (e.g. ``gpu``; created by ``scripts/stack.sh``; where it does not exist, nothing is limited)."""
+    done = existing_shards(outputs, stage_key, index)
+    if done is not None:
+        tables = {o.name: Artifact(o.url).read_shard(index) for o in outputs}
+        return {"index": index, "shards": done, "resumed": True, "stats": recount(tables)}
+    if concurrency_limit:
+        with concurrency(concurrency_limit, occupy=1, strict=False):
+            tables, stats = compute(index)
+    else:
+        tables, stats = compute(index)
+    return {"index": index, "shards": write_shards(outputs, stage_key, index, tables), "resumed": False,
+            "stats": stats}
+
+
+def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key: str, n_shards: int,
+                compute: ShardCompute, recount: ShardRecount, *, tags: Sequence[str] = (),
+                concurrency_limit: str | None = None,
+                upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
+                models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None) -> StageResult:
+    """Map ``compute`` over shard indices as Prefect tasks (tagged, and holding a slot of
+    ``concurrency_limit`` while computing), with a progress artifact updated per finished shard;
+    skipped when complete for ``stage_key``.
+
+    Per-shard stats (``input_rows``, ``accepted``, ``rejected`` and numeric extras such as tokens)
+    are summed into the manifest. A shard reused from an interrupted run is recounted from its rows
+    by ``recount``; its numeric extras (time, tokens) are not known and count as 0.
+    """
+    if all_complete(outputs, stage_key):
+        result = skipped_result(stage, outputs, outputs[0].name)
+        log(f"{stage}: skipped, complete for the same inputs ({result.accepted}/{result.input_rows} accepted)")
+        return result
+    with Timer() as timer:
+        begin(outputs, stage_key)
+        progress = Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}")
+        task_fn = shard_task.with_options(name=stage, tags=list(tags), task_run_name=f"{stage}-{{index}}")
+        futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit)
+                   for index in range(n_shards)]
+        done: list[dict[str, Any]] = []
+        for future in as_completed(futures):
+            done.append(future.result())
+            progress.update(100.0 * len(done) / max(n_shards, 1))
+        done.sort(key=lambda r: r["index"])
+        stats = _sum_stats([r["stats"] for r in done])
+        finalize(outputs, stage_key, [r["shards"] for r in done], ctx, upstream=upstream, config=config,
+                 models=models, stats=stats, prompt_versions=prompt_versions)
+    resumed = sum(r["resumed"] for r in done)
+    log(f"{stage}: {stats.get('accepted', 0)}/{stats.get('input_rows', 0)} accepted over {n_shards} shards "
+        f"({resumed} reused), {timer.seconds:.1f}s")
+    return StageResult(stage, False, {o.name: o.url for o in outputs}, int(stats.get("input_rows", 0)),
+                       int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), n_shards, resumed,
+                       timer.seconds)
+
+
+def _sum_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {"input_rows": 0, "accepted": 0, "rejected": {}}
+    for part in parts:
+        for key, value in part.items():
+            if key == "rejected":
+                total["rejected"] = merge_counts([total["rejected"], value])
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    return total

@@ -2,7 +2,8 @@
 
 The last user message picks the behaviour: ``ok``, ``flaky:<key>`` (two 503s, then ok),
 ``slow`` (answers after 2 s), ``malformed`` (body not JSON), ``noshape`` (JSON without choices),
-``refuse`` (message.refusal), ``badrequest`` (400), ``always500``.
+``refuse`` (message.refusal), ``badrequest`` (400), ``always500``. A ``script`` callable
+(text → status, body, delay) replaces these rules (fault-injection tests).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOKENS = [("A", math.log(0.5)), (" person", math.log(0.25)), (".", math.log(1.0))]
@@ -25,6 +27,7 @@ class StubState:
         self.auth_headers: list[str | None] = []
         self.bodies: list[dict] = []
         self.lock = threading.Lock()
+        self.script: Callable[[str], tuple[int, bytes, float]] | None = None
 
 
 def _completion(text: str) -> dict:
@@ -60,7 +63,12 @@ def make_handler(state: StubState):
                 state.bodies.append(body)
             try:
                 time.sleep(0.05)  # long enough for concurrent requests to overlap
-                if text == "slow":
+                if state.script is not None:
+                    with state.lock:
+                        status, payload, delay = state.script(text)
+                    time.sleep(delay)
+                    self._send(status, payload)
+                elif text == "slow":
                     time.sleep(2.0)
                     self._send(200, json.dumps(_completion("late")).encode())
                 elif text.startswith("flaky") and calls <= 2:
@@ -90,8 +98,12 @@ def make_handler(state: StubState):
 class StubServer:
     """Context manager: ``with StubServer() as s: s.base_url``."""
 
+    def __init__(self, script: Callable[[str], tuple[int, bytes, float]] | None = None) -> None:
+        self.script = script
+
     def __enter__(self) -> StubServer:
         self.state = StubState()
+        self.state.script = self.script
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(self.state))
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()

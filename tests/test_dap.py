@@ -77,7 +77,7 @@ def test_keywords_follow_the_statistics_and_fill_the_table11_prompt() -> None:
 
 
 def test_generation_failures_map_to_reason_codes() -> None:
-    from tasks.secmm import generation_reason
+    from rde.generation_retries import error_reason as generation_reason
 
     assert generation_reason("ungrounded: every sentence ...") == "ungrounded"
     assert generation_reason("refused: content_filter") == "refused"

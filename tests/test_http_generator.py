@@ -67,7 +67,7 @@ def test_failures_become_error_results(prompt: str, expected: str, calls: int) -
 def test_batch_keeps_order_bounds_concurrency_and_isolates_failures() -> None:
     prompts = [f"ok{i}" for i in range(10)] + ["badrequest"]
     with StubServer() as server:
-        results = _gen(server, max_concurrency=3).generate([_req(p) for p in prompts])
+        results = _gen(server, max_concurrency=3, timeout_s=10.0).generate([_req(p) for p in prompts])
         assert 1 < server.state.max_in_flight <= 3
     assert [r.request_id for r in results] == prompts
     assert all(r.ok for r in results[:10]) and not results[10].ok

@@ -11,8 +11,9 @@ therefore never states an attribute that was not measured.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,10 +56,12 @@ _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
 @dataclass
 class ImageFacts:
-    """What was measured in one image, as prompt lines and as the words a caption may use."""
+    """What was measured in one image: prompt lines, the words a caption may use, and the values
+    per attribute (``top``, ``bottom``, ``carried``, ``clothing``, ``vehicle_type``, ``vehicle_colour``)."""
 
     lines: list[str]
     allowed: set[str]
+    values: dict[str, list[str]] = field(default_factory=dict)
 
 
 def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class_names: list[str],
@@ -67,10 +70,12 @@ def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class
     attrs = measure_attributes(image, detections)
     allowed: set[str] = set(GENERIC_ALLOWED)
     lines: list[str] = []
+    values: dict[str, list[str]] = {}
     h, w = image.shape[:2]
     if attrs.top("domain")[:1] == ["vehicle"]:
         vtype = attrs.top("vehicle_type")[:1] or ["vehicle"]
         colours = attrs.top("vehicle_colour", min_colour_share)[:2]
+        values.update(vehicle_type=vtype, vehicle_colour=colours)
         lines += [f"subject: a {vtype[0]}", f"vehicle colour: {', '.join(colours) or 'unclear'}"]
         allowed |= set(vtype) | set(colours) | {"vehicle"}
         allowed |= {word for word, kind in VEHICLE_WORDS.items() if kind in vtype}
@@ -84,14 +89,45 @@ def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class
         allowed |= set(upper) | set(lower)
         carried = attrs.top("objects", 0.3)
         lines.append(f"carried objects: {', '.join(carried) if carried else 'none detected'}")
+        values.update(top=upper, bottom=lower, carried=carried)
         allowed |= set(carried) | {w for w, kind in OBJECT_WORDS.items() if kind in carried}
     cues = sorted({IMAGENET_CUES[class_names[i]] for i in np.argsort(-class_probs)[:10]
                    if class_probs[i] >= min_cue_prob and class_names[i] in IMAGENET_CUES})
     if cues:
         lines.append(f"clothing cues: {', '.join(cues)}")
         allowed |= set(cues)
+    values["clothing"] = cues
     lines.append(f"image size: {w}x{h} pixels")
-    return ImageFacts(lines, allowed)
+    return ImageFacts(lines, allowed, values)
+
+
+def _join(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def facts_qa_pairs(facts: list[ImageFacts], prompt: PromptFile) -> list[tuple[str, str]]:
+    """Question-and-answer pairs rendered from measured facts (``qa_single`` / ``qa_compare`` in the
+    prompt file): one image → one pair per measured attribute; two images (target, reference) → a
+    similarity or difference pair per attribute measured in both. Unmeasured attributes are skipped,
+    as the GTR+ prompts ask ("if any attribute is not clearly visible, ignore it")."""
+    single, compare = prompt.extras.get("qa_single", {}), prompt.extras.get("qa_compare", {})
+    pairs: list[tuple[str, str]] = []
+    if len(facts) == 1:
+        for attribute, spec in single.items():
+            found = facts[0].values.get(attribute) or []
+            if found:
+                pairs.append((spec["q"], spec["a"].format(value=_join(found))))
+        return pairs
+    target, reference = facts[0].values, facts[1].values
+    for attribute, spec in compare.items():
+        a, b = target.get(attribute) or [], reference.get(attribute) or []
+        if not a or not b:
+            continue
+        if set(a) & set(b):
+            pairs.append((spec["similar_q"], spec["similar_a"].format(value=_join(sorted(set(a) & set(b))))))
+        if set(a) != set(b):
+            pairs.append((spec["differ_q"], spec["differ_a"].format(target=_join(a), reference=_join(b))))
+    return pairs
 
 
 def _attribute_words(words: set[str]) -> set[str]:
@@ -200,6 +236,9 @@ class GroundedCaptionGenerator:
         self.model_id = f"{spec.model_id}[{llm.model_id}]"
         self.min_colour_share = float(spec.options.get("min_colour_share", 0.2))
         self.min_cue_prob = float(spec.options.get("min_cue_prob", 0.1))
+        self.qa_from_facts = bool(spec.options.get("qa_from_facts", True))
+        self.memo_size = int(spec.options.get("facts_memo", 4096))
+        self._facts_memo: dict[str, ImageFacts] = {}
 
     def facts(self, images: list[np.ndarray]) -> list[ImageFacts]:
         if not images:
@@ -209,12 +248,25 @@ class GroundedCaptionGenerator:
         return [describe_image(im, d, p, self.embedder.class_names, self.min_colour_share, self.min_cue_prob)
                 for im, d, p in zip(images, detections, probs, strict=True)]
 
+    def _facts_qa(self, request: GenerationRequest, facts: list[ImageFacts]) -> GenerationResult:
+        """A ``qa_pairs`` request answered from the measured facts (no LLM; no token probabilities)."""
+        pairs = facts_qa_pairs(facts[:2], self.prompt)
+        if not pairs:
+            return GenerationResult(request.request_id, "", [], self.model_id, "stop",
+                                    "ungrounded: no attribute was measured to ask about")
+        text = "\n".join(f"Q{i}: {q}\nA{i}: {a}" for i, (q, a) in enumerate(pairs, 1))
+        return GenerationResult(request.request_id, text, [], self.model_id, "stop")
+
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         grounded: list[GenerationRequest] = []
         allowed_sets: list[set[str]] = []
+        answered: dict[str, GenerationResult] = {}
         for request in requests:
             images = [im for m in request.messages for im in m.images]
-            facts = self.facts(images)
+            facts = self._facts_cached(images)
+            if request.expects == "qa_pairs" and self.qa_from_facts and facts:
+                answered[request.request_id] = self._facts_qa(request, facts)
+                continue
             roles = ["target"] + ["reference"] * (len(facts) - 1)
             block = "\n".join(self.prompt.render("image_facts", index=i + 1, role=roles[i], lines="; ".join(f.lines))
                               for i, f in enumerate(facts)) or "No image was given."
@@ -227,7 +279,7 @@ class GroundedCaptionGenerator:
                                               request.temperature, request.seed))
             allowed_sets.append(set().union(*(f.allowed for f in facts)) if facts else set(GENERIC_ALLOWED))
         results = []
-        for result, allowed in zip(self.llm.generate(grounded), allowed_sets, strict=True):
+        for result, allowed in zip(self.llm.generate(grounded) if grounded else [], allowed_sets, strict=True):
             if not result.ok:
                 results.append(GenerationResult(result.request_id, "", [], self.model_id, result.finish_reason,
                                                 result.error, result.attempts))
@@ -237,4 +289,16 @@ class GroundedCaptionGenerator:
                 "; ".join(dropped)[:300] + ")"
             results.append(GenerationResult(result.request_id, text, tokens if text else [], self.model_id,
                                             result.finish_reason, error, result.attempts))
-        return results
+        by_id = {r.request_id: r for r in results} | answered
+        return [by_id[r.request_id] for r in requests]
+
+    def _facts_cached(self, images: list[np.ndarray]) -> list[ImageFacts]:
+        """Facts per image, remembered by content (the tiers ask about the same image several times)."""
+        keys = [hashlib.sha1(im.tobytes() + str(im.shape).encode()).hexdigest() for im in images]
+        missing = [i for i, k in enumerate(keys) if k not in self._facts_memo]
+        if missing:
+            for i, f in zip(missing, self.facts([images[i] for i in missing]), strict=True):
+                self._facts_memo[keys[i]] = f
+            while len(self._facts_memo) > self.memo_size:
+                self._facts_memo.pop(next(iter(self._facts_memo)))
+        return [self._facts_memo[k] for k in keys]

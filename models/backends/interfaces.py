@@ -69,13 +69,16 @@ class ChatMessage:
 
 @dataclass
 class GenerationRequest:
-    """A chat request. ``request_id`` ties the result back to the row that asked."""
+    """A chat request. ``request_id`` ties the result back to the row that asked. ``expects`` names
+    the answer's shape (e.g. ``qa_pairs``): model backends ignore it; composed backends such as the
+    offline grounded captioner may answer such a request from measurements instead."""
 
     request_id: str
     messages: list[ChatMessage]
     max_tokens: int = 256
     temperature: float = 0.0
     seed: int | None = None
+    expects: str | None = None
 
 
 @dataclass

@@ -41,6 +41,19 @@ def _cached(role: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
         return _cache[key]
 
 
+def spec_lineage(spec: ModelSpec | None) -> dict[str, Any]:
+    """A generator spec as it enters stage keys and manifests: the spec, plus the identity of the
+    prompt file a composed backend renders internally (editing that prompt re-runs the stage)."""
+    if spec is None:
+        return {}
+    out: dict[str, Any] = spec.model_dump(mode="json")
+    if spec.backend == "grounded":
+        from rde.prompt_files import load_prompt
+
+        out["internal_prompt"] = load_prompt("grounded_captioner").identity
+    return out
+
+
 class ModelRegistry:
     """The models a profile names, built on first use and shared by every stage in the process."""
 

@@ -1,0 +1,99 @@
+"""The deployment path for real: `rde stack up` on loopback (server, pools, `gpu` limit, workers,
+deployments from prefect.yaml), `prefect deployment run 'build-secmm/demo'` through the cpu worker,
+artifacts read back through the REST API, a Chromium screenshot of the run's artifacts page, and
+`rde stack down`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rde.stack import StackConfig, down, healthy, status, up
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    cfg = StackConfig(port=_free_port(), folder=tmp_path_factory.mktemp("stack"))
+    up(cfg)
+    try:
+        yield cfg
+    finally:
+        down(cfg)
+
+
+def _api(cfg: StackConfig, path: str, body: dict) -> list[dict]:
+    response = httpx.post(f"{cfg.api_url}{path}", json=body, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_stack_is_up_on_loopback_with_pools_limit_and_deployments(stack: StackConfig) -> None:
+    assert healthy(stack) and stack.host == "127.0.0.1"
+    assert all(status(stack)["processes"].values())
+    pools = {p["name"]: p["type"] for p in _api(stack, "/work_pools/filter", {})}
+    assert pools.get("cpu") == "process" and pools.get("gpu") == "process"
+    limits = {g["name"]: g["limit"] for g in _api(stack, "/v2/concurrency_limits/filter", {})}
+    assert limits.get("gpu") == 1
+    names = {(d["name"], d["work_pool_name"]) for d in _api(stack, "/deployments/filter", {})}
+    assert {("demo", "cpu"), ("demo", "gpu")} <= names
+
+
+def test_deployment_run_through_the_worker_publishes_artifacts(stack: StackConfig, tmp_path: Path,
+                                                                test_artifacts_dir: Path) -> None:
+    out = tmp_path / "out"
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "build-secmm/demo",
+                          "--param", "until=denoise", "--param", f"output_root={out}", "--watch",
+                          "--watch-timeout", "600"], env=stack.env(), capture_output=True, text=True, timeout=660)
+    elapsed = time.monotonic() - start
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    [flow_run] = _api(stack, "/flow_runs/filter", {"sort": "START_TIME_DESC", "limit": 1})
+    assert flow_run["state_type"] == "COMPLETED"
+    assert (out / "build-secmm" / "demo" / "accepted" / "_manifest.json").exists()
+    artifacts = _api(stack, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
+    keys = {a["key"] for a in artifacts if a.get("key")}
+    assert {"build-secmm-ingest", "build-secmm-denoise", "build-secmm-summary"} <= keys
+    summary = next(a for a in artifacts if a.get("key") == "build-secmm-summary")
+    assert "balanced: **True**" in summary["data"]
+    (test_artifacts_dir / "deployment-run.json").write_text(json.dumps(
+        {"flow_run": flow_run["id"], "seconds_through_worker": round(elapsed, 1), "artifacts": sorted(keys)},
+        indent=1))
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("no headless Chromium for the UI screenshot (make browser installs it)")
+    base = f"http://{stack.host}:{stack.port}"
+    pages = {"prefect-ui-run-summary-artifact.png": f"{base}/artifacts/artifact/{summary['id']}",
+             "prefect-ui-artifacts.png": f"{base}/artifacts",
+             "prefect-ui-flow-run.png": f"{base}/runs/flow-run/{flow_run['id']}"}
+    for name, url in pages.items():
+        shot = test_artifacts_dir / name
+        shot.unlink(missing_ok=True)
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-dev-shm-usage", "--window-size=1440,1000", "--virtual-time-budget=20000",
+                        f"--screenshot={shot}", url], capture_output=True, timeout=120)
+        assert shot.exists() and shot.stat().st_size > 20_000, f"the UI page {url} did not render"
+
+
+def test_stack_down_stops_workers_then_server(tmp_path: Path) -> None:
+    cfg = StackConfig(port=_free_port(), folder=tmp_path / "stack2")
+    up(cfg)
+    assert healthy(cfg)
+    down(cfg)
+    assert not healthy(cfg) and not list(cfg.folder.glob("*.pid"))

@@ -1,0 +1,109 @@
+"""End to end: build-largefine on a handful of demo images with the offline generator, and the
+same flow through the transformers generator with a tiny random Qwen2-VL (production wiring)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from tiny_models import build_tiny_qwen2vl
+
+from flows.build_largefine import build_largefine
+from storage import Artifact
+from storage.schemas import TIER_CAPTIONS
+
+pytestmark = pytest.mark.slow
+
+SMALL = {"largefine": {"max_images": 6, "shard_size": 3, "templates": {"sample_captions": 4, "rounds": 1}}}
+
+
+def _stages(summary: dict) -> dict[str, dict]:
+    return {s["stage"]: s for s in summary["stages"]}
+
+
+def _rows(url: str) -> list[dict]:
+    return [r for _, t in Artifact(url).iter_shards() for r in t.to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    out = str(tmp_path_factory.mktemp("largefine-out"))
+    return out, build_largefine(profile="demo", output_root=out, overrides=SMALL)
+
+
+def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[str, dict]) -> None:
+    out, summary = offline_run
+    assert summary["balanced"]
+    root = Path(out, "build-largefine", "demo")
+    chosen = _rows(str(root / "neighbours"))
+    select_rejects = _rows(str(root / "select_rejects"))
+    assert len(chosen) == 6 and len(chosen) + len(select_rejects) == summary["accepted"]
+    assert {r["reason"] for r in select_rejects} <= {"not_sampled", "out_of_domain"}
+    captions, rejects = _rows(str(root / "largefine")), _rows(str(root / "caption_rejects"))
+    assert len(captions) + len(rejects) == 3 * len(chosen)
+    assert len(captions) >= 6, f"too few captions survived the gates: {[r['reason'] for r in rejects]}"
+    assert all(r["reason"] for r in rejects)
+    for row in captions:
+        assert row["tier"] in ("base", "inter", "adv") and 10 <= row["words"] <= 200
+        assert 0 < row["q_txt"] <= 1 and row["generator"].startswith("grounded-captioner")
+        assert "gtr_tiers_small@" in row["prompt"]
+        assert (row["template_id"] is not None) == (row["tier"] == "adv")
+        assert row["hard_negative_id"] is None or row["tier"] != "base"
+        assert "in the image" not in row["text"].lower() and "compare-image" not in row["text"].lower()
+    shard = next(Path(root / "largefine").glob("part-*.parquet"))
+    assert pq.read_schema(shard).names == TIER_CAPTIONS.names
+
+
+def test_neighbours_are_distinct_images_and_hard_negatives_are_recorded(offline_run: tuple[str, dict]) -> None:
+    out, _ = offline_run
+    for row in _rows(str(Path(out, "build-largefine", "demo", "neighbours"))):
+        assert row["image_id"] not in row["neighbour_ids"] and row["hard_negative_id"] in row["neighbour_ids"]
+        assert len(row["neighbour_ids"]) == 5  # k=10 but only 6 images chosen
+
+
+def test_dataset_card_has_table1_statistics(offline_run: tuple[str, dict]) -> None:
+    out, _ = offline_run
+    folder = Path(out, "build-largefine", "demo", "largefine")
+    card = json.loads((folder / "card.json").read_text())
+    assert card["table1"]["all"]["texts"] == Artifact(str(folder)).count_rows()
+    assert card["table1"]["all"]["words_per_text"] >= 10 and card["table1"]["all"]["noun_chunks_per_text"] > 0
+    assert "multi_granularity" in card and "#noun chunks/text" in (folder / "README.md").read_text()
+    manifest = Artifact(str(Path(out, "build-largefine", "demo", "tier12_captions"))).manifest()
+    assert any(name.startswith("gtr_tiers_small") for name in manifest.prompt_versions)
+    gallery = Artifact(str(Path(out, "build-largefine", "demo", "template_gallery"))).manifest()
+    assert gallery.stats["gallery_version"].startswith("gallery-") and gallery.total_rows >= 4
+
+
+def test_rerun_skips_and_a_lost_shard_is_redone_alone(offline_run: tuple[str, dict]) -> None:
+    out, first = offline_run
+    again = build_largefine(profile="demo", output_root=out, overrides=SMALL)
+    assert all(s["skipped"] for s in again["stages"])
+    tiers = Path(out, "build-largefine", "demo", "tier12_captions")
+    (tiers / "_manifest.json").unlink()  # as if killed before the stage finished
+    (tiers / "part-00001.parquet").unlink()
+    third = build_largefine(profile="demo", output_root=out, overrides=SMALL)
+    stages = _stages(third)
+    assert not stages["qa-tiers"]["skipped"] and stages["qa-tiers"]["shards_reused"] == 1
+    assert stages["qa-tiers"]["accepted"] == _stages(first)["qa-tiers"]["accepted"]
+    assert stages["export-largefine"]["accepted"] == _stages(first)["export-largefine"]["accepted"]
+
+
+def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path) -> None:
+    tiny = str(build_tiny_qwen2vl(tmp_path / "qwen2vl"))
+    spec = {"backend": "transformers-vlm", "model_id": tiny, "batch_size": 4}
+    overrides = {"largefine": {"max_images": 4, "shard_size": 2, "tier_prompt": "gtr_tiers", "qa_max_tokens": 24,
+                               "summary_max_tokens": 24, "templates": {"sample_captions": 2, "rounds": 1,
+                                                                        "max_tokens": 24}},
+                 "models": {"generators": [spec, {**spec, "batch_size": 2}], "template_generator": spec}}
+    summary = build_largefine(profile="demo", output_root=str(tmp_path / "out"), overrides=overrides)
+    root = tmp_path / "out" / "build-largefine" / "demo"
+    captions, rejects = _rows(str(root / "largefine")), _rows(str(root / "caption_rejects"))
+    assert summary["balanced"] and len(captions) + len(rejects) == 3 * 4
+    # random weights write random tokens: every tier is rejected, each with a reason, none lost
+    assert {r["reason"] for r in rejects} <= {"malformed_qa", "too_short", "too_long", "malformed_output",
+                                              "repetitive", "missing_tier_input"}
+    neighbours = _rows(str(root / "neighbours"))
+    assert {r["generator_index"] for r in neighbours} <= {0, 1}
+    assert Artifact(str(root / "tier12_captions")).manifest().models["generators"][0]["model_id"] == tiny
