@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from rde.profiles import load_profile
 from rde.run_lock import output_lock
+from rde.task_runners import default_task_runner
 from tasks import denoise, ingest, largefine
 from tasks.context import RunContext
 from tasks.reporting import publish_table
@@ -23,7 +23,7 @@ FLOW_NAME = "build-largefine"
 STAGES = ("denoise", "neighbours", "tiers", "gallery", "advanced", "export")
 
 
-@flow(name=FLOW_NAME, task_runner=ThreadPoolTaskRunner(max_workers=2), log_prints=True)
+@flow(name=FLOW_NAME, task_runner=default_task_runner(), log_prints=True)
 def build_largefine(profile: str = "demo", overrides: dict[str, Any] | None = None,
                     output_root: str | None = None, until: str | None = None) -> dict[str, Any]:
     """Caption the profile's person images in three tiers; returns the run summary (with the

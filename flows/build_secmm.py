@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from rde.profiles import load_profile
 from rde.run_lock import output_lock
+from rde.task_runners import default_task_runner
 from tasks import denoise, ingest, secmm
 from tasks.context import RunContext
 from tasks.sharded import StageResult
@@ -22,7 +22,7 @@ FLOW_NAME = "build-secmm"
 STAGES = ("denoise", "queries", "gallery", "candidates", "benchmark", "evaluate")
 
 
-@flow(name=FLOW_NAME, task_runner=ThreadPoolTaskRunner(max_workers=2), log_prints=True)
+@flow(name=FLOW_NAME, task_runner=default_task_runner(), log_prints=True)
 def build_secmm(profile: str = "demo", overrides: dict[str, Any] | None = None,
                 output_root: str | None = None, until: str | None = None) -> dict[str, Any]:
     """Build the SecMM-style benchmark from the profile's inputs; returns the run summary.

@@ -68,3 +68,21 @@ def person_crop(pool_rows: dict[str, dict]):
     from rde.image_decoding import decode_rgb
 
     return decode_rgb(pool_rows[PERSON_A]["image_bytes"])
+
+
+@pytest.fixture(scope="session")
+def small_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) -> str:
+    """A 96-image slice of the demo pool (every 7th row: crops and filter exercises), written as a
+    pool artifact of six 16-row shards, for end-to-end tests that need a real run but not all 750."""
+    from storage import Artifact, ArtifactWriter
+    from storage.schemas import POOL
+
+    rows = [r for _, t in Artifact(demo_pool_url).iter_shards() for r in t.to_pylist()][::7][:96]
+    url = str(tmp_path_factory.mktemp("small-pool") / "pool")
+    writer = ArtifactWriter(url, "pool", POOL, "small-pool")
+    writer.begin()
+    import pyarrow as pa
+
+    shards = [writer.write_shard(i, pa.Table.from_pylist(rows[i * 16:(i + 1) * 16], schema=POOL)) for i in range(6)]
+    writer.finalize(shards, code_version="test")
+    return url

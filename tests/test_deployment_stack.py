@@ -55,11 +55,13 @@ def test_stack_is_up_on_loopback_with_pools_limit_and_deployments(stack: StackCo
 
 
 def test_deployment_run_through_the_worker_publishes_artifacts(stack: StackConfig, tmp_path: Path,
-                                                                test_artifacts_dir: Path) -> None:
+                                                                test_artifacts_dir: Path, small_pool_url: str) -> None:
     out = tmp_path / "out"
+    params = {"until": "denoise", "output_root": str(out),
+              "overrides": {"input": {"kind": "pool", "path": small_pool_url}, "ingest": {"shard_size": 16}}}
     start = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "build-secmm/demo",
-                          "--param", "until=denoise", "--param", f"output_root={out}", "--watch",
+                          "--params", json.dumps(params), "--watch",
                           "--watch-timeout", "600"], env=stack.env(), capture_output=True, text=True, timeout=660)
     elapsed = time.monotonic() - start
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
@@ -91,9 +93,6 @@ def test_deployment_run_through_the_worker_publishes_artifacts(stack: StackConfi
         assert shot.exists() and shot.stat().st_size > 20_000, f"the UI page {url} did not render"
 
 
-def test_stack_down_stops_workers_then_server(tmp_path: Path) -> None:
-    cfg = StackConfig(port=_free_port(), folder=tmp_path / "stack2")
-    up(cfg)
-    assert healthy(cfg)
-    down(cfg)
-    assert not healthy(cfg) and not list(cfg.folder.glob("*.pid"))
+def test_stack_down_stops_workers_then_server(stack: StackConfig) -> None:
+    down(stack)  # the fixture's own down afterwards is a no-op
+    assert not healthy(stack) and not list(stack.folder.glob("*.pid"))

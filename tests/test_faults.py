@@ -121,7 +121,7 @@ class FaultyGenerator:
 
 
 @pytest.mark.slow
-def test_failing_generator_calls_are_retried_then_recorded(tmp_path: Path) -> None:
+def test_failing_generator_calls_are_retried_then_recorded(tmp_path: Path, small_pool_url: str) -> None:
     from flows.build_largefine import build_largefine
 
     faulty = FaultyGenerator()
@@ -129,6 +129,7 @@ def test_failing_generator_calls_are_retried_then_recorded(tmp_path: Path) -> No
         spec = {"backend": "openai-http", "model_id": "stub", "batch_size": 4,
                 "options": {"base_url": server.base_url, "timeout_s": 0.5, "max_retries": 1, "backoff_s": 0.01}}
         overrides = {"models": {"generators": [spec], "template_generator": spec},
+                     "input": {"kind": "pool", "path": small_pool_url}, "ingest": {"shard_size": 16},
                      "largefine": {"max_images": 6, "shard_size": 3, "tier_prompt": "gtr_tiers",
                                    "retries": {"max_attempts": 2, "backoff_s": 0.01},
                                    "templates": {"sample_captions": 2, "rounds": 1}}}
@@ -146,12 +147,13 @@ def test_failing_generator_calls_are_retried_then_recorded(tmp_path: Path) -> No
 # -- a killed run ------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_sigkill_mid_stage_then_rerun_completes_without_duplicates(tmp_path: Path) -> None:
+def test_sigkill_mid_stage_then_rerun_completes_without_duplicates(tmp_path: Path, small_pool_url: str) -> None:
     env = {**os.environ, "RDE_STATE_DIR": str(tmp_path / "state")}
     env.pop("PREFECT_API_URL", None)
     out = tmp_path / "out"
     cmd = [str(ROOT / ".venv" / "bin" / "rde") if (ROOT / ".venv" / "bin" / "rde").exists() else "rde",
-           "build-secmm", "--until", "denoise", "--output", str(out), "--json"]
+           "build-secmm", "--until", "denoise", "--output", str(out), "--json", "--input", small_pool_url,
+           "--set", "ingest.shard_size=8"]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     measurements = out / "build-secmm" / "demo" / "measurements"
@@ -167,5 +169,5 @@ def test_sigkill_mid_stage_then_rerun_completes_without_duplicates(tmp_path: Pat
     summary = json.loads(again.stdout[again.stdout.index("{"):])
     stages = {s["stage"]: s for s in summary["stages"]}
     assert stages["measure"]["shards_reused"] >= written - 1  # a shard being renamed at the kill may be redone
-    assert summary["balanced"] and summary["inputs"] == 750
+    assert summary["balanced"] and summary["inputs"] == 96
     assert_artifacts_intact(out / "build-secmm" / "demo")

@@ -16,7 +16,12 @@ from storage.schemas import TIER_CAPTIONS
 
 pytestmark = pytest.mark.slow
 
-SMALL = {"largefine": {"max_images": 6, "shard_size": 3, "templates": {"sample_captions": 4, "rounds": 1}}}
+LARGEFINE = {"max_images": 6, "shard_size": 3, "templates": {"sample_captions": 4, "rounds": 1}}
+
+
+def _small(pool_url: str, **extra: dict) -> dict:
+    return {"input": {"kind": "pool", "path": pool_url}, "ingest": {"shard_size": 16}, "largefine": LARGEFINE,
+            **extra}
 
 
 def _stages(summary: dict) -> dict[str, dict]:
@@ -28,13 +33,14 @@ def _rows(url: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+def offline_run(tmp_path_factory: pytest.TempPathFactory, small_pool_url: str) -> tuple[str, dict, dict]:
     out = str(tmp_path_factory.mktemp("largefine-out"))
-    return out, build_largefine(profile="demo", output_root=out, overrides=SMALL)
+    overrides = _small(small_pool_url)
+    return out, build_largefine(profile="demo", output_root=out, overrides=overrides), overrides
 
 
-def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[str, dict]) -> None:
-    out, summary = offline_run
+def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[str, dict, dict]) -> None:
+    out, summary, _ = offline_run
     assert summary["balanced"]
     root = Path(out, "build-largefine", "demo")
     chosen = _rows(str(root / "neighbours"))
@@ -56,15 +62,15 @@ def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[
     assert pq.read_schema(shard).names == TIER_CAPTIONS.names
 
 
-def test_neighbours_are_distinct_images_and_hard_negatives_are_recorded(offline_run: tuple[str, dict]) -> None:
-    out, _ = offline_run
+def test_neighbours_are_distinct_images_and_hard_negatives_are_recorded(offline_run: tuple[str, dict, dict]) -> None:
+    out, _, _ = offline_run
     for row in _rows(str(Path(out, "build-largefine", "demo", "neighbours"))):
         assert row["image_id"] not in row["neighbour_ids"] and row["hard_negative_id"] in row["neighbour_ids"]
         assert len(row["neighbour_ids"]) == 5  # k=10 but only 6 images chosen
 
 
-def test_dataset_card_has_table1_statistics(offline_run: tuple[str, dict]) -> None:
-    out, _ = offline_run
+def test_dataset_card_has_table1_statistics(offline_run: tuple[str, dict, dict]) -> None:
+    out, _, _ = offline_run
     folder = Path(out, "build-largefine", "demo", "largefine")
     card = json.loads((folder / "card.json").read_text())
     assert card["table1"]["all"]["texts"] == Artifact(str(folder)).count_rows()
@@ -76,27 +82,27 @@ def test_dataset_card_has_table1_statistics(offline_run: tuple[str, dict]) -> No
     assert gallery.stats["gallery_version"].startswith("gallery-") and gallery.total_rows >= 4
 
 
-def test_rerun_skips_and_a_lost_shard_is_redone_alone(offline_run: tuple[str, dict]) -> None:
-    out, first = offline_run
-    again = build_largefine(profile="demo", output_root=out, overrides=SMALL)
+def test_rerun_skips_and_a_lost_shard_is_redone_alone(offline_run: tuple[str, dict, dict]) -> None:
+    out, first, overrides = offline_run
+    again = build_largefine(profile="demo", output_root=out, overrides=overrides)
     assert all(s["skipped"] for s in again["stages"])
     tiers = Path(out, "build-largefine", "demo", "tier12_captions")
     (tiers / "_manifest.json").unlink()  # as if killed before the stage finished
     (tiers / "part-00001.parquet").unlink()
-    third = build_largefine(profile="demo", output_root=out, overrides=SMALL)
+    third = build_largefine(profile="demo", output_root=out, overrides=overrides)
     stages = _stages(third)
     assert not stages["qa-tiers"]["skipped"] and stages["qa-tiers"]["shards_reused"] == 1
     assert stages["qa-tiers"]["accepted"] == _stages(first)["qa-tiers"]["accepted"]
     assert stages["export-largefine"]["accepted"] == _stages(first)["export-largefine"]["accepted"]
 
 
-def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path) -> None:
+def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path, small_pool_url: str) -> None:
     tiny = str(build_tiny_qwen2vl(tmp_path / "qwen2vl"))
     spec = {"backend": "transformers-vlm", "model_id": tiny, "batch_size": 4}
-    overrides = {"largefine": {"max_images": 4, "shard_size": 2, "tier_prompt": "gtr_tiers", "qa_max_tokens": 24,
-                               "summary_max_tokens": 24, "templates": {"sample_captions": 2, "rounds": 1,
-                                                                        "max_tokens": 24}},
-                 "models": {"generators": [spec, {**spec, "batch_size": 2}], "template_generator": spec}}
+    overrides = _small(small_pool_url, largefine={
+        "max_images": 4, "shard_size": 2, "tier_prompt": "gtr_tiers", "qa_max_tokens": 24, "summary_max_tokens": 24,
+        "templates": {"sample_captions": 2, "rounds": 1, "max_tokens": 24}},
+        models={"generators": [spec, {**spec, "batch_size": 2}], "template_generator": spec})
     summary = build_largefine(profile="demo", output_root=str(tmp_path / "out"), overrides=overrides)
     root = tmp_path / "out" / "build-largefine" / "demo"
     captions, rejects = _rows(str(root / "largefine")), _rows(str(root / "caption_rejects"))
