@@ -10,11 +10,9 @@ from typing import Any
 
 from prefect import flow
 
-from rde.profiles import load_profile
-from rde.run_lock import output_lock
 from rde.task_runners import default_task_runner
-from tasks import denoise, ingest, secmm
-from tasks.context import RunContext
+from tasks import denoise, secmm
+from tasks.context import RunContext, run_locked
 from tasks.sharded import StageResult
 from tasks.summary import publish_summary, run_summary
 
@@ -29,11 +27,7 @@ def build_secmm(profile: str = "demo", overrides: dict[str, Any] | None = None,
 
     ``until`` stops after a stage (one of STAGES), e.g. ``denoise`` for only the cleaned pool.
     """
-    if until is not None and until not in STAGES:
-        raise ValueError(f"until must be one of {STAGES}, got {until!r}")
-    ctx = RunContext(load_profile(profile, overrides), FLOW_NAME, output_root)
-    with output_lock(ctx.root, FLOW_NAME):  # one run per output folder at a time
-        return _run(ctx, until)
+    return run_locked(FLOW_NAME, STAGES, profile, overrides, output_root, until, _run)
 
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
@@ -46,15 +40,10 @@ def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
         publish_summary(FLOW_NAME, summary)
         return summary
 
-    ingested = ingest.run_ingest(ctx)
-    ingest.publish(ingested, FLOW_NAME)
-    measured = denoise.run_measure(ctx, ingested.artifacts["images"])
-    denoised = denoise.decide_task(ctx, ingested.artifacts["images"], measured.artifacts["measurements"])
-    denoise.publish(denoised, FLOW_NAME)
-    results += [ingested, measured, denoised]
+    results += denoise.run_clean_pool(ctx)
     if until == "denoise":
         return finish()
-    accepted = denoised.artifacts["accepted"]
+    accepted = results[-1].artifacts["accepted"]
     captions = secmm.caption_pool_task(ctx, accepted)
     stats, queries = secmm.dap_task(ctx, captions.artifacts["captions"])
     results += [captions, stats, queries]

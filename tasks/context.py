@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from rde.profiles import Profile
+from rde.profiles import Profile, load_profile
+from rde.run_lock import output_lock
 from rde.runtime import code_version, resolve_location
 from storage.filesystem import join
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -28,3 +33,14 @@ class RunContext:
     @property
     def code_version(self) -> str:
         return code_version()
+
+
+def run_locked(flow_name: str, stages: Sequence[str], profile: str, overrides: dict[str, Any] | None,
+               output_root: str | None, until: str | None, body: Callable[[RunContext, str | None], T]) -> T:
+    """Validate ``until``, load the profile and run ``body`` holding the output folder's run lock
+    (one run per output folder at a time)."""
+    if until is not None and until not in stages:
+        raise ValueError(f"until must be one of {tuple(stages)}, got {until!r}")
+    ctx = RunContext(load_profile(profile, overrides), flow_name, output_root)
+    with output_lock(ctx.root, flow_name):
+        return body(ctx, until)

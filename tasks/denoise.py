@@ -13,7 +13,7 @@ from rde.profiles import Profile
 from rde.runtime import state_dir
 from storage import Artifact, content_key
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
-from tasks import sharded
+from tasks import ingest, sharded
 from tasks.context import RunContext
 from tasks.reporting import log, publish_table, stage_table
 
@@ -95,3 +95,14 @@ def publish(result: sharded.StageResult, flow_name: str) -> None:
     publish_table(f"{flow_name}-denoise", stage_table("denoise", result.input_rows, result.accepted,
                                                       result.rejected, result.skipped),
                   "Denoise (GTR+): size, Laplacian blur, target count, exact duplicates; rejected rows by reason")
+
+
+def run_clean_pool(ctx: RunContext) -> list[sharded.StageResult]:
+    """The stages every building flow starts with: ingest → measure → decide, each publishing its
+    table under the flow's name. Returns [ingest, measure, denoise]; the last holds ``accepted``."""
+    ingested = ingest.run_ingest(ctx)
+    ingest.publish(ingested, ctx.flow_name)
+    measured = run_measure(ctx, ingested.artifacts["images"])
+    denoised = decide_task(ctx, ingested.artifacts["images"], measured.artifacts["measurements"])
+    publish(denoised, ctx.flow_name)
+    return [ingested, measured, denoised]

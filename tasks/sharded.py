@@ -161,7 +161,7 @@ def shard_task(outputs: list[Output], stage_key: str, index: int, compute: Shard
     """One shard of a sharded stage: reuse what a previous run of the same key wrote, else compute
     and write it atomically. A retry (or a rerun after a crash) redoes only this shard. With
     ``concurrency_limit`` the computation holds one slot of that Prefect global concurrency limit
-    (e.g. ``gpu``; created by ``scripts/stack.sh``; where it does not exist, nothing is limited)."""
+    (e.g. ``gpu``; created by ``rde stack up``; where it does not exist, nothing is limited)."""
     done = existing_shards(outputs, stage_key, index)
     if done is not None:
         tables = {o.name: Artifact(o.url).read_shard(index) for o in outputs}
