@@ -122,6 +122,34 @@ def build_largefine_cmd(
     _run_flow(build_largefine, profile, input_path, input_kind, output, sets, as_json, until)
 
 
+@app.command("train-saft")
+def train_saft_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root (the build-largefine run's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set training.saft_objective=itc")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """SAFT fine-tuning (ITC + SASS + ISD) on the build-largefine captions; evaluation on the check set."""
+    from flows.train_saft import train_saft
+
+    _run_flow(train_saft, profile, None, None, output, sets, as_json, None)
+
+
+@app.command("train-gtr")
+def train_gtr_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root (the build-largefine run's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set training.gtr_weighting=fix")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """GTR+ confidence-weighted training (ITC + ITM, GMM weights) on the build-largefine captions."""
+    from flows.train_gtr import train_gtr
+
+    _run_flow(train_gtr, profile, None, None, output, sets, as_json, None)
+
+
 def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
               sets: list[str] | None, as_json: bool, until: str | None) -> None:
     """Validate profile and input before Prefect starts, run the flow, print its summary; user

@@ -31,3 +31,29 @@ def mean_ap_at_k(rankings: Sequence[Sequence[bool]], n_relevant: Sequence[int], 
     valid = [a for a in aps if a is not None]
     return float(np.mean(valid)) if valid else 0.0
 
+
+
+def person_search_metrics(similarity: np.ndarray, query_ids: Sequence[str], gallery_ids: Sequence[str],
+                          ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """CUHK-PEDES-style text→image metrics over the full gallery: a match is any gallery image of
+    the query's identity. R@K (a match in the top K), mAP (AP over the whole ranking, divided by
+    the number of matches), mINP (matches / rank of the last match: how deep one must go to find
+    them all). Queries without any match are left out. Ties are broken by gallery order."""
+    gallery = np.asarray(gallery_ids)
+    order = np.argsort(-np.asarray(similarity), axis=1, kind="stable")
+    recalls = {k: [] for k in ks}
+    aps, inps = [], []
+    for row, identity in zip(order, query_ids, strict=True):
+        hits = gallery[row] == identity
+        n = int(hits.sum())
+        if n == 0:
+            continue
+        positions = np.flatnonzero(hits) + 1  # 1-based ranks of the matches
+        for k in ks:
+            recalls[k].append(float(positions[0] <= k))
+        aps.append(float(np.mean(np.arange(1, n + 1) / positions)))
+        inps.append(n / float(positions[-1]))
+    out = {f"R@{k}": float(np.mean(v)) if v else 0.0 for k, v in recalls.items()}
+    out.update({"mAP": float(np.mean(aps)) if aps else 0.0, "mINP": float(np.mean(inps)) if inps else 0.0,
+                "queries": float(len(aps))})
+    return out

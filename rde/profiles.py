@@ -244,6 +244,32 @@ class LargeFineSpec(Strict):
         return self
 
 
+class TrainingSpec(Strict):
+    """``train-saft`` / ``train-gtr``: the CPU dual encoder over cached tower features, trained on the
+    captions of a ``build-largefine`` run (DSMM-TBIR Sec. 3.3 / Table 8; GTR+ Sec. 3.2)."""
+
+    source_flow: str = "build-largefine"  # whose `largefine` captions are the training pairs
+    max_pairs: int | None = Field(None, ge=2)  # seeded subset of the pairs (None = all)
+    views: int = Field(3, ge=1)  # augmented views per image (random resized crop), view 0 = original
+    held_out_share: float = Field(0.3, gt=0.0, lt=1.0)  # identities kept for person-search evaluation
+    epochs: int = Field(5, ge=1)
+    batch_size: int = Field(64, ge=2)
+    lr_start: float = Field(5e-7, gt=0.0)  # SAFT: 5e-7 → 5e-6 over 10 % warmup, cosine, wd 0.05
+    lr_peak: float = Field(5e-6, gt=0.0)
+    warmup_frac: float = Field(0.1, ge=0.0, le=1.0)
+    weight_decay: float = Field(0.05, ge=0.0)
+    tau_teacher: float = Field(0.05, gt=0.0)
+    alpha: float = 1.0  # SASS weight
+    beta: float = 0.75  # ISD weight
+    saft_objective: Literal["itc", "itc+sass", "saft", "cusa", "hnm", "itc+iss"] = "saft"
+    train_text: bool = False  # SAFT keeps the text tower frozen
+    gtr_weighting: Literal["none", "fix", "ada"] = "ada"
+    gamma: float = Field(0.2, ge=0.0, le=1.0)
+    confidence_beta: float = Field(0.8, ge=0.0)
+    gmm_components: int = Field(2, ge=2)
+    seed: int = 0
+
+
 class PrefectSpec(Strict):
     task_runner_workers: int = Field(2, ge=1)
     gpu_concurrency_limit: str = "gpu"
@@ -265,6 +291,7 @@ class Profile(Strict):
     queries: QueriesSpec = QueriesSpec()
     evaluation: EvaluationSpec = EvaluationSpec()
     largefine: LargeFineSpec = LargeFineSpec()
+    training: TrainingSpec = TrainingSpec()
     prefect: PrefectSpec = PrefectSpec()
 
     @model_validator(mode="after")

@@ -113,7 +113,7 @@ class FaultyGenerator:
         if roll < 0.4:
             self.faults["malformed"] += 1
             return 200, b"{not json", 0.0
-        if "Q1:" in text:
+        if "<question>" in text:  # the Q&A instruction (the summaries quote Q1: lines too)
             answer = "Q1: What is on the top? A1: A dark jacket.\nQ2: What is on the bottom? A2: Grey trousers."
         else:
             answer = "The person wears a dark jacket and grey trousers, and walks along the path with a bag."

@@ -92,8 +92,12 @@ def test_rerun_skips_and_a_lost_shard_is_redone_alone(offline_run: tuple[str, di
     third = build_largefine(profile="demo", output_root=out, overrides=overrides)
     stages = _stages(third)
     assert not stages["qa-tiers"]["skipped"] and stages["qa-tiers"]["shards_reused"] == 1
-    assert stages["qa-tiers"]["accepted"] == _stages(first)["qa-tiers"]["accepted"]
-    assert stages["export-largefine"]["accepted"] == _stages(first)["export-largefine"]["accepted"]
+    # the redone shard is new generator output (llama.cpp's prompt cache makes reruns differ in the last
+    # digits), so later stages rerun; what must hold is the accounting, not equal texts
+    assert stages["qa-tiers"]["input"] == _stages(first)["qa-tiers"]["input"]
+    root = Path(out, "build-largefine", "demo")
+    assert Artifact(str(root / "largefine")).count_rows() + Artifact(str(root / "caption_rejects")).count_rows() \
+        == 3 * Artifact(str(root / "neighbours")).count_rows()
 
 
 def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path, small_pool_url: str) -> None:

@@ -1,0 +1,128 @@
+"""Controlled measurement: does SAFT (ITC + SASS + ISD) beat plain ITC fine-tuning here?
+
+Student: the CPU dual encoder (zero-shot = the semantic-bridge expert; the image projection
+trains, the text tower stays frozen as SAFT prescribes). Teacher: the demo profile's attributes
+expert (the strongest expert on the check set), its embeddings precomputed once. Training pairs:
+the captions of a finished ``build-largefine`` demo run, minus every image whose identity is
+relevant to a check-set query (so the test images' identities are never trained on). Test: the
+hand-labelled check set (all demo crops as gallery), mAP@20 per domain. Conditions: zero-shot,
+ITC, ITC+SASS, ITC+SASS+ISD (and CUSA), three seeds each, mean ± sd.
+
+    .venv/bin/python experiments/saft_ablation.py [--epochs 5] [--lr 1e-4]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.backends.registry import ModelRegistry
+from models.retrieval.dual_encoder import FeatureDualEncoder
+from rde.expert_check import load_check_set, load_check_yaml, relevance_lists
+from rde.image_decoding import decode_rgb
+from rde.metrics import mean_ap_at_k
+from rde.profiles import load_profile
+from rde.retrieval_features import image_features
+from rde.retrieval_training import TrainConfig, TrainingPairs, train
+from rde.runtime import resolve_location, state_dir
+from storage import Artifact
+
+CONDITIONS = {"ITC": "itc", "ITC+SASS": "itc+sass", "ITC+SASS+ISD (SAFT)": "saft", "CUSA": "cusa"}
+
+
+def largefine_root() -> str:
+    return f"{resolve_location(load_profile('demo').artifacts_root)}/build-largefine/demo"
+
+
+def training_captions() -> list[dict]:
+    """The demo build-largefine captions (with identity) whose identity no check-set query uses."""
+    root = largefine_root()
+    held_out = {i for q in load_check_yaml()["queries"] for i in q["relevant_identities"]}
+    ident = {r["image_id"]: r["identity"] for _, t in Artifact(f"{root}/neighbours")
+             .iter_shards(["image_id", "identity"]) for r in t.to_pylist()}
+    return [{**r, "identity": ident[r["image_id"]]} for _, t in Artifact(f"{root}/largefine")
+            .iter_shards(["image_id", "text", "q_txt"]) for r in t.to_pylist() if ident[r["image_id"]] not in held_out]
+
+
+def load_features(cache: Path, seed: int = 0) -> dict[str, np.ndarray]:
+    """Training pairs' and check-set gallery's features (computed once, kept in ``cache``)."""
+    if cache.exists():
+        return dict(np.load(cache, allow_pickle=False))
+    profile = load_profile("demo")
+    registry = ModelRegistry(profile.models)
+    bridge, teacher = (registry.expert(s) for s in profile.models.experts)
+    embedder = registry.image_embedder()
+    root = largefine_root()
+    caps = training_captions()
+    image_ids = sorted({c["image_id"] for c in caps})
+    accepted = Artifact(f"{root}/accepted")
+    images = {r["image_id"]: decode_rgb(r["image_bytes"]) for _, t in accepted.iter_shards(["image_id", "image_bytes"])
+              for r in t.to_pylist() if r["image_id"] in set(image_ids)}
+    feats = image_features([images[i] for i in image_ids], image_ids, bridge, embedder, teacher, views=3, seed=seed)
+    check = load_check_set()
+    gallery = image_features(check.gallery_images, [str(i) for i in range(len(check.gallery_images))], bridge,
+                             embedder, None, views=1)
+    index = {i: k for k, i in enumerate(image_ids)}
+    out = {"images": feats.stacked(), "teacher_images": feats.teacher,
+           "pair_image": np.array([index[c["image_id"]] for c in caps]),
+           "texts": bridge.encode_text([c["text"] for c in caps]),
+           "teacher_texts": teacher.encode_text([c["text"] for c in caps]),
+           "q_txt": np.array([np.nan if c["q_txt"] is None else c["q_txt"] for c in caps], np.float32),
+           "gallery": gallery.stacked()[0], "queries": bridge.encode_text(check.queries)}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, **out)
+    return out
+
+
+def evaluate(model: FeatureDualEncoder, f: dict[str, np.ndarray], k: int = 20) -> dict[str, float]:
+    check = load_check_set()
+    with torch.no_grad():
+        g = model.encode_image(torch.tensor(f["gallery"])).numpy()
+        q = model.encode_text(torch.tensor(f["queries"])).numpy()
+    ranked = np.argsort(-(q @ g.T), axis=1, kind="stable")[:, :k]
+    rankings, counts = relevance_lists(check, ranked)
+    domains = load_check_yaml()["queries"]
+    out = {}
+    for domain in ("pedestrian", "vehicle"):
+        rows = [i for i, qd in enumerate(domains) if qd.get("domain", "pedestrian") == domain]
+        out[domain] = mean_ap_at_k([rankings[i] for i in rows], [counts[i] for i in rows], k)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    f = load_features(state_dir() / "cache" / "saft_features.npz")
+    pairs = TrainingPairs(torch.tensor(f["images"]), torch.tensor(f["pair_image"]), torch.tensor(f["texts"]),
+                          torch.tensor(f["teacher_images"]), torch.tensor(f["teacher_texts"]), torch.tensor(f["q_txt"]))
+    dims = dict(bridge_dim=f["texts"].shape[1], cnn_dim=f["images"].shape[2] - f["texts"].shape[1],
+                text_dim=f["texts"].shape[1])
+    print(f"{len(pairs)} training pairs over {f['images'].shape[1]} images ({f['images'].shape[0]} views); "
+          f"check set: {len(f['queries'])} queries, {len(f['gallery'])} gallery crops; {args.epochs} epochs, "
+          f"peak lr {args.lr}")
+    zero = evaluate(FeatureDualEncoder(**dims), f)
+    print("\n| condition | pedestrian mAP@20 | vehicle mAP@20 |\n|---|---|---|")
+    print(f"| zero-shot (semantic bridge) | {zero['pedestrian']:.3f} | {zero['vehicle']:.3f} |")
+    for name, objective in CONDITIONS.items():
+        scores = []
+        for seed in range(args.seeds):
+            torch.manual_seed(seed)
+            model = FeatureDualEncoder(**dims)
+            cfg = TrainConfig(objective=objective, epochs=args.epochs, lr_start=args.lr / 10, lr_peak=args.lr,
+                              seed=seed)
+            train(model, pairs, cfg)
+            scores.append(evaluate(model, f))
+        ped = np.array([s["pedestrian"] for s in scores])
+        veh = np.array([s["vehicle"] for s in scores])
+        print(f"| {name} | {ped.mean():.3f} ± {ped.std(ddof=1):.3f} | {veh.mean():.3f} ± {veh.std(ddof=1):.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Retrieval training code: contrastive and distillation losses (SAFT), confidence weighting (GTR+)."""

@@ -1,0 +1,83 @@
+"""GTR+ adaptive confidence (paper Eq. 6-9): a two-component 1-D Gaussian mixture fitted by EM on
+ŝ of every training pair each epoch; a pair's confidence is the posterior of the component with
+the larger mean; its loss weight is C^β.
+
+Scale (our choice; the paper adds a cosine in [−1, 1] to a probability in [0, 1] without saying
+how): the cosine is mapped to [0, 1] by (s + 1) / 2 before ŝ = γ·s01 + (1−γ)·q_txt, so both terms
+share a range and γ keeps its meaning as a share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def combined_score(cosine: np.ndarray, q_txt: np.ndarray, gamma: float = 0.2) -> np.ndarray:
+    """ŝ = γ·(s + 1)/2 + (1 − γ)·q_txt (Eq. 7 with the cosine rescaled to [0, 1]); a missing q_txt
+    (NaN) falls back to the rescaled cosine alone."""
+    s01 = (np.asarray(cosine, np.float64) + 1.0) / 2.0
+    q = np.asarray(q_txt, np.float64)
+    return np.where(np.isnan(q), s01, gamma * s01 + (1.0 - gamma) * q)
+
+
+@dataclass(frozen=True)
+class Mixture1D:
+    weights: np.ndarray  # α_k
+    means: np.ndarray  # μ_k
+    variances: np.ndarray  # σ²_k
+    iterations: int
+    converged: bool
+
+    def log_joint(self, x: np.ndarray) -> np.ndarray:
+        """N×K: log α_k + log N(x | μ_k, σ²_k)."""
+        x = np.asarray(x, np.float64)[:, None]
+        return (np.log(self.weights) - 0.5 * np.log(2 * np.pi * self.variances)
+                - 0.5 * (x - self.means) ** 2 / self.variances)
+
+    def posteriors(self, x: np.ndarray) -> np.ndarray:
+        lj = self.log_joint(x)
+        lj -= lj.max(axis=1, keepdims=True)
+        p = np.exp(lj)
+        return p / p.sum(axis=1, keepdims=True)
+
+
+def fit_gmm_1d(x: np.ndarray, k: int = 2, max_iter: int = 100, tol: float = 1e-6, reg_var: float = 1e-6
+               ) -> Mixture1D:
+    """EM for a K-component 1-D Gaussian mixture, vectorised over samples (float64). Initialised
+    deterministically at the K quantile midpoints with the overall variance; stops when the mean
+    log-likelihood improves by less than ``tol``."""
+    x = np.asarray(x, np.float64).ravel()
+    if len(x) < k:
+        raise ValueError(f"need at least {k} values to fit {k} components, got {len(x)}")
+    means = np.quantile(x, (np.arange(k) + 0.5) / k)
+    variances = np.full(k, max(x.var(), reg_var))
+    weights = np.full(k, 1.0 / k)
+    previous, converged, it = -np.inf, False, 0
+    for it in range(1, max_iter + 1):
+        gmm = Mixture1D(weights, means, variances, it, False)
+        lj = gmm.log_joint(x)
+        top = lj.max(axis=1, keepdims=True)
+        log_norm = top[:, 0] + np.log(np.exp(lj - top).sum(axis=1))
+        resp = np.exp(lj - log_norm[:, None])
+        mean_ll = float(log_norm.mean())
+        nk = resp.sum(axis=0) + 1e-12
+        weights = nk / len(x)
+        means = (resp * x[:, None]).sum(axis=0) / nk
+        variances = (resp * (x[:, None] - means) ** 2).sum(axis=0) / nk + reg_var
+        if mean_ll - previous < tol:
+            converged = True
+            break
+        previous = mean_ll
+    return Mixture1D(weights, means, variances, it, converged)
+
+
+def clean_confidence(x: np.ndarray, gmm: Mixture1D) -> np.ndarray:
+    """C (Eq. 9): the posterior of the component with the largest mean."""
+    return gmm.posteriors(x)[:, int(np.argmax(gmm.means))]
+
+
+def confidence_weights(confidence: np.ndarray, beta: float = 0.8) -> np.ndarray:
+    """C^β, the per-pair loss weights of Eq. 10-11."""
+    return np.power(np.clip(confidence, 0.0, 1.0), beta)

@@ -1,0 +1,229 @@
+"""Training loop for the retrieval dual encoder: SAFT objectives and baselines, GTR+ confidence
+weighting and baselines, AdamW with warmup + cosine, per-epoch checkpoints with resume, seeded
+and deterministic on the CPU.
+
+Pairs index cached features (see ``rde/retrieval_features.py``): ``images`` holds V augmented views
+of each image's tower features, so "random resized crop" augmentation costs no tower forward
+during training; each step takes one random view per pair.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from models.retrieval.dual_encoder import FeatureDualEncoder
+from models.retrieval.losses import (
+    cusa_loss,
+    hard_negative_itc,
+    isd_loss,
+    iss_loss,
+    itc_loss,
+    sass_loss,
+    weighted_itm_loss,
+)
+from rde.gmm_confidence import clean_confidence, combined_score, confidence_weights, fit_gmm_1d
+
+Objective = Literal["itc", "itc+sass", "saft", "cusa", "hnm", "itc+iss"]
+Weighting = Literal["none", "fix", "ada"]
+
+
+@dataclass
+class TrainingPairs:
+    """Cached features of the training pairs. ``images``: V×N_img×D image-tower features (V views);
+    ``pair_image``: P image indices; ``texts``: P×d text-tower features; teacher vectors for images
+    (N_img×t) and texts (P×t), optional; ``q_txt``: P generation confidences (NaN if unknown)."""
+
+    images: torch.Tensor
+    pair_image: torch.Tensor
+    texts: torch.Tensor
+    teacher_images: torch.Tensor | None = None
+    teacher_texts: torch.Tensor | None = None
+    q_txt: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.pair_image)
+
+
+@dataclass
+class TrainConfig:
+    objective: Objective = "itc"
+    weighting: Weighting = "none"  # GTR+: none | fix (w = q_txt) | ada (GMM confidence^β)
+    use_itm: bool = False  # GTR+ adds the ITM loss (weighted like ITC)
+    epochs: int = 5
+    batch_size: int = 64
+    lr_start: float = 5e-7  # SAFT: linear warmup from 5e-7 to 5e-6 over 10 % of steps, then cosine
+    lr_peak: float = 5e-6
+    warmup_frac: float = 0.1
+    weight_decay: float = 0.05
+    tau_teacher: float = 0.05  # τ_o of SAFT Eq. 5 and 7
+    alpha: float = 1.0  # SASS weight (Eq. 10)
+    beta: float = 0.75  # ISD weight (Eq. 10)
+    hnm_margin: float = 0.0  # Eq. 2 β
+    hnm_top_k: int = 8
+    gamma: float = 0.2  # GTR+ Eq. 7
+    confidence_beta: float = 0.8  # GTR+ Eq. 10 β
+    gmm_components: int = 2
+    seed: int = 0
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    mean_loss: float
+    seconds: float
+    gmm_means: list[float] = field(default_factory=list)
+    clean_share: float | None = None
+    s_hat: np.ndarray | None = None  # ŝ of every pair at the refit (for the histogram plot)
+    confidence: np.ndarray | None = None
+
+
+@dataclass
+class TrainResult:
+    step_losses: list[dict[str, float]]
+    epochs: list[EpochRecord]
+    resumed_from: int
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Linear warmup lr_start → lr_peak over ``warmup_frac`` of the steps, then cosine to 0."""
+    warm = max(1, round(cfg.warmup_frac * total))
+    if step < warm:
+        return cfg.lr_start + (cfg.lr_peak - cfg.lr_start) * step / warm
+    progress = (step - warm) / max(1, total - warm)
+    return 0.5 * cfg.lr_peak * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def batch_loss(model: FeatureDualEncoder, pairs: TrainingPairs, idx: torch.Tensor, views: torch.Tensor,
+               cfg: TrainConfig, weights: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """All loss terms of one batch for the configured objective; ``total`` is what is optimised."""
+    image_rows = pairs.pair_image[idx]
+    img = model.encode_image(pairs.images[views, image_rows])
+    txt = model.encode_text(pairs.texts[idx])
+    tau = model.tau
+    out: dict[str, torch.Tensor] = {}
+    if cfg.objective == "hnm":
+        out["itc"] = hard_negative_itc(img, txt, tau, cfg.hnm_margin, cfg.hnm_top_k)
+    else:
+        out["itc"] = itc_loss(img, txt, tau, weights)
+    total = out["itc"]
+    if cfg.objective in ("itc+sass", "saft", "cusa"):
+        t_img = torch.nn.functional.normalize(pairs.teacher_images[image_rows], dim=-1)
+        t_txt = torch.nn.functional.normalize(pairs.teacher_texts[idx], dim=-1)
+        if cfg.objective == "cusa":
+            out["cusa"] = cusa_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
+            total = total + cfg.alpha * out["cusa"]
+        else:
+            out["sass"] = sass_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
+            total = total + cfg.alpha * out["sass"]
+        if cfg.objective == "saft":
+            out["isd"] = isd_loss(img, tau, t_img, cfg.tau_teacher)
+            total = total + cfg.beta * out["isd"]
+    if cfg.objective == "itc+iss":
+        other = (views + 1) % pairs.images.shape[0]
+        out["iss"] = iss_loss(img, model.encode_image(pairs.images[other, image_rows]), tau)
+        total = total + out["iss"]
+    if cfg.use_itm:
+        with torch.no_grad():
+            sims = img @ txt.T
+            same = image_rows[:, None] == image_rows[None, :]
+            hardest = sims.masked_fill(same, float("-inf")).argmax(dim=1)
+        logits = torch.cat([model.itm_logits(img, txt), model.itm_logits(img, txt[hardest])])
+        labels = torch.cat([torch.ones(len(idx), dtype=torch.long), torch.zeros(len(idx), dtype=torch.long)])
+        pos_w = None if weights is None else torch.cat([weights, torch.ones_like(weights)])
+        out["itm"] = weighted_itm_loss(logits, labels, pos_w)
+        total = total + out["itm"]
+    out["total"] = total
+    return out
+
+
+@torch.no_grad()
+def positive_cosines(model: FeatureDualEncoder, pairs: TrainingPairs, batch: int = 4096) -> np.ndarray:
+    """s of every training pair (original view) under the current model."""
+    out = []
+    for start in range(0, len(pairs), batch):
+        rows = pairs.pair_image[start:start + batch]
+        img = model.encode_image(pairs.images[0, rows])
+        txt = model.encode_text(pairs.texts[start:start + batch])
+        out.append((img * txt).sum(dim=1).numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _save(path: Path, model: FeatureDualEncoder, optim: torch.optim.Optimizer, epoch: int, step: int,
+          weights: torch.Tensor | None) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": optim.state_dict(), "epoch": epoch, "step": step,
+                "weights": weights, "torch_rng": torch.get_rng_state()}, tmp)
+    tmp.replace(path)
+
+
+def train(model: FeatureDualEncoder, pairs: TrainingPairs, cfg: TrainConfig,
+          checkpoint_dir: Path | None = None) -> TrainResult:
+    """Train in place. With ``checkpoint_dir`` every epoch is saved (atomically) and a rerun resumes
+    after the last saved epoch (``torch.load(weights_only=True)``: tensors and plain values only)."""
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=cfg.lr_start, weight_decay=cfg.weight_decay)
+    steps_per_epoch = max(1, math.ceil(len(pairs) / cfg.batch_size))
+    total = steps_per_epoch * cfg.epochs
+    if cfg.weighting == "fix":
+        if pairs.q_txt is None:
+            raise ValueError("FixWeight needs q_txt for every pair")
+        weights: torch.Tensor | None = torch.nan_to_num(pairs.q_txt, nan=1.0).float()
+    else:
+        weights = None  # ada: 1 until the first GMM fit
+    start_epoch, step = 0, 0
+    if checkpoint_dir is not None:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        saved = sorted(checkpoint_dir.glob("epoch-*.pt"))
+        if saved:
+            state = torch.load(saved[-1], weights_only=True)
+            model.load_state_dict(state["model"])
+            optim.load_state_dict(state["optimizer"])
+            start_epoch, step, weights = state["epoch"] + 1, state["step"], state["weights"]
+            torch.set_rng_state(state["torch_rng"])
+            gen.manual_seed(cfg.seed + 1000 * start_epoch)
+    losses: list[dict[str, float]] = []
+    records: list[EpochRecord] = []
+    for epoch in range(start_epoch, cfg.epochs):
+        began = time.perf_counter()
+        gen.manual_seed(cfg.seed + 1000 * epoch)  # the epoch's shuffle does not depend on resuming
+        order = torch.randperm(len(pairs), generator=gen)
+        views = torch.randint(pairs.images.shape[0], (len(pairs),), generator=gen)
+        epoch_losses = []
+        model.train()
+        for start in range(0, len(pairs), cfg.batch_size):
+            idx = order[start:start + cfg.batch_size]
+            if len(idx) < 2:
+                continue
+            for group in optim.param_groups:
+                group["lr"] = lr_at(step, total, cfg)
+            terms = batch_loss(model, pairs, idx, views[idx], cfg, None if weights is None else weights[idx])
+            optim.zero_grad()
+            terms["total"].backward()
+            optim.step()
+            step += 1
+            losses.append({k: float(v.detach()) for k, v in terms.items()} | {"step": step, "epoch": epoch})
+            epoch_losses.append(float(terms["total"].detach()))
+        record = EpochRecord(epoch, float(np.mean(epoch_losses)) if epoch_losses else 0.0, 0.0)
+        if cfg.weighting == "ada":
+            model.eval()
+            q = pairs.q_txt.numpy() if pairs.q_txt is not None else np.full(len(pairs), np.nan)
+            s_hat = combined_score(positive_cosines(model, pairs), q, cfg.gamma)
+            gmm = fit_gmm_1d(s_hat, k=cfg.gmm_components)
+            conf = clean_confidence(s_hat, gmm)
+            weights = torch.tensor(confidence_weights(conf, cfg.confidence_beta), dtype=torch.float32)
+            record.gmm_means, record.clean_share = gmm.means.tolist(), float((conf > 0.5).mean())
+            record.s_hat, record.confidence = s_hat, conf
+        record.seconds = time.perf_counter() - began
+        records.append(record)
+        if checkpoint_dir is not None:
+            _save(checkpoint_dir / f"epoch-{epoch:03d}.pt", model, optim, epoch, step, weights)
+    return TrainResult(losses, records, start_epoch)

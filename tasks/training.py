@@ -1,0 +1,284 @@
+"""Training stages shared by ``train-saft`` and ``train-gtr``: cached features of the training pairs
+(from a ``build-largefine`` run), training with per-epoch checkpoints, evaluation, loss curves."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from models.backends.registry import ModelRegistry
+from models.retrieval.dual_encoder import FeatureDualEncoder
+from rde.expert_check import load_check_set, load_check_yaml, relevance_lists
+from rde.hard_negatives import draw_seed
+from rde.image_decoding import decode_rgb
+from rde.metrics import mean_ap_at_k, person_search_metrics
+from rde.retrieval_features import image_features
+from rde.retrieval_training import TrainConfig, TrainingPairs, TrainResult, train
+from rde.runtime import resolve_location
+from storage import Artifact, content_key
+from storage.schemas import EVALUATION
+from tasks import sharded
+from tasks.context import RunContext
+from tasks.reporting import log, publish_markdown, publish_table
+
+VERSION = "1"
+VEC = pa.list_(pa.float32())
+FEATURES = pa.schema([pa.field("kind", pa.string(), nullable=False),  # pair | image | gallery | query
+                      pa.field("key", pa.string(), nullable=False), pa.field("index", pa.int32(), nullable=False),
+                      pa.field("identity", pa.string()), pa.field("q_txt", pa.float64()),
+                      pa.field("vector", VEC, nullable=False), pa.field("teacher", VEC)])
+LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
+                 pa.field("terms", pa.string(), nullable=False)])
+
+
+def _source_root(ctx: RunContext) -> str:
+    """Where the source flow's artifacts are: same artifacts root (or --output) as this run."""
+    base = resolve_location(ctx.output_root or ctx.profile.artifacts_root)
+    return f"{base}/{ctx.profile.training.source_flow}/{ctx.profile.name}"
+
+
+@task(name="training-features", cache_policy=NO_CACHE)
+def features_task(ctx: RunContext) -> sharded.StageResult:
+    """Tower + teacher features of the training pairs (views per image), of the held-out person
+    search split, and of the check-set gallery and queries; one artifact, rows by ``kind``."""
+    p, t = ctx.profile, ctx.profile.training
+    src = _source_root(ctx)
+    captions = Artifact(f"{src}/largefine")
+    if not captions.is_complete():
+        raise ValueError(f"no finished captions at {captions.url}: run `rde build-largefine` (profile {p.name}) "
+                         "first; its captions are the training pairs")
+    key = content_key(stage="training-features", version=VERSION, captions=captions.manifest().fingerprint,
+                      models=p.models.model_dump(mode="json"), views=t.views, max_pairs=t.max_pairs,
+                      held_out=t.held_out_share, seed=t.seed, check_sets=p.evaluation.check_sets)
+    outs = [sharded.Output("features", ctx.artifact_url("training_features"), "training_features", FEATURES)]
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        registry = ModelRegistry(p.models)
+        bridge = registry.expert(p.models.experts[0])
+        teacher = registry.expert(p.models.teacher or p.models.experts[-1])
+        identity = {r["image_id"]: r["identity"] for _, tb in Artifact(f"{src}/neighbours").iter_shards(
+            ["image_id", "identity"]) for r in tb.to_pylist()}
+        check_ids = {i for f in p.evaluation.check_sets for q in load_check_yaml(Path(resolve_location(f)))["queries"]
+                     for i in q["relevant_identities"]}
+        caps = [r for _, tb in captions.iter_shards(["image_id", "text", "q_txt"]) for r in tb.to_pylist()
+                if identity.get(r["image_id"]) not in check_ids]
+        if t.max_pairs is not None and len(caps) > t.max_pairs:
+            caps = sorted(caps, key=lambda r: draw_seed(t.seed, r["image_id"] + r["text"]))[:t.max_pairs]
+        people = sorted({identity[c["image_id"]] for c in caps if identity.get(c["image_id"])})
+        rng = np.random.default_rng(t.seed)
+        held = set(rng.choice(people, size=max(1, int(t.held_out_share * len(people))), replace=False).tolist()) \
+            if len(people) > 1 else set()
+        image_ids = sorted({c["image_id"] for c in caps})
+        wanted = set(image_ids)
+        images = {r["image_id"]: decode_rgb(r["image_bytes"]) for _, tb in Artifact(f"{src}/accepted").iter_shards(
+            ["image_id", "image_bytes"]) for r in tb.to_pylist() if r["image_id"] in wanted}
+        feats = image_features([images[i] for i in image_ids], image_ids, bridge, registry.image_embedder(), teacher,
+                               views=t.views, seed=t.seed)
+        stacked = feats.stacked()
+        rows = [{"kind": "image", "key": i, "index": v, "identity": identity.get(i), "q_txt": None,
+                 "vector": stacked[v, k].tolist(), "teacher": feats.teacher[k].tolist() if v == 0 else None}
+                for k, i in enumerate(image_ids) for v in range(t.views)]
+        text_vecs, teacher_txt = bridge.encode_text([c["text"] for c in caps]), teacher.encode_text(
+            [c["text"] for c in caps])
+        rows += [{"kind": "pair" if identity.get(c["image_id"]) not in held else "heldout", "key": c["image_id"],
+                  "index": k, "identity": identity.get(c["image_id"]), "q_txt": c["q_txt"],
+                  "vector": text_vecs[k].tolist(), "teacher": teacher_txt[k].tolist()} for k, c in enumerate(caps)]
+        for f in p.evaluation.check_sets:
+            check = load_check_set(resolve_location(p.evaluation.check_set_pool), Path(resolve_location(f)))
+            gallery = image_features(check.gallery_images, [str(i) for i in range(len(check.gallery_images))],
+                                     bridge, registry.image_embedder(), None, views=1).stacked()[0]
+            rows += [{"kind": "gallery", "key": f, "index": k, "identity": ident, "q_txt": None,
+                      "vector": gallery[k].tolist(), "teacher": None}
+                     for k, ident in enumerate(check.gallery_identities)]
+            rows += [{"kind": "query", "key": f, "index": k, "identity": None, "q_txt": None, "vector": v.tolist(),
+                      "teacher": None} for k, v in enumerate(bridge.encode_text(check.queries))]
+        n_pairs = sum(r["kind"] == "pair" for r in rows)
+        stats = {"input_rows": len(caps), "accepted": n_pairs, "rejected": {"held_out": len(caps) - n_pairs},
+                 "images": len(image_ids), "views": t.views, "held_out_identities": len(held)}
+        return {"features": pa.Table.from_pylist(rows, schema=FEATURES)}, stats
+
+    result = sharded.run_single(ctx, "training-features", outs, key, compute, upstream=[captions],
+                                models={"bridge": p.models.experts[0].model_dump(mode="json"),
+                                        "teacher": (p.models.teacher or p.models.experts[-1]).model_dump(mode="json")})
+    log(f"training-features: {'skipped, ' if result.skipped else ''}{result.accepted} training pairs, "
+        f"{sum(result.rejected.values())} held out for person search")
+    return result
+
+
+def load_training_data(url: str) -> dict[str, Any]:
+    """The features artifact as tensors: training pairs, held-out pairs, check-set galleries."""
+    rows = [r for _, tb in Artifact(url).iter_shards() for r in tb.to_pylist()]
+    images = sorted({r["key"] for r in rows if r["kind"] == "image"})
+    views = 1 + max(r["index"] for r in rows if r["kind"] == "image")
+    index = {i: k for k, i in enumerate(images)}
+    dim = len(next(r for r in rows if r["kind"] == "image")["vector"])
+    img = torch.zeros(views, len(images), dim)
+    teacher_img = None
+    for r in rows:
+        if r["kind"] == "image":
+            img[r["index"], index[r["key"]]] = torch.tensor(r["vector"])
+            if r["teacher"] is not None:
+                if teacher_img is None:
+                    teacher_img = torch.zeros(len(images), len(r["teacher"]))
+                teacher_img[index[r["key"]]] = torch.tensor(r["teacher"])
+    pairs = [r for r in rows if r["kind"] == "pair"]
+    held = [r for r in rows if r["kind"] == "heldout"]
+    q = torch.tensor([np.nan if r["q_txt"] is None else r["q_txt"] for r in pairs], dtype=torch.float32)
+    train_pairs = TrainingPairs(img, torch.tensor([index[r["key"]] for r in pairs]),
+                                torch.tensor([r["vector"] for r in pairs]), teacher_img,
+                                torch.tensor([r["teacher"] for r in pairs]), q)
+    checks = {}
+    for name in sorted({r["key"] for r in rows if r["kind"] == "gallery"}):
+        gal = sorted((r for r in rows if r["kind"] == "gallery" and r["key"] == name), key=lambda r: r["index"])
+        qs = sorted((r for r in rows if r["kind"] == "query" and r["key"] == name), key=lambda r: r["index"])
+        checks[name] = (torch.tensor([r["vector"] for r in gal]), torch.tensor([r["vector"] for r in qs]))
+    return {"pairs": train_pairs, "images": images, "image_identity": {r["key"]: r["identity"] for r in rows
+                                                                       if r["kind"] == "image"},
+            "held_texts": torch.tensor([r["vector"] for r in held]) if held else None,
+            "held_identity": [r["identity"] for r in held], "held_images": sorted({r["key"] for r in held}),
+            "index": index, "checks": checks, "text_dim": train_pairs.texts.shape[1]}
+
+
+def new_model(data: dict[str, Any], train_text: bool) -> FeatureDualEncoder:
+    d = data["text_dim"]
+    return FeatureDualEncoder(bridge_dim=d, cnn_dim=data["pairs"].images.shape[2] - d, text_dim=d,
+                              train_text=train_text)
+
+
+def train_config(ctx: RunContext, **overrides: Any) -> TrainConfig:
+    t = ctx.profile.training
+    return TrainConfig(**{"epochs": t.epochs, "batch_size": t.batch_size, "lr_start": t.lr_start,
+                          "lr_peak": t.lr_peak, "warmup_frac": t.warmup_frac, "weight_decay": t.weight_decay,
+                          "tau_teacher": t.tau_teacher, "alpha": t.alpha, "beta": t.beta, "gamma": t.gamma,
+                          "confidence_beta": t.confidence_beta, "gmm_components": t.gmm_components,
+                          "seed": t.seed, **overrides})
+
+
+def evaluation_rows(model: FeatureDualEncoder, data: dict[str, Any], ctx: RunContext, label: str) -> list[dict]:
+    """mAP@10/20/30 per domain on each check set; R@1/5/10, mAP, mINP on the held-out identities."""
+    rows: list[dict[str, Any]] = []
+    model.eval()
+    with torch.no_grad():
+        for name, (gallery, queries) in data["checks"].items():
+            check = load_check_set(resolve_location(ctx.profile.evaluation.check_set_pool),
+                                   Path(resolve_location(name)))
+            sims = model.encode_text(queries).numpy() @ model.encode_image(gallery).numpy().T
+            ranked = np.argsort(-sims, axis=1, kind="stable")[:, :30]
+            rankings, counts = relevance_lists(check, ranked)
+            domains = [q.get("domain", "pedestrian") for q in load_check_yaml(Path(resolve_location(name)))["queries"]]
+            for domain in sorted(set(domains)):
+                sel = [i for i, d in enumerate(domains) if d == domain]
+                for k in (10, 20, 30):
+                    rows.append({"benchmark": Path(name).stem, "labels": "verified", "expert": label, "domain": domain,
+                                 "metric": f"mAP@{k}", "queries": len(sel),
+                                 "value": mean_ap_at_k([rankings[i] for i in sel], [counts[i] for i in sel], k)})
+        if data["held_texts"] is not None:
+            gallery_ids = data["held_images"]
+            g = model.encode_image(data["pairs"].images[0, [data["index"][i] for i in gallery_ids]]).numpy()
+            m = person_search_metrics(model.encode_text(data["held_texts"]).numpy() @ g.T, data["held_identity"],
+                                      [data["image_identity"][i] for i in gallery_ids])
+            rows += [{"benchmark": "held-out-identities", "labels": "track identities", "expert": label,
+                      "domain": "pedestrian", "metric": k, "value": v, "queries": int(m["queries"])}
+                     for k, v in m.items() if k != "queries"]
+    return rows
+
+
+def loss_plot(result: TrainResult, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for term in sorted({k for s in result.step_losses for k in s} - {"step", "epoch"}):
+        ax.plot([s["step"] for s in result.step_losses if term in s], [s[term] for s in result.step_losses
+                                                                         if term in s], label=term)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend()
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.getvalue())
+
+
+@task(name="train", cache_policy=NO_CACHE)
+def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig) -> sharded.StageResult:
+    """Train (resuming from the last checkpoint of the same configuration), evaluate zero-shot and
+    trained, write the step log, the evaluation rows, the final weights and the loss plot."""
+    p = ctx.profile
+    key = content_key(stage=f"train-{method}", version=VERSION, features=Artifact(features_url).manifest().fingerprint,
+                      cfg=cfg.__dict__, train_text=p.training.train_text)
+    name = f"train_{method}"
+    outs = [sharded.Output("log", ctx.artifact_url(f"{name}_log"), "training_log", LOG),
+            sharded.Output("evaluation", ctx.artifact_url(f"{name}_evaluation"), "evaluation", EVALUATION)]
+    folder = Path(ctx.artifact_url(name))
+    extra: dict[str, Any] = {}
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        torch.set_num_threads(2)
+        data = load_training_data(features_url)
+        torch.manual_seed(cfg.seed)
+        model = new_model(data, p.training.train_text)
+        rows = evaluation_rows(model, data, ctx, "zero-shot")
+        result = train(model, data["pairs"], cfg, checkpoint_dir=folder / "checkpoints" / key[:16])
+        rows += evaluation_rows(model, data, ctx, method)
+        torch.save(model.state_dict(), folder / "model.pt")
+        loss_plot(result, folder / "loss.png", f"{method} ({len(data['pairs'])} pairs)")
+        extra["result"] = result
+        log_rows = [{"step": int(s["step"]), "epoch": int(s["epoch"]),
+                     "terms": json.dumps({k: v for k, v in s.items() if k not in ("step", "epoch")})}
+                    for s in result.step_losses]
+        stats = {"input_rows": len(data["pairs"]), "accepted": len(data["pairs"]), "rejected": {},
+                 "resumed_from_epoch": result.resumed_from,
+                 "epoch_loss": [round(e.mean_loss, 5) for e in result.epochs]}
+        return {"log": pa.Table.from_pylist(log_rows, schema=LOG),
+                "evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)}, stats
+
+    result = sharded.run_single(ctx, name, outs, key, compute, upstream=[Artifact(features_url)],
+                                config={"train": cfg.__dict__}, main_output="log")
+    evaluation = [r for _, tb in Artifact(outs[1].url).iter_shards() for r in tb.to_pylist()]
+    publish_table(f"{ctx.flow_name}-evaluation", [{k: (round(v, 4) if isinstance(v, float) else v)
+                                                   for k, v in r.items()} for r in evaluation],
+                  f"{method}: zero-shot vs trained (check set mAP@K per domain; held-out person search)")
+    publish_markdown(f"{ctx.flow_name}-loss", f"# {method} loss\n\n![loss curve]({(folder / 'loss.png').as_uri()})\n\n"
+                     f"Weights: `{folder / 'model.pt'}`; checkpoints: `{folder / 'checkpoints'}`.",
+                     "Training loss curve")
+    if "result" in extra and extra["result"].epochs and extra["result"].epochs[-1].s_hat is not None:
+        gmm_plot(extra["result"], folder / "s_hat.png")
+    log(f"{name}: {'skipped, ' if result.skipped else ''}{len(evaluation)} evaluation rows; artifacts in {folder}")
+    return result
+
+
+def gmm_plot(result: TrainResult, path: Path) -> None:
+    """Per epoch: ŝ histograms of pairs assigned clean vs noisy, and the gap of their means (GTR+ Fig. 7)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [e for e in result.epochs if e.s_hat is not None]
+    fig, axes = plt.subplots(1, len(epochs), figsize=(3 * len(epochs), 2.8), squeeze=False)
+    for ax, e in zip(axes[0], epochs, strict=True):
+        clean = e.confidence > 0.5
+        ax.hist(e.s_hat[clean], bins=30, alpha=0.6, label="clean")
+        ax.hist(e.s_hat[~clean], bins=30, alpha=0.6, label="noisy")
+        gap = (e.s_hat[clean].mean() - e.s_hat[~clean].mean()) if clean.any() and (~clean).any() else float("nan")
+        ax.set_title(f"epoch {e.epoch}: gap {gap:.3f}", fontsize=9)
+        ax.set_xlabel("ŝ")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

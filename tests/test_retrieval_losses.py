@@ -1,0 +1,151 @@
+"""SAFT and GTR+ losses on a 3×3 batch against values computed by hand (numpy, straight from the
+equations), including the KL direction conventions; GMM confidence against scikit-learn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.retrieval.losses import (
+    cusa_loss,
+    hard_negative_itc,
+    isd_loss,
+    itc_loss,
+    saft_loss,
+    sass_loss,
+    weighted_itm_loss,
+)
+from rde.gmm_confidence import clean_confidence, combined_score, confidence_weights, fit_gmm_1d
+
+
+def _unit(rows: list[list[float]]) -> np.ndarray:
+    a = np.array(rows, np.float64)
+    return a / np.linalg.norm(a, axis=1, keepdims=True)
+
+
+IMG = _unit([[1.0, 0.2, 0.0], [0.1, 1.0, 0.3], [0.0, 0.4, 1.0]])
+TXT = _unit([[0.9, 0.1, 0.2], [0.3, 1.0, 0.0], [0.2, 0.0, 1.0]])
+T_IMG = _unit([[1.0, 0.0, 0.1], [0.2, 1.0, 0.1], [0.0, 0.3, 1.0]])
+T_TXT = _unit([[1.0, 0.3, 0.0], [0.0, 1.0, 0.2], [0.1, 0.1, 1.0]])
+TAU, TAU_O = 0.1, 0.05
+
+
+def _softmax_rows(m: np.ndarray) -> np.ndarray:
+    e = np.exp(m - m.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    """Mean over rows of Σ_j p_j log(p_j / q_j)."""
+    return float(np.mean(np.sum(p * np.log(p / q), axis=1)))
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.tensor(a, dtype=torch.float64)
+
+
+def test_itc_matches_equations_3_and_4() -> None:
+    p_i2t = _softmax_rows(IMG @ TXT.T / TAU)  # p_ij
+    p_t2i = _softmax_rows(TXT @ IMG.T / TAU)  # p_ji
+    expected = -(np.log(np.diag(p_i2t)).sum() + np.log(np.diag(p_t2i)).sum()) / (2 * 3)
+    assert itc_loss(_t(IMG), _t(TXT), TAU).item() == pytest.approx(expected, rel=1e-9)
+    w = np.array([1.0, 0.5, 0.0])
+    weighted = -(w * (np.log(np.diag(p_i2t)) + np.log(np.diag(p_t2i)))).sum() / (2 * 3)
+    assert itc_loss(_t(IMG), _t(TXT), TAU, _t(w)).item() == pytest.approx(weighted, rel=1e-9)
+
+
+def test_sass_is_the_bidirectional_kl_of_equation_6() -> None:
+    s_i2t, s_t2i = _softmax_rows(IMG @ TXT.T / TAU), _softmax_rows(TXT @ IMG.T / TAU)
+    t_i2t, t_t2i = _softmax_rows(T_IMG @ T_TXT.T / TAU_O), _softmax_rows(T_TXT @ T_IMG.T / TAU_O)
+    expected = (_kl(t_i2t, s_i2t) + _kl(t_t2i, s_t2i) + _kl(s_i2t, t_i2t) + _kl(s_t2i, t_t2i)) / 4
+    got = sass_loss(_t(IMG), _t(TXT), TAU, _t(T_IMG), _t(T_TXT), TAU_O).item()
+    assert got == pytest.approx(expected, rel=1e-9)
+    forward_only = (_kl(t_i2t, s_i2t) + _kl(t_t2i, s_t2i)) / 2
+    assert abs(got - forward_only) > 1e-3  # the reverse direction really is in (KL is asymmetric)
+    assert sass_loss(_t(IMG), _t(TXT), TAU, _t(IMG), _t(TXT), TAU).item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_isd_is_kl_teacher_to_student_over_image_image_softmaxes() -> None:
+    t_v2v, s_v2v = _softmax_rows(T_IMG @ T_IMG.T / TAU_O), _softmax_rows(IMG @ IMG.T / TAU)
+    got = isd_loss(_t(IMG), TAU, _t(T_IMG), TAU_O).item()
+    assert got == pytest.approx(_kl(t_v2v, s_v2v), rel=1e-9)
+    assert got != pytest.approx(_kl(s_v2v, t_v2v), rel=1e-3)  # direction: KL(T‖S), not KL(S‖T)
+
+
+def test_saft_total_is_itc_plus_weighted_terms_with_paper_defaults() -> None:
+    out = saft_loss(_t(IMG), _t(TXT), TAU, _t(T_IMG), _t(T_TXT), TAU_O)
+    assert out["total"].item() == pytest.approx((out["itc"] + 1.0 * out["sass"] + 0.75 * out["isd"]).item())
+
+
+def test_cusa_uses_unimodal_teacher_targets() -> None:
+    s_i2t, s_t2i = _softmax_rows(IMG @ TXT.T / TAU), _softmax_rows(TXT @ IMG.T / TAU)
+    t_v, t_t = _softmax_rows(T_IMG @ T_IMG.T / TAU_O), _softmax_rows(T_TXT @ T_TXT.T / TAU_O)
+    expected = (_kl(t_v, s_i2t) + _kl(t_t, s_t2i)) / 2
+    assert cusa_loss(_t(IMG), _t(TXT), TAU, _t(T_IMG), _t(T_TXT), TAU_O).item() == pytest.approx(expected)
+
+
+def test_hard_negative_threshold_drops_presumed_false_negatives() -> None:
+    margin = 0.0
+    # query 0: keep negatives with cos ≤ cos(q0, t0) + margin, then the top-1 of them
+    losses = []
+    for q, t in ((IMG, TXT), (TXT, IMG)):
+        s = q @ t.T
+        row_losses = []
+        for i in range(3):
+            negs = [s[i, j] for j in range(3) if j != i and s[i, j] <= s[i, i] + margin]
+            negs = sorted(negs, reverse=True)[:1]
+            logits = np.array([s[i, i], *negs]) / TAU
+            row_losses.append(-(logits[0] - np.log(np.exp(logits).sum())))
+        losses.append(np.mean(row_losses))
+    assert hard_negative_itc(_t(IMG), _t(TXT), TAU, margin, top_k=1).item() == pytest.approx(np.mean(losses))
+
+
+def test_itm_weights_apply_to_positive_pairs_only() -> None:
+    logits = _t(np.array([[0.2, 1.0], [1.5, -0.5], [0.0, 0.3]]))
+    labels = torch.tensor([1, 0, 1])
+    w = _t(np.array([0.5, 0.1, 1.0]))
+    ce = [np.log(np.exp([0.2, 1.0]).sum()) - 1.0, np.log(np.exp([1.5, -0.5]).sum()) - 1.5,
+          np.log(np.exp([0.0, 0.3]).sum()) - 0.3]
+    expected = (0.5 * ce[0] + ce[1] + 1.0 * ce[2]) / 3
+    assert weighted_itm_loss(logits, labels, w).item() == pytest.approx(expected)
+
+
+# -- GTR+ confidence ---------------------------------------------------------------------------------
+
+def test_combined_score_puts_cosine_and_q_txt_on_one_scale() -> None:
+    got = combined_score(np.array([1.0, -1.0, 0.0, 0.5]), np.array([0.5, 0.5, 1.0, np.nan]), gamma=0.2)
+    assert got == pytest.approx([0.2 * 1.0 + 0.8 * 0.5, 0.2 * 0.0 + 0.8 * 0.5, 0.2 * 0.5 + 0.8 * 1.0, 0.75])
+
+
+def test_gmm_matches_scikit_learn_and_posterior_by_hand() -> None:
+    from sklearn.mixture import GaussianMixture
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0.35, 0.05, 3000), rng.normal(0.7, 0.08, 7000)])
+    ours = fit_gmm_1d(x)
+    sk = GaussianMixture(2, tol=1e-6, max_iter=200, random_state=0).fit(x[:, None])
+    order = np.argsort(sk.means_.ravel())
+    assert np.sort(ours.means) == pytest.approx(sk.means_.ravel()[order], abs=2e-3)
+    assert ours.weights[np.argsort(ours.means)] == pytest.approx(sk.weights_[order], abs=5e-3)
+    conf = clean_confidence(np.array([0.5]), ours)[0]
+    hi, lo = int(np.argmax(ours.means)), int(np.argmin(ours.means))
+
+    def dens(k: int) -> float:
+        return ours.weights[k] * np.exp(-(0.5 - ours.means[k]) ** 2 / (2 * ours.variances[k])) \
+            / np.sqrt(2 * np.pi * ours.variances[k])
+
+    assert conf == pytest.approx(dens(hi) / (dens(hi) + dens(lo)))
+    assert confidence_weights(np.array([0.25, 1.0]), 0.8) == pytest.approx([0.25 ** 0.8, 1.0])
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_gmm_1d(np.array([0.1]))
+
+
+def test_person_search_metrics_by_hand() -> None:
+    from rde.metrics import person_search_metrics
+
+    # query "a": matches at ranks 2 and 4 of 4 → R@1 0, AP = (1/2 + 2/4)/2 = 0.5, INP = 2/4
+    # query "b": match at rank 1 → R@1 1, AP 1, INP 1
+    sims = np.array([[0.9, 0.8, 0.7, 0.1], [0.2, 0.1, 0.9, 0.3]])
+    got = person_search_metrics(sims, ["a", "b"], ["x", "a", "b", "a"], ks=(1, 5))
+    assert got == {"R@1": 0.5, "R@5": 1.0, "mAP": pytest.approx(0.75), "mINP": pytest.approx(0.75), "queries": 2.0}
