@@ -40,8 +40,11 @@ def main() -> None:
     identity = np.array([c["identity"] for c in caps])
     image_identity = {int(i): identity[k] for k, i in enumerate(f["pair_image"])}
     rng = np.random.default_rng(0)
-    ids = sorted({v for v in image_identity.values()
-                  if sum(1 for x in image_identity.values() if x == v) >= 2})
+    views = {}
+    for v in image_identity.values():
+        if v is not None:
+            views[v] = views.get(v, 0) + 1
+    ids = sorted(v for v, n in views.items() if n >= 2)
     test_ids = set(rng.choice(ids, size=int(0.3 * len(ids)), replace=False).tolist())
     test_pairs = np.flatnonzero(np.isin(identity, list(test_ids)))
     train_pairs = np.flatnonzero(~np.isin(identity, list(test_ids)))

@@ -43,17 +43,37 @@ class Mixture1D:
         return p / p.sum(axis=1, keepdims=True)
 
 
-def fit_gmm_1d(x: np.ndarray, k: int = 2, max_iter: int = 100, tol: float = 1e-6, reg_var: float = 1e-6
-               ) -> Mixture1D:
-    """EM for a K-component 1-D Gaussian mixture, vectorised over samples (float64). Initialised
-    deterministically at the K quantile midpoints with the overall variance; stops when the mean
-    log-likelihood improves by less than ``tol``."""
+def _kmeans_init(x: np.ndarray, k: int, sample: int = 100_000, iters: int = 20
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """1-D k-means (Lloyd) on an evenly spaced subsample, started at the quantile midpoints:
+    means, variances and shares of the clusters, a start that EM needs few iterations from."""
+    sub = np.sort(x)[:: max(1, len(x) // sample)]
+    means = np.quantile(sub, (np.arange(k) + 0.5) / k)
+    for _ in range(iters):
+        labels = np.abs(sub[:, None] - means).argmin(axis=1)
+        new = np.array([sub[labels == j].mean() if (labels == j).any() else means[j] for j in range(k)])
+        if np.allclose(new, means):
+            break
+        means = new
+    labels = np.abs(sub[:, None] - means).argmin(axis=1)
+    variances = np.array([sub[labels == j].var() if (labels == j).sum() > 1 else sub.var() for j in range(k)])
+    weights = np.array([(labels == j).mean() for j in range(k)])
+    return means, variances, np.maximum(weights, 1e-3) / np.maximum(weights, 1e-3).sum()
+
+
+def fit_gmm_1d(x: np.ndarray, k: int = 2, max_iter: int = 100, tol: float = 1e-6, reg_var: float = 1e-6,
+               init: Mixture1D | None = None) -> Mixture1D:
+    """EM for a K-component 1-D Gaussian mixture, vectorised over samples (float64). Starts from
+    ``init`` (warm start: the previous epoch's fit) or from 1-D k-means on a subsample; stops when
+    the mean log-likelihood improves by less than ``tol``."""
     x = np.asarray(x, np.float64).ravel()
     if len(x) < k:
         raise ValueError(f"need at least {k} values to fit {k} components, got {len(x)}")
-    means = np.quantile(x, (np.arange(k) + 0.5) / k)
-    variances = np.full(k, max(x.var(), reg_var))
-    weights = np.full(k, 1.0 / k)
+    if init is not None and len(init.means) == k:
+        means, variances, weights = init.means.copy(), init.variances.copy(), init.weights.copy()
+    else:
+        means, variances, weights = _kmeans_init(x, k)
+    variances = np.maximum(variances, reg_var)
     previous, converged, it = -np.inf, False, 0
     for it in range(1, max_iter + 1):
         gmm = Mixture1D(weights, means, variances, it, False)

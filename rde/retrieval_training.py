@@ -22,9 +22,9 @@ from models.retrieval.dual_encoder import FeatureDualEncoder
 from models.retrieval.losses import (
     cusa_loss,
     hard_negative_itc,
-    isd_loss,
     iss_loss,
     itc_loss,
+    saft_loss,
     sass_loss,
     weighted_itm_loss,
 )
@@ -108,12 +108,18 @@ def batch_loss(model: FeatureDualEncoder, pairs: TrainingPairs, idx: torch.Tenso
     txt = model.encode_text(pairs.texts[idx])
     tau = model.tau
     out: dict[str, torch.Tensor] = {}
-    if cfg.objective == "hnm":
+    if cfg.objective == "saft":  # the fused pass: shared student logits, teacher terms without autograd
+        t_img = torch.nn.functional.normalize(pairs.teacher_images[image_rows], dim=-1)
+        t_txt = torch.nn.functional.normalize(pairs.teacher_texts[idx], dim=-1)
+        out = saft_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher, cfg.alpha, cfg.beta, weights)
+        total = out.pop("total")
+    elif cfg.objective == "hnm":
         out["itc"] = hard_negative_itc(img, txt, tau, cfg.hnm_margin, cfg.hnm_top_k)
     else:
         out["itc"] = itc_loss(img, txt, tau, weights)
-    total = out["itc"]
-    if cfg.objective in ("itc+sass", "saft", "cusa"):
+    if cfg.objective != "saft":
+        total = out["itc"]
+    if cfg.objective in ("itc+sass", "cusa"):
         t_img = torch.nn.functional.normalize(pairs.teacher_images[image_rows], dim=-1)
         t_txt = torch.nn.functional.normalize(pairs.teacher_texts[idx], dim=-1)
         if cfg.objective == "cusa":
@@ -122,9 +128,6 @@ def batch_loss(model: FeatureDualEncoder, pairs: TrainingPairs, idx: torch.Tenso
         else:
             out["sass"] = sass_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
             total = total + cfg.alpha * out["sass"]
-        if cfg.objective == "saft":
-            out["isd"] = isd_loss(img, tau, t_img, cfg.tau_teacher)
-            total = total + cfg.beta * out["isd"]
     if cfg.objective == "itc+iss":
         other = (views + 1) % pairs.images.shape[0]
         out["iss"] = iss_loss(img, model.encode_image(pairs.images[other, image_rows]), tau)
@@ -192,6 +195,7 @@ def train(model: FeatureDualEncoder, pairs: TrainingPairs, cfg: TrainConfig,
             gen.manual_seed(cfg.seed + 1000 * start_epoch)
     losses: list[dict[str, float]] = []
     records: list[EpochRecord] = []
+    gmm = None  # the previous epoch's fit warm-starts the next
     for epoch in range(start_epoch, cfg.epochs):
         began = time.perf_counter()
         gen.manual_seed(cfg.seed + 1000 * epoch)  # the epoch's shuffle does not depend on resuming
@@ -217,7 +221,7 @@ def train(model: FeatureDualEncoder, pairs: TrainingPairs, cfg: TrainConfig,
             model.eval()
             q = pairs.q_txt.numpy() if pairs.q_txt is not None else np.full(len(pairs), np.nan)
             s_hat = combined_score(positive_cosines(model, pairs), q, cfg.gamma)
-            gmm = fit_gmm_1d(s_hat, k=cfg.gmm_components)
+            gmm = fit_gmm_1d(s_hat, k=cfg.gmm_components, init=gmm)
             conf = clean_confidence(s_hat, gmm)
             weights = torch.tensor(confidence_weights(conf, cfg.confidence_beta), dtype=torch.float32)
             record.gmm_means, record.clean_share = gmm.means.tolist(), float((conf > 0.5).mean())

@@ -76,6 +76,11 @@ def test_isd_is_kl_teacher_to_student_over_image_image_softmaxes() -> None:
 def test_saft_total_is_itc_plus_weighted_terms_with_paper_defaults() -> None:
     out = saft_loss(_t(IMG), _t(TXT), TAU, _t(T_IMG), _t(T_TXT), TAU_O)
     assert out["total"].item() == pytest.approx((out["itc"] + 1.0 * out["sass"] + 0.75 * out["isd"]).item())
+    # the fused pass gives the same terms as the separate functions
+    assert out["itc"].item() == pytest.approx(itc_loss(_t(IMG), _t(TXT), TAU).item(), rel=1e-9)
+    assert out["sass"].item() == pytest.approx(sass_loss(_t(IMG), _t(TXT), TAU, _t(T_IMG), _t(T_TXT), TAU_O).item(),
+                                               rel=1e-9)
+    assert out["isd"].item() == pytest.approx(isd_loss(_t(IMG), TAU, _t(T_IMG), TAU_O).item(), rel=1e-9)
 
 
 def test_cusa_uses_unimodal_teacher_targets() -> None:
