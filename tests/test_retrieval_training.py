@@ -82,3 +82,20 @@ def test_adaptive_weighting_fits_a_gmm_after_each_epoch_and_fixweight_uses_q_txt
     assert "itm" in result.step_losses[0]
     with pytest.raises(ValueError, match="q_txt"):
         train(_model(), TrainingPairs(pairs.images, pairs.pair_image, pairs.texts), TrainConfig(weighting="fix"))
+
+
+def test_production_clip_dual_encoder_trains_the_vision_tower_only(tmp_path: Path) -> None:
+    from tiny_models import build_tiny_clip, random_images
+
+    from models.retrieval.dual_encoder import HFClipDualEncoder
+    from models.retrieval.losses import itc_loss
+
+    model = HFClipDualEncoder(str(build_tiny_clip(tmp_path / "clip")))
+    img = model.encode_image(model.pixel_values(random_images(4)))
+    txt = model.encode_text(model.tokens(["a red coat", "a white van", "a person", "a blue bag"]))
+    assert img.shape == (4, 16) and torch.allclose(img.norm(dim=1), torch.ones(4), atol=1e-5)
+    itc_loss(img, txt, model.tau).backward()
+    vision = [p.grad for n, p in model.model.named_parameters() if n.startswith("vision_model")]
+    text = [p.grad for n, p in model.model.named_parameters() if n.startswith("text_model")]
+    assert any(g is not None and g.abs().sum() > 0 for g in vision)
+    assert all(g is None for g in text)  # frozen, as SAFT fine-tunes the image tower only

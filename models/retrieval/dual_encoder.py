@@ -63,10 +63,11 @@ class HFClipDualEncoder(nn.Module):
 
     def __init__(self, model_id: str, train_text: bool = False, revision: str | None = None) -> None:
         super().__init__()
-        from transformers import AutoModel, AutoProcessor
+        from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
         self.model = AutoModel.from_pretrained(model_id, revision=revision)
-        self.processor = AutoProcessor.from_pretrained(model_id, revision=revision)
+        self.image_processor = AutoImageProcessor.from_pretrained(model_id, revision=revision)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_id, revision=revision)
         text_parts = [m for name, m in self.model.named_children() if "text" in name]
         for module in text_parts:
             module.requires_grad_(train_text)
@@ -76,6 +77,13 @@ class HFClipDualEncoder(nn.Module):
     @property
     def tau(self) -> torch.Tensor:
         return 1.0 / self.model.logit_scale.clamp(max=math.log(100.0)).exp()
+
+    def pixel_values(self, images: list) -> torch.Tensor:
+        """RGB uint8 arrays → the model's pixel values (its own resize and normalisation)."""
+        return self.image_processor(images=images, return_tensors="pt")["pixel_values"]
+
+    def tokens(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        return dict(self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt"))
 
     def encode_image(self, pixel_values: torch.Tensor) -> torch.Tensor:
         out = self.model.get_image_features(pixel_values=pixel_values)
