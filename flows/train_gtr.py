@@ -8,7 +8,6 @@ from typing import Any
 
 from prefect import flow
 
-from flows.train_saft import training_summary
 from rde.task_runners import default_task_runner
 from tasks import training
 from tasks.context import RunContext, run_locked
@@ -25,13 +24,9 @@ def train_gtr(profile: str = "demo", overrides: dict[str, Any] | None = None, ou
 
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
-    features = training.features_task(ctx)
-    results = [features]
-    if until != "features":
-        weighting = ctx.profile.training.gtr_weighting
-        cfg = training.train_config(ctx, objective="itc", weighting=weighting, use_itm=True)
-        results.append(training.train_task(ctx, features.artifacts["features"], f"gtr-{weighting}", cfg))
-    return training_summary(ctx, results)
+    weighting = ctx.profile.training.gtr_weighting
+    cfg = training.train_config(ctx, objective="itc", weighting=weighting, use_itm=True)
+    return training.run_training(ctx, until, f"gtr-{weighting}", cfg)
 
 
 if __name__ == "__main__":

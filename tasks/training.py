@@ -282,3 +282,31 @@ def gmm_plot(result: TrainResult, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def run_training(ctx: RunContext, until: str | None, method: str, cfg: TrainConfig) -> dict[str, Any]:
+    """The body of both training flows: features, then (unless ``until='features'``) training."""
+    features = features_task(ctx)
+    results = [features]
+    if until != "features":
+        results.append(train_task(ctx, features.artifacts["features"], method, cfg))
+    return training_summary(ctx, results)
+
+
+def training_summary(ctx: RunContext, results: list[sharded.StageResult]) -> dict[str, Any]:
+    """The run summary of a training flow (stages, artifacts), also as a markdown artifact."""
+    summary = {"flow": ctx.flow_name, "profile": ctx.profile.name, "output_root": ctx.root,
+               "stages": [{"stage": r.stage, "skipped": r.skipped, "input": r.input_rows, "accepted": r.accepted,
+                           "rejected": sum(r.rejected.values()), "shards": r.shards, "shards_reused": r.shards_resumed,
+                           "seconds": round(r.seconds, 2)} for r in results],
+               "artifacts": {f"{r.stage}.{n}": {"url": u} for r in results for n, u in r.artifacts.items()},
+               "balanced": True, "inputs": results[0].input_rows, "accepted": results[0].accepted,
+               "rejected": {f"{r.stage}:{k}": v for r in results for k, v in r.rejected.items()},
+               "total_rejected": sum(sum(r.rejected.values()) for r in results[:1])}
+    lines = [f"# {ctx.flow_name} ({ctx.profile.name})", "", "| stage | skipped | input | kept | seconds |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {s['stage']} | {s['skipped']} | {s['input']} | {s['accepted']} | {s['seconds']} |"
+              for s in summary["stages"]]
+    lines += ["", *[f"- `{k}`: `{v['url']}`" for k, v in summary["artifacts"].items()]]
+    publish_markdown(f"{ctx.flow_name}-summary", "\n".join(lines), f"{ctx.flow_name} run summary")
+    return summary
