@@ -249,6 +249,9 @@ class TrainingSpec(Strict):
     captions of a ``build-largefine`` run (DSMM-TBIR Sec. 3.3 / Table 8; GTR+ Sec. 3.2)."""
 
     source_flow: str = "build-largefine"  # whose `largefine` captions are the training pairs
+    # The student: None = the CPU feature model over the bundled towers; a `transformers-clip` spec
+    # = any CLIP-like model by id or local folder, trained end to end on the images (vision tower).
+    model: ModelSpec | None = None
     max_pairs: int | None = Field(None, ge=2)  # seeded subset of the pairs (None = all)
     views: int = Field(3, ge=1)  # augmented views per image (random resized crop), view 0 = original
     held_out_share: float = Field(0.3, gt=0.0, lt=1.0)  # identities kept for person-search evaluation
@@ -268,6 +271,12 @@ class TrainingSpec(Strict):
     confidence_beta: float = Field(0.8, ge=0.0)
     gmm_components: int = Field(2, ge=2)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _student(self) -> TrainingSpec:
+        if self.model is not None and self.model.backend != "transformers-clip":
+            raise ValueError("training.model.backend must be 'transformers-clip' (or leave training.model unset)")
+        return self
 
 
 class PrefectSpec(Strict):

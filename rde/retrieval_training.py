@@ -13,12 +13,11 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from models.retrieval.dual_encoder import FeatureDualEncoder
 from models.retrieval.losses import (
     cusa_loss,
     hard_negative_itc,
@@ -29,6 +28,8 @@ from models.retrieval.losses import (
     weighted_itm_loss,
 )
 from rde.gmm_confidence import clean_confidence, combined_score, confidence_weights, fit_gmm_1d
+from rde.hard_negatives import draw_seed
+from rde.retrieval_features import random_resized_crop
 
 Objective = Literal["itc", "itc+sass", "saft", "cusa", "hnm", "itc+iss"]
 Weighting = Literal["none", "fix", "ada"]
@@ -36,19 +37,43 @@ Weighting = Literal["none", "fix", "ada"]
 
 @dataclass
 class TrainingPairs:
-    """Cached features of the training pairs. ``images``: V×N_img×D image-tower features (V views);
-    ``pair_image``: P image indices; ``texts``: P×d text-tower features; teacher vectors for images
-    (N_img×t) and texts (P×t), optional; ``q_txt``: P generation confidences (NaN if unknown)."""
+    """The training pairs. Cached path (CPU model): ``images`` V×N_img×D tower features of V views,
+    ``texts`` P×d text features. Raw path (CLIP-like models): ``raw_images`` (N_img RGB arrays) and
+    ``raw_texts`` (P strings), with ``views`` fixed views per image (view 0 the image, the others
+    seeded random resized crops), preprocessed by the model at each step. ``pair_image``: P image
+    indices; teacher vectors for images (N_img×t) and texts (P×t); ``q_txt``: P confidences."""
 
-    images: torch.Tensor
+    images: torch.Tensor | None
     pair_image: torch.Tensor
-    texts: torch.Tensor
+    texts: torch.Tensor | None
     teacher_images: torch.Tensor | None = None
     teacher_texts: torch.Tensor | None = None
     q_txt: torch.Tensor | None = None
+    raw_images: list[np.ndarray] | None = None
+    raw_texts: list[str] | None = None
+    views: int = 1
+    seed: int = 0
 
     def __len__(self) -> int:
         return len(self.pair_image)
+
+    @property
+    def n_views(self) -> int:
+        return self.images.shape[0] if self.images is not None else self.views
+
+    def image_input(self, model: Any, views: torch.Tensor, rows: torch.Tensor) -> Any:
+        """What ``model.encode_image`` takes for these (view, image) pairs."""
+        if self.raw_images is None:
+            return self.images[views, rows]
+        crops = [self.raw_images[r] if v == 0 else random_resized_crop(
+            self.raw_images[r], np.random.default_rng(draw_seed(self.seed, f"{r}#view{v}")))
+            for v, r in zip(views.tolist(), rows.tolist(), strict=True)]
+        return model.pixel_values(crops)
+
+    def text_input(self, model: Any, idx: torch.Tensor) -> Any:
+        if self.raw_texts is None:
+            return self.texts[idx]
+        return model.tokens([self.raw_texts[i] for i in idx.tolist()])
 
 
 @dataclass
@@ -100,12 +125,12 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return 0.5 * cfg.lr_peak * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def batch_loss(model: FeatureDualEncoder, pairs: TrainingPairs, idx: torch.Tensor, views: torch.Tensor,
+def batch_loss(model: Any, pairs: TrainingPairs, idx: torch.Tensor, views: torch.Tensor,
                cfg: TrainConfig, weights: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """All loss terms of one batch for the configured objective; ``total`` is what is optimised."""
     image_rows = pairs.pair_image[idx]
-    img = model.encode_image(pairs.images[views, image_rows])
-    txt = model.encode_text(pairs.texts[idx])
+    img = model.encode_image(pairs.image_input(model, views, image_rows))
+    txt = model.encode_text(pairs.text_input(model, idx))
     tau = model.tau
     out: dict[str, torch.Tensor] = {}
     if cfg.objective == "saft":  # the fused pass: shared student logits, teacher terms without autograd
@@ -129,8 +154,8 @@ def batch_loss(model: FeatureDualEncoder, pairs: TrainingPairs, idx: torch.Tenso
             out["sass"] = sass_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
             total = total + cfg.alpha * out["sass"]
     if cfg.objective == "itc+iss":
-        other = (views + 1) % pairs.images.shape[0]
-        out["iss"] = iss_loss(img, model.encode_image(pairs.images[other, image_rows]), tau)
+        other = (views + 1) % pairs.n_views
+        out["iss"] = iss_loss(img, model.encode_image(pairs.image_input(model, other, image_rows)), tau)
         total = total + out["iss"]
     if cfg.use_itm:
         with torch.no_grad():
@@ -147,18 +172,18 @@ def batch_loss(model: FeatureDualEncoder, pairs: TrainingPairs, idx: torch.Tenso
 
 
 @torch.no_grad()
-def positive_cosines(model: FeatureDualEncoder, pairs: TrainingPairs, batch: int = 4096) -> np.ndarray:
+def positive_cosines(model: Any, pairs: TrainingPairs, batch: int = 4096) -> np.ndarray:
     """s of every training pair (original view) under the current model."""
     out = []
     for start in range(0, len(pairs), batch):
         rows = pairs.pair_image[start:start + batch]
-        img = model.encode_image(pairs.images[0, rows])
-        txt = model.encode_text(pairs.texts[start:start + batch])
+        img = model.encode_image(pairs.image_input(model, torch.zeros_like(rows), rows))
+        txt = model.encode_text(pairs.text_input(model, torch.arange(start, start + len(rows))))
         out.append((img * txt).sum(dim=1).numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def _save(path: Path, model: FeatureDualEncoder, optim: torch.optim.Optimizer, epoch: int, step: int,
+def _save(path: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, epoch: int, step: int,
           weights: torch.Tensor | None) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": optim.state_dict(), "epoch": epoch, "step": step,
@@ -166,7 +191,7 @@ def _save(path: Path, model: FeatureDualEncoder, optim: torch.optim.Optimizer, e
     tmp.replace(path)
 
 
-def train(model: FeatureDualEncoder, pairs: TrainingPairs, cfg: TrainConfig,
+def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
           checkpoint_dir: Path | None = None) -> TrainResult:
     """Train in place. With ``checkpoint_dir`` every epoch is saved (atomically) and a rerun resumes
     after the last saved epoch (``torch.load(weights_only=True)``: tensors and plain values only)."""
@@ -200,7 +225,7 @@ def train(model: FeatureDualEncoder, pairs: TrainingPairs, cfg: TrainConfig,
         began = time.perf_counter()
         gen.manual_seed(cfg.seed + 1000 * epoch)  # the epoch's shuffle does not depend on resuming
         order = torch.randperm(len(pairs), generator=gen)
-        views = torch.randint(pairs.images.shape[0], (len(pairs),), generator=gen)
+        views = torch.randint(pairs.n_views, (len(pairs),), generator=gen)
         epoch_losses = []
         model.train()
         for start in range(0, len(pairs), cfg.batch_size):

@@ -15,7 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.backends.registry import ModelRegistry
-from models.retrieval.dual_encoder import FeatureDualEncoder
+from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
 from rde.expert_check import load_check_set, load_check_yaml, relevance_lists
 from rde.hard_negatives import draw_seed
 from rde.image_decoding import decode_rgb
@@ -33,7 +33,7 @@ VERSION = "1"
 VEC = pa.list_(pa.float32())
 FEATURES = pa.schema([pa.field("kind", pa.string(), nullable=False),  # pair | image | gallery | query
                       pa.field("key", pa.string(), nullable=False), pa.field("index", pa.int32(), nullable=False),
-                      pa.field("identity", pa.string()), pa.field("q_txt", pa.float64()),
+                      pa.field("identity", pa.string()), pa.field("q_txt", pa.float64()), pa.field("text", pa.string()),
                       pa.field("vector", VEC, nullable=False), pa.field("teacher", VEC)])
 LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
                  pa.field("terms", pa.string(), nullable=False)])
@@ -57,6 +57,7 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
                          "first; its captions are the training pairs")
     key = content_key(stage="training-features", version=VERSION, captions=captions.manifest().fingerprint,
                       models=p.models.model_dump(mode="json"), views=t.views, max_pairs=t.max_pairs,
+                      student=t.model.model_dump(mode="json") if t.model else None,
                       held_out=t.held_out_share, seed=t.seed, check_sets=p.evaluation.check_sets)
     outs = [sharded.Output("features", ctx.artifact_url("training_features"), "training_features", FEATURES)]
 
@@ -80,26 +81,32 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
         wanted = set(image_ids)
         images = {r["image_id"]: decode_rgb(r["image_bytes"]) for _, tb in Artifact(f"{src}/accepted").iter_shards(
             ["image_id", "image_bytes"]) for r in tb.to_pylist() if r["image_id"] in wanted}
-        feats = image_features([images[i] for i in image_ids], image_ids, bridge, registry.image_embedder(), teacher,
-                               views=t.views, seed=t.seed)
-        stacked = feats.stacked()
-        rows = [{"kind": "image", "key": i, "index": v, "identity": identity.get(i), "q_txt": None,
-                 "vector": stacked[v, k].tolist(), "teacher": feats.teacher[k].tolist() if v == 0 else None}
-                for k, i in enumerate(image_ids) for v in range(t.views)]
+        raw = t.model is not None  # a CLIP-like student reads the images itself, at every step
+        if raw:
+            teacher_vecs = teacher.encode_image([images[i] for i in image_ids])
+            rows = [{"kind": "image", "key": i, "index": 0, "identity": identity.get(i), "q_txt": None, "text": None,
+                     "vector": [], "teacher": teacher_vecs[k].tolist()} for k, i in enumerate(image_ids)]
+        else:
+            feats = image_features([images[i] for i in image_ids], image_ids, bridge, registry.image_embedder(),
+                                   teacher, views=t.views, seed=t.seed)
+            stacked = feats.stacked()
+            rows = [{"kind": "image", "key": i, "index": v, "identity": identity.get(i), "q_txt": None, "text": None,
+                     "vector": stacked[v, k].tolist(), "teacher": feats.teacher[k].tolist() if v == 0 else None}
+                    for k, i in enumerate(image_ids) for v in range(t.views)]
         text_vecs, teacher_txt = bridge.encode_text([c["text"] for c in caps]), teacher.encode_text(
             [c["text"] for c in caps])
         rows += [{"kind": "pair" if identity.get(c["image_id"]) not in held else "heldout", "key": c["image_id"],
-                  "index": k, "identity": identity.get(c["image_id"]), "q_txt": c["q_txt"],
+                  "index": k, "identity": identity.get(c["image_id"]), "q_txt": c["q_txt"], "text": c["text"],
                   "vector": text_vecs[k].tolist(), "teacher": teacher_txt[k].tolist()} for k, c in enumerate(caps)]
-        for f in p.evaluation.check_sets:
+        for f in ([] if raw else p.evaluation.check_sets):
             check = load_check_set(resolve_location(p.evaluation.check_set_pool), Path(resolve_location(f)))
             gallery = image_features(check.gallery_images, [str(i) for i in range(len(check.gallery_images))],
                                      bridge, registry.image_embedder(), None, views=1).stacked()[0]
-            rows += [{"kind": "gallery", "key": f, "index": k, "identity": ident, "q_txt": None,
+            rows += [{"kind": "gallery", "key": f, "index": k, "identity": ident, "q_txt": None, "text": None,
                       "vector": gallery[k].tolist(), "teacher": None}
                      for k, ident in enumerate(check.gallery_identities)]
-            rows += [{"kind": "query", "key": f, "index": k, "identity": None, "q_txt": None, "vector": v.tolist(),
-                      "teacher": None} for k, v in enumerate(bridge.encode_text(check.queries))]
+            rows += [{"kind": "query", "key": f, "index": k, "identity": None, "q_txt": None, "text": None,
+                      "vector": v.tolist(), "teacher": None} for k, v in enumerate(bridge.encode_text(check.queries))]
         n_pairs = sum(r["kind"] == "pair" for r in rows)
         stats = {"input_rows": len(caps), "accepted": n_pairs, "rejected": {"held_out": len(caps) - n_pairs},
                  "images": len(image_ids), "views": t.views, "held_out_identities": len(held)}
@@ -113,44 +120,78 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
     return result
 
 
-def load_training_data(url: str) -> dict[str, Any]:
-    """The features artifact as tensors: training pairs, held-out pairs, check-set galleries."""
+def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
+    """The features artifact as training pairs (cached tower features, or decoded images and caption
+    texts when a CLIP-like student is configured), held-out pairs and check-set galleries."""
+    t = ctx.profile.training
     rows = [r for _, tb in Artifact(url).iter_shards() for r in tb.to_pylist()]
     images = sorted({r["key"] for r in rows if r["kind"] == "image"})
-    views = 1 + max(r["index"] for r in rows if r["kind"] == "image")
     index = {i: k for k, i in enumerate(images)}
-    dim = len(next(r for r in rows if r["kind"] == "image")["vector"])
-    img = torch.zeros(views, len(images), dim)
-    teacher_img = None
+    first_teacher = next(r["teacher"] for r in rows if r["kind"] == "image" and r["teacher"] is not None)
+    teacher_img = torch.zeros(len(images), len(first_teacher))
     for r in rows:
-        if r["kind"] == "image":
-            img[r["index"], index[r["key"]]] = torch.tensor(r["vector"])
-            if r["teacher"] is not None:
-                if teacher_img is None:
-                    teacher_img = torch.zeros(len(images), len(r["teacher"]))
-                teacher_img[index[r["key"]]] = torch.tensor(r["teacher"])
+        if r["kind"] == "image" and r["teacher"] is not None:
+            teacher_img[index[r["key"]]] = torch.tensor(r["teacher"])
     pairs = [r for r in rows if r["kind"] == "pair"]
     held = [r for r in rows if r["kind"] == "heldout"]
     q = torch.tensor([np.nan if r["q_txt"] is None else r["q_txt"] for r in pairs], dtype=torch.float32)
-    train_pairs = TrainingPairs(img, torch.tensor([index[r["key"]] for r in pairs]),
-                                torch.tensor([r["vector"] for r in pairs]), teacher_img,
-                                torch.tensor([r["teacher"] for r in pairs]), q)
-    checks = {}
+    pair_image = torch.tensor([index[r["key"]] for r in pairs])
+    teacher_txt = torch.tensor([r["teacher"] for r in pairs])
+    data: dict[str, Any] = {"images": images, "index": index, "held_identity": [r["identity"] for r in held],
+                            "held_images": sorted({r["key"] for r in held}), "checks": {}, "raw": t.model is not None,
+                            "image_identity": {r["key"]: r["identity"] for r in rows if r["kind"] == "image"}}
+    if data["raw"]:
+        wanted = set(images)
+        decoded = {r["image_id"]: decode_rgb(r["image_bytes"]) for _, tb in Artifact(f"{_source_root(ctx)}/accepted")
+                   .iter_shards(["image_id", "image_bytes"]) for r in tb.to_pylist() if r["image_id"] in wanted}
+        data["pairs"] = TrainingPairs(None, pair_image, None, teacher_img, teacher_txt, q,
+                                      raw_images=[decoded[i] for i in images], raw_texts=[r["text"] for r in pairs],
+                                      views=t.views, seed=t.seed)
+        data["held_texts"] = [r["text"] for r in held] if held else None
+        for name in ctx.profile.evaluation.check_sets:
+            check = load_check_set(resolve_location(ctx.profile.evaluation.check_set_pool),
+                                   Path(resolve_location(name)))
+            data["checks"][name] = (check.gallery_images, check.queries)
+        return data
+    views = 1 + max(r["index"] for r in rows if r["kind"] == "image")
+    dim = len(next(r for r in rows if r["kind"] == "image")["vector"])
+    img = torch.zeros(views, len(images), dim)
+    for r in rows:
+        if r["kind"] == "image":
+            img[r["index"], index[r["key"]]] = torch.tensor(r["vector"])
+    data["pairs"] = TrainingPairs(img, pair_image, torch.tensor([r["vector"] for r in pairs]), teacher_img,
+                                  teacher_txt, q)
+    data["held_texts"] = torch.tensor([r["vector"] for r in held]) if held else None
     for name in sorted({r["key"] for r in rows if r["kind"] == "gallery"}):
         gal = sorted((r for r in rows if r["kind"] == "gallery" and r["key"] == name), key=lambda r: r["index"])
         qs = sorted((r for r in rows if r["kind"] == "query" and r["key"] == name), key=lambda r: r["index"])
-        checks[name] = (torch.tensor([r["vector"] for r in gal]), torch.tensor([r["vector"] for r in qs]))
-    return {"pairs": train_pairs, "images": images, "image_identity": {r["key"]: r["identity"] for r in rows
-                                                                       if r["kind"] == "image"},
-            "held_texts": torch.tensor([r["vector"] for r in held]) if held else None,
-            "held_identity": [r["identity"] for r in held], "held_images": sorted({r["key"] for r in held}),
-            "index": index, "checks": checks, "text_dim": train_pairs.texts.shape[1]}
+        data["checks"][name] = (torch.tensor([r["vector"] for r in gal]), torch.tensor([r["vector"] for r in qs]))
+    return data
 
 
-def new_model(data: dict[str, Any], train_text: bool) -> FeatureDualEncoder:
-    d = data["text_dim"]
+def new_model(data: dict[str, Any], ctx: RunContext) -> torch.nn.Module:
+    """The student: the configured CLIP-like model, or the CPU feature model sized to the features."""
+    t = ctx.profile.training
+    if t.model is not None:
+        return HFClipDualEncoder(t.model.model_id, t.train_text, t.model.revision)
+    d = data["pairs"].texts.shape[1]
     return FeatureDualEncoder(bridge_dim=d, cnn_dim=data["pairs"].images.shape[2] - d, text_dim=d,
-                              train_text=train_text)
+                              train_text=t.train_text)
+
+
+def _encode_images(model: torch.nn.Module, items: Any, batch: int = 64) -> np.ndarray:
+    """Cached features (a tensor) or raw images (a list) → normalised vectors."""
+    if isinstance(items, torch.Tensor):
+        return model.encode_image(items).numpy()
+    return np.concatenate([model.encode_image(model.pixel_values(items[i:i + batch])).numpy()
+                           for i in range(0, len(items), batch)])
+
+
+def _encode_texts(model: torch.nn.Module, items: Any, batch: int = 256) -> np.ndarray:
+    if isinstance(items, torch.Tensor):
+        return model.encode_text(items).numpy()
+    return np.concatenate([model.encode_text(model.tokens(items[i:i + batch])).numpy()
+                           for i in range(0, len(items), batch)])
 
 
 def train_config(ctx: RunContext, **overrides: Any) -> TrainConfig:
@@ -162,7 +203,7 @@ def train_config(ctx: RunContext, **overrides: Any) -> TrainConfig:
                           "seed": t.seed, **overrides})
 
 
-def evaluation_rows(model: FeatureDualEncoder, data: dict[str, Any], ctx: RunContext, label: str) -> list[dict]:
+def evaluation_rows(model: torch.nn.Module, data: dict[str, Any], ctx: RunContext, label: str) -> list[dict]:
     """mAP@10/20/30 per domain on each check set; R@1/5/10, mAP, mINP on the held-out identities."""
     rows: list[dict[str, Any]] = []
     model.eval()
@@ -170,7 +211,7 @@ def evaluation_rows(model: FeatureDualEncoder, data: dict[str, Any], ctx: RunCon
         for name, (gallery, queries) in data["checks"].items():
             check = load_check_set(resolve_location(ctx.profile.evaluation.check_set_pool),
                                    Path(resolve_location(name)))
-            sims = model.encode_text(queries).numpy() @ model.encode_image(gallery).numpy().T
+            sims = _encode_texts(model, queries) @ _encode_images(model, gallery).T
             ranked = np.argsort(-sims, axis=1, kind="stable")[:, :30]
             rankings, counts = relevance_lists(check, ranked)
             domains = [q.get("domain", "pedestrian") for q in load_check_yaml(Path(resolve_location(name)))["queries"]]
@@ -182,8 +223,11 @@ def evaluation_rows(model: FeatureDualEncoder, data: dict[str, Any], ctx: RunCon
                                  "value": mean_ap_at_k([rankings[i] for i in sel], [counts[i] for i in sel], k)})
         if data["held_texts"] is not None:
             gallery_ids = data["held_images"]
-            g = model.encode_image(data["pairs"].images[0, [data["index"][i] for i in gallery_ids]]).numpy()
-            m = person_search_metrics(model.encode_text(data["held_texts"]).numpy() @ g.T, data["held_identity"],
+            rows_idx = [data["index"][i] for i in gallery_ids]
+            pairs = data["pairs"]
+            g = _encode_images(model, [pairs.raw_images[i] for i in rows_idx] if data["raw"]
+                               else pairs.images[0, rows_idx])
+            m = person_search_metrics(_encode_texts(model, data["held_texts"]) @ g.T, data["held_identity"],
                                       [data["image_identity"][i] for i in gallery_ids])
             rows += [{"benchmark": "held-out-identities", "labels": "track identities", "expert": label,
                       "domain": "pedestrian", "metric": k, "value": v, "queries": int(m["queries"])}
@@ -219,7 +263,8 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
     trained, write the step log, the evaluation rows, the final weights and the loss plot."""
     p = ctx.profile
     key = content_key(stage=f"train-{method}", version=VERSION, features=Artifact(features_url).manifest().fingerprint,
-                      cfg=cfg.__dict__, train_text=p.training.train_text)
+                      cfg=cfg.__dict__, train_text=p.training.train_text,
+                      student=p.training.model.model_dump(mode="json") if p.training.model else None)
     name = f"train_{method}"
     outs = [sharded.Output("log", ctx.artifact_url(f"{name}_log"), "training_log", LOG),
             sharded.Output("evaluation", ctx.artifact_url(f"{name}_evaluation"), "evaluation", EVALUATION)]
@@ -228,9 +273,9 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         torch.set_num_threads(2)
-        data = load_training_data(features_url)
+        data = load_training_data(features_url, ctx)
         torch.manual_seed(cfg.seed)
-        model = new_model(data, p.training.train_text)
+        model = new_model(data, ctx)
         rows = evaluation_rows(model, data, ctx, "zero-shot")
         result = train(model, data["pairs"], cfg, checkpoint_dir=folder / "checkpoints" / key[:16])
         rows += evaluation_rows(model, data, ctx, method)

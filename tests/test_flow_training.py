@@ -55,3 +55,18 @@ def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
 def test_training_without_captions_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="run `rde build-largefine`"):
         train_saft(profile="demo", output_root=str(tmp_path), overrides=TRAINING)
+
+
+def test_a_clip_like_student_trains_end_to_end_on_the_images(captions_root: str, tmp_path: Path) -> None:
+    from tiny_models import build_tiny_clip
+
+    clip = str(build_tiny_clip(tmp_path / "clip"))
+    overrides = {**TRAINING, "training": {**TRAINING["training"], "epochs": 1,
+                                         "model": {"backend": "transformers-clip", "model_id": clip}}}
+    summary = train_saft(profile="demo", output_root=captions_root, overrides=overrides)
+    assert not {s["stage"]: s for s in summary["stages"]}["train_saft"]["skipped"]
+    folder = Path(captions_root, "train-saft", "demo", "train_saft")
+    rows = [r for _, t in Artifact(str(folder) + "_evaluation").iter_shards() for r in t.to_pylist()]
+    assert {r["expert"] for r in rows} == {"zero-shot", "saft"} and {"R@1", "mAP"} <= {r["metric"] for r in rows}
+    weights = __import__("torch").load(folder / "model.pt", weights_only=True)
+    assert any(k.startswith("model.vision_model") for k in weights)

@@ -83,7 +83,10 @@ class HFClipDualEncoder(nn.Module):
         return self.image_processor(images=images, return_tensors="pt")["pixel_values"]
 
     def tokens(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        return dict(self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt"))
+        """Captions → token ids, truncated to what the text tower's positions allow (77 for CLIP)."""
+        limit = int(getattr(self.model.config.text_config, "max_position_embeddings", 77))
+        limit = min(limit, int(self.tokenizer.model_max_length or limit))
+        return dict(self.tokenizer(texts, padding=True, truncation=True, max_length=limit, return_tensors="pt"))
 
     def encode_image(self, pixel_values: torch.Tensor) -> torch.Tensor:
         out = self.model.get_image_features(pixel_values=pixel_values)
