@@ -117,16 +117,7 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
     if cfg.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding the Prefect server to {cfg.host}: anyone who can reach it can run flows; "
               "enable basic auth (PREFECT_SERVER_API_AUTH_STRING) first", file=sys.stderr)
-    _start(cfg, "server", [*_prefect(), "server", "start", "--host", cfg.host, "--port", str(cfg.port)])
-    deadline = time.monotonic() + cfg.startup_timeout_s
-    while not healthy(cfg):
-        pid = int(_pid_file(cfg, "server").read_text())
-        if not _alive(pid) or time.monotonic() > deadline:
-            tail = (cfg.folder / "server.log").read_text(errors="replace")[-1500:]
-            down(cfg)
-            raise StackError(f"the Prefect server did not become healthy on {cfg.api_url}; "
-                             f"log {cfg.folder / 'server.log'}:\n{tail}")
-        time.sleep(0.5)
+    start_server(cfg)
     existing = _cli(cfg, "work-pool", "ls", check=False).stdout
     for pool in cfg.pools:
         if pool not in existing:
@@ -142,6 +133,26 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
     (cfg.folder / "stack.json").write_text(json.dumps({"api_url": cfg.api_url, "pools": list(cfg.pools),
                                                        "workers_per_pool": cfg.workers_per_pool}))
     return cfg
+
+
+def start_server(cfg: StackConfig) -> None:
+    """Start (or restart, on the same database) the server and wait until it is healthy."""
+    cfg.folder.mkdir(parents=True, exist_ok=True)
+    _start(cfg, "server", [*_prefect(), "server", "start", "--host", cfg.host, "--port", str(cfg.port)])
+    deadline = time.monotonic() + cfg.startup_timeout_s
+    while not healthy(cfg):
+        pid = int(_pid_file(cfg, "server").read_text())
+        if not _alive(pid) or time.monotonic() > deadline:
+            tail = (cfg.folder / "server.log").read_text(errors="replace")[-1500:]
+            down(cfg)
+            raise StackError(f"the Prefect server did not become healthy on {cfg.api_url}; "
+                             f"log {cfg.folder / 'server.log'}:\n{tail}")
+        time.sleep(0.5)
+
+
+def stop_server(cfg: StackConfig) -> None:
+    """Stop only the server (workers keep running and reconnect when it is back)."""
+    _stop(cfg, "server", [signal.SIGTERM, signal.SIGINT], 15.0)
 
 
 def _stop(cfg: StackConfig, name: str, signals: Sequence[signal.Signals], wait_s: float) -> None:
@@ -171,7 +182,7 @@ def down(cfg: StackConfig | None = None) -> None:
     cfg = cfg or StackConfig()
     for path in sorted(cfg.folder.glob("worker-*.pid")):
         _stop(cfg, path.stem, [signal.SIGINT, signal.SIGINT, signal.SIGTERM], 10.0)
-    _stop(cfg, "server", [signal.SIGTERM, signal.SIGINT], 15.0)
+    stop_server(cfg)
 
 
 def status(cfg: StackConfig | None = None) -> dict[str, object]:

@@ -297,9 +297,13 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
     publish_table(f"{ctx.flow_name}-evaluation", [{k: (round(v, 4) if isinstance(v, float) else v)
                                                    for k, v in r.items()} for r in evaluation],
                   f"{method}: zero-shot vs trained (check set mAP@K per domain; held-out person search)")
-    publish_markdown(f"{ctx.flow_name}-loss", f"# {method} loss\n\n![loss curve]({(folder / 'loss.png').as_uri()})\n\n"
-                     f"Weights: `{folder / 'model.pt'}`; checkpoints: `{folder / 'checkpoints'}`.",
-                     "Training loss curve")
+    epoch_loss = Artifact(outs[0].url).manifest().stats.get("epoch_loss", [])
+    publish_markdown(f"{ctx.flow_name}-loss", "\n".join([
+        f"# {method}: training loss", "", "| epoch | mean loss |", "|---|---|",
+        *[f"| {i} | {v:.4f} |" for i, v in enumerate(epoch_loss)], "",
+        f"Loss curve: `{folder / 'loss.png'}` ([file]({(folder / 'loss.png').as_uri()})); weights: "
+        f"`{folder / 'model.pt'}`; checkpoints (per epoch, keyed by the stage key): `{folder / 'checkpoints'}`."]),
+        "Training loss per epoch, with the loss-curve plot and weights next to the Parquet outputs")
     if "result" in extra and extra["result"].epochs and extra["result"].epochs[-1].s_hat is not None:
         gmm_plot(extra["result"], folder / "s_hat.png")
     log(f"{name}: {'skipped, ' if result.skipped else ''}{len(evaluation)} evaluation rows; artifacts in {folder}")
