@@ -33,7 +33,7 @@ from storage.schemas import POOL
 
 
 def slice_pool(n: int, folder: Path) -> str:
-    rows = [r for _, t in Artifact(str(project_root() / "data" / "demo_pool")).iter_shards() for r in t.to_pylist()]
+    rows = Artifact(str(project_root() / "data" / "demo_pool")).rows()
     rows = rows[:: max(1, len(rows) // n)][:n]
     url = str(folder / "pool")
     writer = ArtifactWriter(url, "pool", POOL, f"slice-{n}")

@@ -41,10 +41,9 @@ def training_captions() -> list[dict]:
     """The demo build-largefine captions (with identity) whose identity no check-set query uses."""
     root = largefine_root()
     held_out = {i for q in load_check_yaml()["queries"] for i in q["relevant_identities"]}
-    ident = {r["image_id"]: r["identity"] for _, t in Artifact(f"{root}/neighbours")
-             .iter_shards(["image_id", "identity"]) for r in t.to_pylist()}
-    return [{**r, "identity": ident[r["image_id"]]} for _, t in Artifact(f"{root}/largefine")
-            .iter_shards(["image_id", "text", "q_txt"]) for r in t.to_pylist() if ident[r["image_id"]] not in held_out]
+    ident = {r["image_id"]: r["identity"] for r in Artifact(f"{root}/neighbours").rows(["image_id", "identity"])}
+    return [{**r, "identity": ident[r["image_id"]]} for r in Artifact(f"{root}/largefine").rows(
+        ["image_id", "text", "q_txt"]) if ident[r["image_id"]] not in held_out]
 
 
 def load_features(cache: Path, seed: int = 0) -> dict[str, np.ndarray]:

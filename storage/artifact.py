@@ -187,6 +187,10 @@ class Artifact:
         for shard in self.manifest().shards:
             yield shard.index, self.read_shard(shard.index, columns)
 
+    def rows(self, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Every row as a dict (the selected columns), shard by shard: for artifacts that fit in memory."""
+        return [row for _, table in self.iter_shards(columns) for row in table.to_pylist()]
+
     def iter_batches(self, columns: Sequence[str] | None = None, batch_size: int = 1024) -> Iterator[pa.RecordBatch]:
         """Stream record batches across all shards without loading a whole shard at once."""
         for path in self.shard_paths():

@@ -215,7 +215,7 @@ def gallery_task(ctx: RunContext, tier12_url: str) -> sharded.StageResult:
             sharded.Output("rejects", ctx.artifact_url("template_rejects"), "text_rejects", TEXT_REJECTS)]
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        texts = [r["text"] for _, t in Artifact(tier12_url).iter_shards(["text"]) for r in t.to_pylist()]
+        texts = [r["text"] for r in Artifact(tier12_url).rows(["text"])]
         rng = np.random.default_rng(spec.seed)
         sample = [texts[i] for i in sorted(rng.choice(len(texts), size=min(spec.sample_captions, len(texts)),
                                                       replace=False))] if texts else []
@@ -244,7 +244,7 @@ def gallery_task(ctx: RunContext, tier12_url: str) -> sharded.StageResult:
 
 
 def load_gallery(url: str) -> Gallery:
-    rows = [r for _, t in Artifact(url).iter_shards() for r in t.to_pylist()]
+    rows = Artifact(url).rows()
     return Gallery([Template(r["template_id"], r["text"], tuple(r["slots"]), r["origin"], r["round"])
                     for r in rows], [])
 
@@ -328,9 +328,7 @@ def corpus_statistics(texts_by_tier: dict[str, list[str]]) -> dict[str, dict[str
 def dataset_card(ctx: RunContext) -> tuple[str, dict[str, Any]]:
     """Markdown card and its numbers: Table 1 statistics, multi-granularity, retention per stage,
     per-source counts and generator throughput."""
-    captions = [r for _, t in Artifact(ctx.artifact_url("largefine")).iter_shards(["image_id", "source", "tier",
-                                                                                    "text", "generator"])
-                for r in t.to_pylist()]
+    captions = Artifact(ctx.artifact_url("largefine")).rows(["image_id", "source", "tier", "text", "generator"])
     by_tier: dict[str, list[str]] = {tier: [r["text"] for r in captions if r["tier"] == tier] for tier in TIERS}
     table1 = corpus_statistics(by_tier)
     multi = sum(bool(v) for v in by_tier.values()) > 1

@@ -44,11 +44,6 @@ from tasks.reporting import log, publish_markdown, publish_table, stage_table
 VERSION = "2"  # bump when a stage here changes what it writes
 
 
-def _rows(url: str, columns: list[str]) -> list[dict[str, Any]]:
-    """All rows of an artifact (the selected columns) as dicts; for the small per-run artifacts."""
-    return [row for _, table in Artifact(url).iter_shards(columns) for row in table.to_pylist()]
-
-
 def _spec_id(spec: Any) -> dict[str, Any]:
     return spec.model_dump(mode="json") if spec is not None else {}
 
@@ -81,7 +76,7 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
         if gen_spec is None:
             raise ValueError("queries: no caption_file and no models.generators to caption the pool with")
         generator = ModelRegistry(p.models).generator(gen_spec)
-        rows = _rows(accepted_url, ["image_id", "domain", "image_bytes"])
+        rows = Artifact(accepted_url).rows(["image_id", "domain", "image_bytes"])
         rng = np.random.default_rng(p.queries.seed)
         captions, rejects = [], []
         for domain in sorted({r["domain"] for r in rows}):
@@ -135,7 +130,7 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
     stats_out = [sharded.Output("stats", ctx.artifact_url("caption_stats"), "caption_stats", CAPTION_STATS)]
 
     def compute_stats() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        rows = _rows(captions_url, ["domain", "text"])
+        rows = Artifact(captions_url).rows(["domain", "text"])
         out = []
         for domain in sorted({r["domain"] for r in rows}):
             freqs = caption_stats.pos_frequencies([r["text"] for r in rows if r["domain"] == domain])
@@ -220,7 +215,7 @@ def cgds_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
     sizes: list[dict[str, Any]] = []
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        rows = _rows(accepted_url, ["image_id", "domain", "identity", "source", "width", "height",
+        rows = Artifact(accepted_url).rows(["image_id", "domain", "identity", "source", "width", "height",
                                              "target_count", "image_bytes"])
         ids = [r["image_id"] for r in rows]
         vectors = cache.embed(ids, lambda pos: [decode_rgb(rows[i]["image_bytes"]) for i in pos])
@@ -274,8 +269,8 @@ def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.St
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         registry = ModelRegistry(p.models)
-        queries = _rows(queries_url, ["query_id", "domain", "text"])
-        gallery = _rows(gallery_url, ["image_id", "domain", "image_bytes"])
+        queries = Artifact(queries_url).rows(["query_id", "domain", "text"])
+        gallery = Artifact(gallery_url).rows(["image_id", "domain", "image_bytes"])
         images = [decode_rgb(g["image_bytes"]) for g in gallery]
         rows = []
         for domain in sorted({q["domain"] for q in queries}):
@@ -332,8 +327,8 @@ def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         queries = pa.concat_tables([t for _, t in Artifact(queries_url).iter_shards()])
         gallery = pa.concat_tables([t for _, t in Artifact(gallery_url).iter_shards()])
-        cands = _rows(candidates_url, ["query_id", "image_id"])
-        made = {(d["query_id"], d["image_id"]): d for d in _rows(decisions.url, list(QRELS.names))} \
+        cands = Artifact(candidates_url).rows(["query_id", "image_id"])
+        made = {(d["query_id"], d["image_id"]): d for d in Artifact(decisions.url).rows(list(QRELS.names))} \
             if decided else {}
         qrels = []
         for c in cands:
@@ -362,9 +357,9 @@ def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_
 def write_review_files(ctx: RunContext, candidates_url: str, queries_url: str, gallery_url: str,
                        folder: Path) -> None:
     """Label Studio import (tasks + config + image files) and the HTML review page."""
-    candidates = _rows(candidates_url, ["query_id", "image_id", "domain", "experts", "best_rank"])
-    queries = {q["query_id"]: q for q in _rows(queries_url, ["query_id", "domain", "text"])}
-    gallery = _rows(gallery_url, ["image_id", "image_bytes"])
+    candidates = Artifact(candidates_url).rows(["query_id", "image_id", "domain", "experts", "best_rank"])
+    queries = {q["query_id"]: q for q in Artifact(queries_url).rows(["query_id", "domain", "text"])}
+    gallery = Artifact(gallery_url).rows(["image_id", "image_bytes"])
     paths = labels.write_review_images(gallery, folder / "images")
     urls = {k: f"/data/local-files/?d={p.resolve()}" for k, p in paths.items()}
     tasks_ = labels.label_studio_tasks(candidates, queries, urls)
@@ -431,15 +426,15 @@ def evaluate_task(ctx: RunContext, bench_url: str) -> sharded.StageResult:
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        qrels_rows = _rows(f"{bench_url}/qrels", ["query_id", "image_id", "relevant", "verified"])
+        qrels_rows = Artifact(f"{bench_url}/qrels").rows(["query_id", "image_id", "relevant", "verified"])
         verified: dict[str, set[str]] = {}
         for r in qrels_rows:
             if r["verified"] and r["relevant"]:
                 verified.setdefault(r["query_id"], set()).add(r["image_id"])
         pending = sum(not r["verified"] for r in qrels_rows)
         if verified:
-            queries = _rows(f"{bench_url}/queries", ["query_id", "domain", "text"])
-            gallery = _rows(f"{bench_url}/gallery", ["image_id", "domain", "image_bytes"])
+            queries = Artifact(f"{bench_url}/queries").rows(["query_id", "domain", "text"])
+            gallery = Artifact(f"{bench_url}/gallery").rows(["image_id", "domain", "image_bytes"])
             rows += score(f"{ctx.flow_name}/{p.name}", "verified", queries, gallery,
                           [decode_rgb(g["image_bytes"]) for g in gallery], verified)
         for path in check_files:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,13 @@ def _source_root(ctx: RunContext) -> str:
     return f"{base}/{ctx.profile.training.source_flow}/{ctx.profile.name}"
 
 
+def _decoded_images(source_root: str, image_ids: Sequence[str]) -> dict[str, np.ndarray]:
+    """The source run's accepted images with these ids, decoded (one pass over the artifact)."""
+    wanted = set(image_ids)
+    return {r["image_id"]: decode_rgb(r["image_bytes"]) for _, tb in Artifact(f"{source_root}/accepted")
+            .iter_shards(["image_id", "image_bytes"]) for r in tb.to_pylist() if r["image_id"] in wanted}
+
+
 @task(name="training-features", cache_policy=NO_CACHE)
 def features_task(ctx: RunContext) -> sharded.StageResult:
     """Tower + teacher features of the training pairs (views per image), of the held-out person
@@ -65,12 +73,10 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
         registry = ModelRegistry(p.models)
         bridge = registry.expert(p.models.experts[0])
         teacher = registry.expert(p.models.teacher or p.models.experts[-1])
-        identity = {r["image_id"]: r["identity"] for _, tb in Artifact(f"{src}/neighbours").iter_shards(
-            ["image_id", "identity"]) for r in tb.to_pylist()}
+        identity = {r["image_id"]: r["identity"] for r in Artifact(f"{src}/neighbours").rows(["image_id", "identity"])}
         check_ids = {i for f in p.evaluation.check_sets for q in load_check_yaml(Path(resolve_location(f)))["queries"]
                      for i in q["relevant_identities"]}
-        caps = [r for _, tb in captions.iter_shards(["image_id", "text", "q_txt"]) for r in tb.to_pylist()
-                if identity.get(r["image_id"]) not in check_ids]
+        caps = [r for r in captions.rows(["image_id", "text", "q_txt"]) if identity.get(r["image_id"]) not in check_ids]
         if t.max_pairs is not None and len(caps) > t.max_pairs:
             caps = sorted(caps, key=lambda r: draw_seed(t.seed, r["image_id"] + r["text"]))[:t.max_pairs]
         people = sorted({identity[c["image_id"]] for c in caps if identity.get(c["image_id"])})
@@ -78,9 +84,7 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
         held = set(rng.choice(people, size=max(1, int(t.held_out_share * len(people))), replace=False).tolist()) \
             if len(people) > 1 else set()
         image_ids = sorted({c["image_id"] for c in caps})
-        wanted = set(image_ids)
-        images = {r["image_id"]: decode_rgb(r["image_bytes"]) for _, tb in Artifact(f"{src}/accepted").iter_shards(
-            ["image_id", "image_bytes"]) for r in tb.to_pylist() if r["image_id"] in wanted}
+        images = _decoded_images(src, image_ids)
         raw = t.model is not None  # a CLIP-like student reads the images itself, at every step
         if raw:
             teacher_vecs = teacher.encode_image([images[i] for i in image_ids])
@@ -124,7 +128,7 @@ def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
     """The features artifact as training pairs (cached tower features, or decoded images and caption
     texts when a CLIP-like student is configured), held-out pairs and check-set galleries."""
     t = ctx.profile.training
-    rows = [r for _, tb in Artifact(url).iter_shards() for r in tb.to_pylist()]
+    rows = Artifact(url).rows()
     images = sorted({r["key"] for r in rows if r["kind"] == "image"})
     index = {i: k for k, i in enumerate(images)}
     first_teacher = next(r["teacher"] for r in rows if r["kind"] == "image" and r["teacher"] is not None)
@@ -141,9 +145,7 @@ def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
                             "held_images": sorted({r["key"] for r in held}), "checks": {}, "raw": t.model is not None,
                             "image_identity": {r["key"]: r["identity"] for r in rows if r["kind"] == "image"}}
     if data["raw"]:
-        wanted = set(images)
-        decoded = {r["image_id"]: decode_rgb(r["image_bytes"]) for _, tb in Artifact(f"{_source_root(ctx)}/accepted")
-                   .iter_shards(["image_id", "image_bytes"]) for r in tb.to_pylist() if r["image_id"] in wanted}
+        decoded = _decoded_images(_source_root(ctx), images)
         data["pairs"] = TrainingPairs(None, pair_image, None, teacher_img, teacher_txt, q,
                                       raw_images=[decoded[i] for i in images], raw_texts=[r["text"] for r in pairs],
                                       views=t.views, seed=t.seed)
@@ -293,7 +295,7 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
 
     result = sharded.run_single(ctx, name, outs, key, compute, upstream=[Artifact(features_url)],
                                 config={"train": cfg.__dict__}, main_output="log")
-    evaluation = [r for _, tb in Artifact(outs[1].url).iter_shards() for r in tb.to_pylist()]
+    evaluation = Artifact(outs[1].url).rows()
     publish_table(f"{ctx.flow_name}-evaluation", [{k: (round(v, 4) if isinstance(v, float) else v)
                                                    for k, v in r.items()} for r in evaluation],
                   f"{method}: zero-shot vs trained (check set mAP@K per domain; held-out person search)")

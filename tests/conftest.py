@@ -77,7 +77,7 @@ def small_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str)
     from storage import Artifact, ArtifactWriter
     from storage.schemas import POOL
 
-    rows = [r for _, t in Artifact(demo_pool_url).iter_shards() for r in t.to_pylist()][::7][:96]
+    rows = Artifact(demo_pool_url).rows()[::7][:96]
     url = str(tmp_path_factory.mktemp("small-pool") / "pool")
     writer = ArtifactWriter(url, "pool", POOL, "small-pool")
     writer.begin()

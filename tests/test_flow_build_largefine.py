@@ -28,10 +28,6 @@ def _stages(summary: dict) -> dict[str, dict]:
     return {s["stage"]: s for s in summary["stages"]}
 
 
-def _rows(url: str) -> list[dict]:
-    return [r for _, t in Artifact(url).iter_shards() for r in t.to_pylist()]
-
-
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory: pytest.TempPathFactory, small_pool_url: str) -> tuple[str, dict, dict]:
     out = str(tmp_path_factory.mktemp("largefine-out"))
@@ -43,11 +39,11 @@ def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[
     out, summary, _ = offline_run
     assert summary["balanced"]
     root = Path(out, "build-largefine", "demo")
-    chosen = _rows(str(root / "neighbours"))
-    select_rejects = _rows(str(root / "select_rejects"))
+    chosen = Artifact(str(root / "neighbours")).rows()
+    select_rejects = Artifact(str(root / "select_rejects")).rows()
     assert len(chosen) == 6 and len(chosen) + len(select_rejects) == summary["accepted"]
     assert {r["reason"] for r in select_rejects} <= {"not_sampled", "out_of_domain"}
-    captions, rejects = _rows(str(root / "largefine")), _rows(str(root / "caption_rejects"))
+    captions, rejects = Artifact(str(root / "largefine")).rows(), Artifact(str(root / "caption_rejects")).rows()
     assert len(captions) + len(rejects) == 3 * len(chosen)
     assert len(captions) >= 6, f"too few captions survived the gates: {[r['reason'] for r in rejects]}"
     assert all(r["reason"] for r in rejects)
@@ -64,7 +60,7 @@ def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[
 
 def test_neighbours_are_distinct_images_and_hard_negatives_are_recorded(offline_run: tuple[str, dict, dict]) -> None:
     out, _, _ = offline_run
-    for row in _rows(str(Path(out, "build-largefine", "demo", "neighbours"))):
+    for row in Artifact(str(Path(out, "build-largefine", "demo", "neighbours"))).rows():
         assert row["image_id"] not in row["neighbour_ids"] and row["hard_negative_id"] in row["neighbour_ids"]
         assert len(row["neighbour_ids"]) == 5  # k=10 but only 6 images chosen
 
@@ -109,11 +105,11 @@ def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path, small_po
         models={"generators": [spec, {**spec, "batch_size": 2}], "template_generator": spec})
     summary = build_largefine(profile="demo", output_root=str(tmp_path / "out"), overrides=overrides)
     root = tmp_path / "out" / "build-largefine" / "demo"
-    captions, rejects = _rows(str(root / "largefine")), _rows(str(root / "caption_rejects"))
+    captions, rejects = Artifact(str(root / "largefine")).rows(), Artifact(str(root / "caption_rejects")).rows()
     assert summary["balanced"] and len(captions) + len(rejects) == 3 * 4
     # random weights write random tokens: every tier is rejected, each with a reason, none lost
     assert {r["reason"] for r in rejects} <= {"malformed_qa", "too_short", "too_long", "malformed_output",
                                               "repetitive", "missing_tier_input"}
-    neighbours = _rows(str(root / "neighbours"))
+    neighbours = Artifact(str(root / "neighbours")).rows()
     assert {r["generator_index"] for r in neighbours} <= {0, 1}
     assert Artifact(str(root / "tier12_captions")).manifest().models["generators"][0]["model_id"] == tiny

@@ -35,10 +35,10 @@ def test_train_saft_trains_evaluates_and_resumes(captions_root: str) -> None:
     folder = Path(captions_root, "train-saft", "demo", "train_saft")
     assert (folder / "model.pt").exists() and (folder / "loss.png").stat().st_size > 5000
     assert len(list(folder.glob("checkpoints/*/epoch-*.pt"))) == 2
-    rows = [r for _, t in Artifact(str(folder) + "_evaluation").iter_shards() for r in t.to_pylist()]
+    rows = Artifact(str(folder) + "_evaluation").rows()
     assert {r["expert"] for r in rows} == {"zero-shot", "saft"}
     assert {"R@1", "mAP", "mINP"} <= {r["metric"] for r in rows}
-    log = [r for _, t in Artifact(str(folder) + "_log").iter_shards() for r in t.to_pylist()]
+    log = Artifact(str(folder) + "_log").rows()
     assert '"sass"' in log[0]["terms"] and '"isd"' in log[0]["terms"]
     again = train_saft(profile="demo", output_root=captions_root, overrides=TRAINING)
     assert all(s["skipped"] for s in again["stages"])
@@ -48,7 +48,7 @@ def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
     train_gtr(profile="demo", output_root=captions_root, overrides=TRAINING)
     folder = Path(captions_root, "train-gtr", "demo", "train_gtr-ada")
     assert (folder / "s_hat.png").exists() and (folder / "model.pt").exists()
-    log = [r for _, t in Artifact(str(folder) + "_log").iter_shards() for r in t.to_pylist()]
+    log = Artifact(str(folder) + "_log").rows()
     assert '"itm"' in log[-1]["terms"]
 
 
@@ -66,7 +66,7 @@ def test_a_clip_like_student_trains_end_to_end_on_the_images(captions_root: str,
     summary = train_saft(profile="demo", output_root=captions_root, overrides=overrides)
     assert not {s["stage"]: s for s in summary["stages"]}["train_saft"]["skipped"]
     folder = Path(captions_root, "train-saft", "demo", "train_saft")
-    rows = [r for _, t in Artifact(str(folder) + "_evaluation").iter_shards() for r in t.to_pylist()]
+    rows = Artifact(str(folder) + "_evaluation").rows()
     assert {r["expert"] for r in rows} == {"zero-shot", "saft"} and {"R@1", "mAP"} <= {r["metric"] for r in rows}
     weights = __import__("torch").load(folder / "model.pt", weights_only=True)
     assert any(k.startswith("model.vision_model") for k in weights)
