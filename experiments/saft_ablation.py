@@ -27,14 +27,15 @@ from rde.metrics import mean_ap_at_k
 from rde.profiles import load_profile
 from rde.retrieval_features import image_features
 from rde.retrieval_training import TrainConfig, TrainingPairs, train
-from rde.runtime import resolve_location, state_dir
+from rde.runtime import state_dir
 from storage import Artifact
+from tasks.context import RunContext
 
 CONDITIONS = {"ITC": "itc", "ITC+SASS": "itc+sass", "ITC+SASS+ISD (SAFT)": "saft", "CUSA": "cusa"}
 
 
 def largefine_root() -> str:
-    return f"{resolve_location(load_profile('demo').artifacts_root)}/build-largefine/demo"
+    return RunContext(load_profile("demo"), "build-largefine").root
 
 
 def training_captions() -> list[dict]:

@@ -33,10 +33,6 @@ VERSION = "1"  # bump when a stage here changes what it writes
 GALLERY_PROMPT = "gtr_template_gallery"
 
 
-def _spec_id(spec: Any) -> dict[str, Any]:
-    return spec.model_dump(mode="json") if spec is not None else {}
-
-
 def _fingerprint(url: str) -> str:
     return Artifact(url).manifest().fingerprint
 
@@ -56,9 +52,9 @@ def neighbours_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
     registry = ModelRegistry(p.models)
     embedder_spec = p.models.image_embedder
     key = content_key(stage="hard-negatives", version=VERSION, accepted=_fingerprint(accepted_url),
-                      embedder=_spec_id(embedder_spec), domains=lf.domains, max_images=lf.max_images,
+                      embedder=spec_lineage(embedder_spec), domains=lf.domains, max_images=lf.max_images,
                       k=lf.neighbours_k, seed=lf.seed, shard_size=lf.shard_size,
-                      generators=[_spec_id(g) for g in p.models.generators])
+                      generators=[g.model_dump(mode="json") for g in p.models.generators])
     outs = [sharded.Output("neighbours", ctx.artifact_url("neighbours"), "neighbours", NEIGHBOURS),
             sharded.Output("rejects", ctx.artifact_url("select_rejects"), "text_rejects", TEXT_REJECTS)]
     if sharded.all_complete(outs, key):
@@ -210,7 +206,7 @@ def gallery_task(ctx: RunContext, tier12_url: str) -> sharded.StageResult:
     prompt = load_prompt(GALLERY_PROMPT)
     gen_spec = p.models.template_generator or ModelSpec(**BUNDLED_LLM)
     key = content_key(stage="template-gallery", version=VERSION, captions=_fingerprint(tier12_url),
-                      prompt=prompt.identity, generator=_spec_id(gen_spec), spec=spec.model_dump())
+                      prompt=prompt.identity, generator=spec_lineage(gen_spec), spec=spec.model_dump())
     outs = [sharded.Output("templates", ctx.artifact_url("template_gallery"), "templates", TEMPLATES),
             sharded.Output("rejects", ctx.artifact_url("template_rejects"), "text_rejects", TEXT_REJECTS)]
 
@@ -235,7 +231,7 @@ def gallery_task(ctx: RunContext, tier12_url: str) -> sharded.StageResult:
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
 
     result = sharded.run_single(ctx, "template-gallery", outs, key, compute, upstream=[Artifact(tier12_url)],
-                                models={"template_generator": _spec_id(gen_spec)},
+                                models={"template_generator": spec_lineage(gen_spec)},
                                 prompt_versions={GALLERY_PROMPT: prompt.identity})
     gallery = load_gallery(outs[0].url)
     log(f"template-gallery: {'skipped, ' if result.skipped else ''}{len(gallery.templates)} templates "

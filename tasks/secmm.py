@@ -44,10 +44,6 @@ from tasks.reporting import log, publish_markdown, publish_table, stage_table
 VERSION = "2"  # bump when a stage here changes what it writes
 
 
-def _spec_id(spec: Any) -> dict[str, Any]:
-    return spec.model_dump(mode="json") if spec is not None else {}
-
-
 def _query_generator_spec(ctx: RunContext) -> ModelSpec:
     return ctx.profile.models.query_generator or ModelSpec(**BUNDLED_LLM)
 
@@ -148,8 +144,8 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
     prompts = {d.name: load_prompt(f"dap_{d.name}") for d in p.domains}
     safety = load_prompt("query_safety")
     key = content_key(stage="dap", version=VERSION, stats=Artifact(stats_out[0].url).manifest().fingerprint,
-                      queries=p.queries.model_dump(), generator=_spec_id(gen_spec),
-                      encoder=_spec_id(p.models.text_encoder), prompts={k: v.identity for k, v in prompts.items()},
+                      queries=p.queries.model_dump(), generator=spec_lineage(gen_spec),
+                      encoder=spec_lineage(p.models.text_encoder), prompts={k: v.identity for k, v in prompts.items()},
                       safety=safety.identity)
     outs = [sharded.Output("queries", ctx.artifact_url("queries"), "queries", QUERIES),
             sharded.Output("rejects", ctx.artifact_url("query_rejects"), "text_rejects", TEXT_REJECTS)]
@@ -263,7 +259,7 @@ def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.St
     p = ctx.profile
     key = content_key(stage="mecf", version=VERSION, queries=Artifact(queries_url).manifest().fingerprint,
                       gallery=Artifact(gallery_url).manifest().fingerprint, retrieval=p.retrieval.model_dump(),
-                      experts=[_spec_id(s) for s in p.models.experts])
+                      experts=[spec_lineage(s) for s in p.models.experts])
     outs = [sharded.Output("candidates", ctx.artifact_url("candidates"), "candidates", CANDIDATES)]
     per_expert_counts: dict[str, int] = {}
 
@@ -298,7 +294,7 @@ def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.St
 
     result = sharded.run_single(ctx, "mecf", outs, key, compute, upstream=[Artifact(queries_url),
                                                                           Artifact(gallery_url)],
-                                models={"experts": [_spec_id(s) for s in p.models.experts]})
+                                models={"experts": [spec_lineage(s) for s in p.models.experts]})
     stats = Artifact(outs[0].url).manifest().stats
     table = [{"expert": k, "candidates": v} for k, v in stats.get("per_expert_candidates", {}).items()]
     table.append({"expert": "union (Eq. 1)", "candidates": stats.get("union_candidates", 0)})
@@ -404,7 +400,7 @@ def evaluate_task(ctx: RunContext, bench_url: str) -> sharded.StageResult:
     p = ctx.profile
     check_files = [resolve_location(f) for f in p.evaluation.check_sets]
     key = content_key(stage="evaluate", version=VERSION, qrels=Artifact(f"{bench_url}/qrels").manifest().fingerprint,
-                      experts=[_spec_id(s) for s in p.models.experts], check_sets=[
+                      experts=[spec_lineage(s) for s in p.models.experts], check_sets=[
                           sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files],
                       pool=p.evaluation.check_set_pool)
     outs = [sharded.Output("evaluation", ctx.artifact_url("evaluation"), "evaluation", EVALUATION)]

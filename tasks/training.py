@@ -42,8 +42,7 @@ LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch",
 
 def _source_root(ctx: RunContext) -> str:
     """Where the source flow's artifacts are: same artifacts root (or --output) as this run."""
-    base = resolve_location(ctx.output_root or ctx.profile.artifacts_root)
-    return f"{base}/{ctx.profile.training.source_flow}/{ctx.profile.name}"
+    return RunContext(ctx.profile, ctx.profile.training.source_flow, ctx.output_root).root
 
 
 def _decoded_images(source_root: str, image_ids: Sequence[str]) -> dict[str, np.ndarray]:

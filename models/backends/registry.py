@@ -42,8 +42,8 @@ def _cached(role: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
 
 
 def spec_lineage(spec: ModelSpec | None) -> dict[str, Any]:
-    """A generator spec as it enters stage keys and manifests: the spec, plus the identity of the
-    prompt file a composed backend renders internally (editing that prompt re-runs the stage)."""
+    """A model spec as it enters stage keys and manifests: the spec (empty when unset), plus the
+    identity of the prompt file a composed backend renders internally (editing it re-runs the stage)."""
     if spec is None:
         return {}
     out: dict[str, Any] = spec.model_dump(mode="json")
