@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from models.backends.registry import ModelRegistry
 from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
-from rde.expert_check import load_check_set, load_check_yaml, relevance_lists
+from rde.expert_check import CheckSet, load_check_set, load_check_yaml, relevance_lists
 from rde.hard_negatives import draw_seed
 from rde.image_decoding import decode_rgb
 from rde.metrics import mean_ap_at_k, person_search_metrics
@@ -152,7 +152,7 @@ def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
         for name in ctx.profile.evaluation.check_sets:
             check = load_check_set(resolve_location(ctx.profile.evaluation.check_set_pool),
                                    Path(resolve_location(name)))
-            data["checks"][name] = (check.gallery_images, check.queries)
+            data["checks"][name] = (check.gallery_images, check.queries, check, _check_domains(name))
         return data
     views = 1 + max(r["index"] for r in rows if r["kind"] == "image")
     dim = len(next(r for r in rows if r["kind"] == "image")["vector"])
@@ -166,8 +166,18 @@ def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
     for name in sorted({r["key"] for r in rows if r["kind"] == "gallery"}):
         gal = sorted((r for r in rows if r["kind"] == "gallery" and r["key"] == name), key=lambda r: r["index"])
         qs = sorted((r for r in rows if r["kind"] == "query" and r["key"] == name), key=lambda r: r["index"])
-        data["checks"][name] = (torch.tensor([r["vector"] for r in gal]), torch.tensor([r["vector"] for r in qs]))
+        spec = load_check_yaml(Path(resolve_location(name)))
+        # the labels are all the evaluation needs: identities of the cached gallery, relevant sets per query
+        labels = CheckSet(queries=[q["text"] for q in spec["queries"]],
+                          relevant=[set(q["relevant_identities"]) for q in spec["queries"]], gallery_images=[],
+                          gallery_identities=[r["identity"] for r in gal], gallery_domains=[])
+        data["checks"][name] = (torch.tensor([r["vector"] for r in gal]), torch.tensor([r["vector"] for r in qs]),
+                                labels, _check_domains(name))
     return data
+
+
+def _check_domains(name: str) -> list[str]:
+    return [q.get("domain", "pedestrian") for q in load_check_yaml(Path(resolve_location(name)))["queries"]]
 
 
 def new_model(data: dict[str, Any], ctx: RunContext) -> torch.nn.Module:
@@ -204,18 +214,15 @@ def train_config(ctx: RunContext, **overrides: Any) -> TrainConfig:
                           "seed": t.seed, **overrides})
 
 
-def evaluation_rows(model: torch.nn.Module, data: dict[str, Any], ctx: RunContext, label: str) -> list[dict]:
+def evaluation_rows(model: torch.nn.Module, data: dict[str, Any], label: str) -> list[dict]:
     """mAP@10/20/30 per domain on each check set; R@1/5/10, mAP, mINP on the held-out identities."""
     rows: list[dict[str, Any]] = []
     model.eval()
     with torch.no_grad():
-        for name, (gallery, queries) in data["checks"].items():
-            check = load_check_set(resolve_location(ctx.profile.evaluation.check_set_pool),
-                                   Path(resolve_location(name)))
+        for name, (gallery, queries, check, domains) in data["checks"].items():
             sims = _encode_texts(model, queries) @ _encode_images(model, gallery).T
             ranked = np.argsort(-sims, axis=1, kind="stable")[:, :30]
             rankings, counts = relevance_lists(check, ranked)
-            domains = [q.get("domain", "pedestrian") for q in load_check_yaml(Path(resolve_location(name)))["queries"]]
             for domain in sorted(set(domains)):
                 sel = [i for i, d in enumerate(domains) if d == domain]
                 for k in (10, 20, 30):
@@ -277,9 +284,9 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
         data = load_training_data(features_url, ctx)
         torch.manual_seed(cfg.seed)
         model = new_model(data, ctx)
-        rows = evaluation_rows(model, data, ctx, "zero-shot")
+        rows = evaluation_rows(model, data, "zero-shot")
         result = train(model, data["pairs"], cfg, checkpoint_dir=folder / "checkpoints" / key[:16])
-        rows += evaluation_rows(model, data, ctx, method)
+        rows += evaluation_rows(model, data, method)
         torch.save(model.state_dict(), folder / "model.pt")
         loss_plot(result, folder / "loss.png", f"{method} ({len(data['pairs'])} pairs)")
         extra["result"] = result
