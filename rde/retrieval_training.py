@@ -54,6 +54,13 @@ class TrainingPairs:
     views: int = 1
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        # unit teacher vectors once here, not in every training step
+        if self.teacher_images is not None:
+            self.teacher_images = torch.nn.functional.normalize(self.teacher_images, dim=-1)
+        if self.teacher_texts is not None:
+            self.teacher_texts = torch.nn.functional.normalize(self.teacher_texts, dim=-1)
+
     def __len__(self) -> int:
         return len(self.pair_image)
 
@@ -133,30 +140,25 @@ def batch_loss(model: Any, pairs: TrainingPairs, idx: torch.Tensor, views: torch
     txt = model.encode_text(pairs.text_input(model, idx))
     tau = model.tau
     out: dict[str, torch.Tensor] = {}
+    if cfg.objective in ("saft", "itc+sass", "cusa"):
+        t_img, t_txt = pairs.teacher_images[image_rows], pairs.teacher_texts[idx]
     if cfg.objective == "saft":  # the fused pass: shared student logits, teacher terms without autograd
-        t_img = torch.nn.functional.normalize(pairs.teacher_images[image_rows], dim=-1)
-        t_txt = torch.nn.functional.normalize(pairs.teacher_texts[idx], dim=-1)
         out = saft_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher, cfg.alpha, cfg.beta, weights)
         total = out.pop("total")
-    elif cfg.objective == "hnm":
-        out["itc"] = hard_negative_itc(img, txt, tau, cfg.hnm_margin, cfg.hnm_top_k)
     else:
-        out["itc"] = itc_loss(img, txt, tau, weights)
-    if cfg.objective != "saft":
+        out["itc"] = hard_negative_itc(img, txt, tau, cfg.hnm_margin, cfg.hnm_top_k) if cfg.objective == "hnm" \
+            else itc_loss(img, txt, tau, weights)
         total = out["itc"]
-    if cfg.objective in ("itc+sass", "cusa"):
-        t_img = torch.nn.functional.normalize(pairs.teacher_images[image_rows], dim=-1)
-        t_txt = torch.nn.functional.normalize(pairs.teacher_texts[idx], dim=-1)
         if cfg.objective == "cusa":
             out["cusa"] = cusa_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
             total = total + cfg.alpha * out["cusa"]
-        else:
+        elif cfg.objective == "itc+sass":
             out["sass"] = sass_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
             total = total + cfg.alpha * out["sass"]
-    if cfg.objective == "itc+iss":
-        other = (views + 1) % pairs.n_views
-        out["iss"] = iss_loss(img, model.encode_image(pairs.image_input(model, other, image_rows)), tau)
-        total = total + out["iss"]
+        elif cfg.objective == "itc+iss":
+            other = (views + 1) % pairs.n_views
+            out["iss"] = iss_loss(img, model.encode_image(pairs.image_input(model, other, image_rows)), tau)
+            total = total + out["iss"]
     if cfg.use_itm:
         with torch.no_grad():
             sims = img @ txt.T

@@ -68,19 +68,14 @@ def saft_loss(img: torch.Tensor, txt: torch.Tensor, tau: float | torch.Tensor, t
     Same values as the three functions above, computed in one pass: the student's logits and
     log-softmaxes are shared between ITC and SASS, and the teacher's (constant) distributions are
     built without autograd."""
-    logits = img @ txt.T / tau
-    s_i2t, s_t2i = F.log_softmax(logits, dim=1), F.log_softmax(logits.T, dim=1)
+    s_i2t, s_t2i = cross_modal_log_probs(img, txt, tau)
     per_pair = -(s_i2t.diagonal() + s_t2i.diagonal()) / 2
     itc = (per_pair * weights).mean() if weights is not None else per_pair.mean()
     with torch.no_grad():
-        t_logits = teacher_img @ teacher_txt.T / tau_teacher
-        t_i2t, t_t2i = F.log_softmax(t_logits, dim=1), F.log_softmax(t_logits.T, dim=1)
+        t_i2t, t_t2i = cross_modal_log_probs(teacher_img, teacher_txt, tau_teacher)
         t_v2v = F.log_softmax(teacher_img @ teacher_img.T / tau_teacher, dim=1)
-        p_i2t, p_t2i, p_v2v = t_i2t.exp(), t_t2i.exp(), t_v2v.exp()
-    sass = ((p_i2t * (t_i2t - s_i2t)).sum(1).mean() + (p_t2i * (t_t2i - s_t2i)).sum(1).mean()
-            + (s_i2t.exp() * (s_i2t - t_i2t)).sum(1).mean() + (s_t2i.exp() * (s_t2i - t_t2i)).sum(1).mean()) / 4
-    s_v2v = F.log_softmax(img @ img.T / tau, dim=1)
-    isd = (p_v2v * (t_v2v - s_v2v)).sum(1).mean()
+    sass = (_kl_rows(t_i2t, s_i2t) + _kl_rows(t_t2i, s_t2i) + _kl_rows(s_i2t, t_i2t) + _kl_rows(s_t2i, t_t2i)) / 4
+    isd = _kl_rows(t_v2v, F.log_softmax(img @ img.T / tau, dim=1))
     return {"itc": itc, "sass": sass, "isd": isd, "total": itc + alpha * sass + beta * isd}
 
 
