@@ -37,10 +37,14 @@ class Mixture1D:
                 - 0.5 * (x - self.means) ** 2 / self.variances)
 
     def posteriors(self, x: np.ndarray) -> np.ndarray:
-        lj = self.log_joint(x)
-        lj -= lj.max(axis=1, keepdims=True)
-        p = np.exp(lj)
-        return p / p.sum(axis=1, keepdims=True)
+        return _normalise(self.log_joint(x))[0]
+
+
+def _normalise(log_joint: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N×K posteriors, N log-likelihoods) from log α_k + log N(x | μ_k, σ²_k), computed stably."""
+    top = log_joint.max(axis=1, keepdims=True)
+    log_norm = top[:, 0] + np.log(np.exp(log_joint - top).sum(axis=1))
+    return np.exp(log_joint - log_norm[:, None]), log_norm
 
 
 def _kmeans_init(x: np.ndarray, k: int, sample: int = 100_000, iters: int = 20
@@ -76,11 +80,7 @@ def fit_gmm_1d(x: np.ndarray, k: int = 2, max_iter: int = 100, tol: float = 1e-6
     variances = np.maximum(variances, reg_var)
     previous, converged, it = -np.inf, False, 0
     for it in range(1, max_iter + 1):
-        gmm = Mixture1D(weights, means, variances, it, False)
-        lj = gmm.log_joint(x)
-        top = lj.max(axis=1, keepdims=True)
-        log_norm = top[:, 0] + np.log(np.exp(lj - top).sum(axis=1))
-        resp = np.exp(lj - log_norm[:, None])
+        resp, log_norm = _normalise(Mixture1D(weights, means, variances, it, False).log_joint(x))
         mean_ll = float(log_norm.mean())
         nk = resp.sum(axis=0) + 1e-12
         weights = nk / len(x)
