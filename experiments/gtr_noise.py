@@ -18,12 +18,11 @@ import argparse
 
 import numpy as np
 import torch
-from saft_ablation import load_features, training_captions
+from saft_ablation import feature_cache, load_features, model_dims, training_captions
 
 from models.retrieval.dual_encoder import FeatureDualEncoder
 from rde.metrics import person_search_metrics
 from rde.retrieval_training import TrainConfig, TrainingPairs, train
-from rde.runtime import state_dir
 
 
 def main() -> None:
@@ -34,9 +33,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    f = load_features(state_dir() / "cache" / "saft_features.npz")
+    f = load_features(feature_cache())
     caps = training_captions()
-    assert len(caps) == len(f["pair_image"]), "feature cache is stale: delete .rde/cache/saft_features.npz"
+    assert len(caps) == len(f["pair_image"]), f"feature cache is stale: delete {feature_cache()}"
     identity = np.array([c["identity"] for c in caps])
     image_identity = {int(i): identity[k] for k, i in enumerate(f["pair_image"])}
     rng = np.random.default_rng(0)
@@ -49,8 +48,7 @@ def main() -> None:
     test_pairs = np.flatnonzero(np.isin(identity, list(test_ids)))
     train_pairs = np.flatnonzero(~np.isin(identity, list(test_ids)))
     test_images = sorted({int(f["pair_image"][p]) for p in test_pairs})
-    dims = dict(bridge_dim=f["texts"].shape[1], cnn_dim=f["images"].shape[2] - f["texts"].shape[1],
-                text_dim=f["texts"].shape[1])
+    dims = model_dims(f)
     print(f"train: {len(train_pairs)} pairs; test: {len(test_pairs)} caption queries over {len(test_images)} "
           f"images of {len(test_ids)} identities; noise {args.noise:.0%}; {args.epochs} epochs; ITC + ITM")
 

@@ -47,6 +47,16 @@ def training_captions() -> list[dict]:
         ["image_id", "text", "q_txt"]) if ident[r["image_id"]] not in held_out]
 
 
+def feature_cache() -> Path:
+    return state_dir() / "cache" / "saft_features.npz"
+
+
+def model_dims(f: dict[str, np.ndarray]) -> dict[str, int]:
+    """FeatureDualEncoder sizes for the cached features (image input = bridge vector + CNN features)."""
+    text = f["texts"].shape[1]
+    return {"bridge_dim": text, "cnn_dim": f["images"].shape[2] - text, "text_dim": text}
+
+
 def load_features(cache: Path, seed: int = 0) -> dict[str, np.ndarray]:
     """Training pairs' and check-set gallery's features (computed once, kept in ``cache``)."""
     if cache.exists():
@@ -99,11 +109,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    f = load_features(state_dir() / "cache" / "saft_features.npz")
+    f = load_features(feature_cache())
     pairs = TrainingPairs(torch.tensor(f["images"]), torch.tensor(f["pair_image"]), torch.tensor(f["texts"]),
                           torch.tensor(f["teacher_images"]), torch.tensor(f["teacher_texts"]), torch.tensor(f["q_txt"]))
-    dims = dict(bridge_dim=f["texts"].shape[1], cnn_dim=f["images"].shape[2] - f["texts"].shape[1],
-                text_dim=f["texts"].shape[1])
+    dims = model_dims(f)
     print(f"{len(pairs)} training pairs over {f['images'].shape[1]} images ({f['images'].shape[0]} views); "
           f"check set: {len(f['queries'])} queries, {len(f['gallery'])} gallery crops; {args.epochs} epochs, "
           f"peak lr {args.lr}")
