@@ -23,6 +23,8 @@ profile_app = typer.Typer(help="Show and validate profiles (YAML, validated on l
 pool_app = typer.Typer(help="The demo image pool of real surveillance crops.", no_args_is_help=True)
 app.add_typer(profile_app, name="profile")
 app.add_typer(pool_app, name="pool")
+clips_app = typer.Typer(help="The demo video-clip set for the cached reranker.", no_args_is_help=True)
+app.add_typer(clips_app, name="clips")
 labels_app = typer.Typer(help="Human label refinement: import reviewed decisions.", no_args_is_help=True)
 app.add_typer(labels_app, name="labels")
 stack_app = typer.Typer(help="A local Prefect server, work pools (cpu, gpu), workers and deployments.",
@@ -150,8 +152,52 @@ def train_gtr_cmd(
     _run_flow(train_gtr, profile, None, None, output, sets, as_json, None)
 
 
+@app.command("train-vedje")
+def train_vedje_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root.")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set vedje.tokens_per_frame=1")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Train the cached joint reranker (compressor + MiniLM joint encoder; VTM+VTC+MLM+delta)."""
+    from flows.train_vedje import train_vedje
+
+    _run_flow(train_vedje, profile, None, None, output, sets, as_json, None)
+
+
+@app.command("index-cache")
+def index_cache_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root (the train-vedje run's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set vedje.precision=fp8")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Write per-item reranker caches (backbone → trained compressor → BF16/FP8/FP4 rows) + stage-1 index."""
+    from flows.index_cache import index_cache
+
+    _run_flow(index_cache, profile, None, None, output, sets, as_json, None)
+
+
+@app.command("rerank")
+def rerank_cmd(
+    profile: ProfileOpt = "demo",
+    query: Annotated[list[str] | None, typer.Option("--query", help="A text query (repeatable); default: the "
+                                                   "labelled test captions, with R@K.")] = None,
+    output: Annotated[str | None, typer.Option(help="Artifacts root (the index-cache run's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set 'vedje.candidates=[20]'")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Rerank stage-1 candidates from the stored caches (text → search → cache fetch → joint score)."""
+    from flows.rerank import rerank
+
+    _run_flow(rerank, profile, None, None, output, sets, as_json, None, {"queries": query or None})
+
+
 def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
-              sets: list[str] | None, as_json: bool, until: str | None) -> None:
+              sets: list[str] | None, as_json: bool, until: str | None, extra: dict[str, Any] | None = None) -> None:
     """Validate profile and input before Prefect starts, run the flow, print its summary; user
     errors exit 2 with a message, an unbalanced accounting exits 2 after the summary."""
     overrides = _parse_sets(sets or [])
@@ -169,7 +215,8 @@ def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: st
         check_input(prof.input, project_root())
         root = RunContext(prof, flow_fn.name, output).root
         with output_lock(root, flow_fn.name):  # writable and not in use, checked before Prefect starts
-            summary = flow_fn(profile=profile, overrides=overrides or None, output_root=output, until=until)
+            summary = flow_fn(profile=profile, overrides=overrides or None, output_root=output, until=until,
+                              **(extra or {}))
     except _user_errors() as exc:
         _fail(str(exc))
         return
@@ -231,6 +278,23 @@ def profile_validate(path: Annotated[str, typer.Argument(help="Profile name or Y
     """Validate a profile; exit 2 with a message naming each bad key."""
     prof = _profile_or_fail(path)
     console.print(f"[green]ok[/] profile {prof.name}")
+
+
+@clips_app.command("build")
+def clips_build(
+    video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi).")] =
+    "/usr/share/doc/opencv-doc/examples/data/vtest.avi",
+    out: Annotated[str, typer.Option(help="Output clip-set folder.")] = "data/demo_clips",
+) -> None:
+    """Rebuild the demo clip set from vtest.avi (track, cut clips, grounded captions, split by time)."""
+    from rde.demo_clips import ClipParams, build_clip_rows, write_clip_set
+
+    if not Path(video).exists():
+        _fail(f"video {video} not found: run scripts/build_demo_pool.sh (fetches Debian's opencv-doc)")
+    params = ClipParams()
+    frames, clips = build_clip_rows(video, params)
+    write_clip_set(frames, clips, out, params, video)
+    console.print(f"wrote {len(clips)} clips ({len(frames)} frames) to {out}")
 
 
 @pool_app.command("build")

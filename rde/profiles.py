@@ -80,6 +80,7 @@ BACKENDS: dict[str, set[str]] = {
     "generators": {"grounded", "llama-cpp", "openai-http", "vllm", "transformers-vlm"},
     "query_generator": {"llama-cpp", "openai-http", "vllm", "transformers-vlm"},
     "template_generator": {"llama-cpp", "openai-http", "vllm", "transformers-vlm"},
+    "joint_encoder": {"bert"},
 }
 
 
@@ -279,6 +280,55 @@ class TrainingSpec(Strict):
         return self
 
 
+class VedjeSpec(Strict):
+    """``train-vedje`` / ``index-cache`` / ``rerank``: the cached joint reranker (VEDJE; App. A.2–A.3
+    defaults unless noted). Items are video clips (T frames) or images (T = 1)."""
+
+    source: Literal["clips", "largefine"] = "clips"  # the bundled clip set, or a build-largefine run's images
+    clips_path: str = "data/demo_clips"
+    source_flow: str = "build-largefine"  # for source 'largefine'
+    test_share: float = Field(0.3, gt=0.0, lt=1.0)  # largefine: identities held out for testing
+    backbone: ModelSpec | None = None  # frozen g_φ with feature_maps; None = the bundled EfficientNet-Lite0
+    first_stage: ModelSpec | None = None  # the stage-1 expert (ρ and VTC targets); None = models.experts[0]
+    joint_encoder: ModelSpec = ModelSpec(backend="bert", model_id="bundled:all-MiniLM-L6-v2")  # options.layers: k
+    tokens_per_frame: int = Field(4, ge=1)  # M
+    structure: Literal["frames", "mean", "attention"] = "frames"
+    horizons: list[int] = Field(default_factory=lambda: [3], min_length=1)  # H
+    delta: bool = True
+    # false: keep the compressor of the previous train-vedje run frozen and retrain only the online
+    # reranker, so the caches index-cache wrote stay valid (no re-indexing)
+    train_compressor: bool = True
+    compressor_layers: int = Field(2, ge=1)
+    heads: int = Field(8, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    max_text_tokens: int = Field(64, ge=4)
+    epochs: int = Field(4, ge=1)
+    batch_size: int = Field(64, ge=2)  # queries per optimizer step
+    train_candidates: int = Field(8, ge=2)  # VTM candidates per query: the positive + hard negatives
+    # VTM candidates come from the stage-1 top-N (a query whose positive is not in it gets no VTM term)
+    negatives_from: int = Field(20, ge=2)
+    lr_start: float = Field(1e-6, gt=0.0)
+    lr_peak: float = Field(3e-4, gt=0.0)
+    warmup_steps: int = Field(400, ge=0)
+    epoch_decay: float = Field(0.9, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.02, ge=0.0)
+    precision: Literal["bf16", "fp8", "fp4"] = "bf16"
+    candidates: list[int] = Field(default_factory=lambda: [20, 50, 100], min_length=1)  # N_c evaluated
+    shard_size: int = Field(64, ge=1)  # items per index-cache task
+    score_batch: int = Field(256, ge=1)  # pairs per joint-encoder forward at query time
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VedjeSpec:
+        if self.joint_encoder.backend != "bert":
+            raise ValueError("vedje.joint_encoder.backend must be 'bert' (a BERT/MiniLM encoder by id or bundled)")
+        if self.delta and self.structure != "frames":
+            raise ValueError("vedje.delta needs vedje.structure 'frames' (per-frame cached tokens)")
+        if any(h < 1 for h in self.horizons):
+            raise ValueError("vedje.horizons must be positive frame offsets")
+        return self
+
+
 class PrefectSpec(Strict):
     task_runner_workers: int = Field(2, ge=1)
     gpu_concurrency_limit: str = "gpu"
@@ -301,6 +351,7 @@ class Profile(Strict):
     evaluation: EvaluationSpec = EvaluationSpec()
     largefine: LargeFineSpec = LargeFineSpec()
     training: TrainingSpec = TrainingSpec()
+    vedje: VedjeSpec = VedjeSpec()
     prefect: PrefectSpec = PrefectSpec()
 
     @model_validator(mode="after")

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_help_lists_commands() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("build-secmm", "profile", "pool", "artifacts"):
+    for command in ("build-secmm", "profile", "pool", "artifacts", "train-vedje", "index-cache", "rerank", "clips"):
         assert command in result.output
     result = runner.invoke(app, ["build-secmm", "--help"])
     assert result.exit_code == 0 and "--input" in result.output and "--set" in result.output

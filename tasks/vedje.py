@@ -1,0 +1,378 @@
+"""Stages of the cached joint reranker: ``train-vedje`` (frozen features → trained compressor +
+reranker), ``index-cache`` (backbone + trained compressor → per-item caches and the stage-1 index)
+and ``rerank`` (stage-1 search → cache fetch → joint scoring)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from models.backends.interfaces import l2_normalize
+from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, ModelRegistry, spec_lineage
+from models.reranker.cache_store import CACHE, CacheIndex, cache_rows
+from models.reranker.vedje import Vedje
+from rde.profiles import ModelSpec
+from rde.vedje_data import ItemSet, load_items
+from rde.vedje_features import FRAME_FEATURES, ITEMS, QUERIES, build_tables, tensors_from_tables
+from rde.vedje_training import (
+    VedjeTensors,
+    build_model,
+    evaluate_rerank,
+    joint_scores,
+    stored_caches,
+    train_config,
+    train_vedje,
+)
+from storage import Artifact, content_key
+from tasks import sharded
+from tasks.context import RunContext
+from tasks.reporting import Progress, log, publish_markdown, publish_table, stage_table
+
+VERSION = "1"
+REJECTS = pa.schema([pa.field("item_id", pa.string(), nullable=False), pa.field("reason", pa.string(), nullable=False),
+                     pa.field("detail", pa.string())])
+LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
+                 pa.field("terms", pa.string(), nullable=False)])
+RECALL = pa.schema([pa.field("ranking", pa.string(), nullable=False), pa.field("n_candidates", pa.int32()),
+                    pa.field("metric", pa.string(), nullable=False), pa.field("value", pa.float64(), nullable=False),
+                    pa.field("queries", pa.int32()), pa.field("gallery", pa.int32()),
+                    pa.field("precision", pa.string())])
+STAGE1_INDEX = pa.schema([pa.field("item_id", pa.string(), nullable=False), pa.field("group", pa.string()),
+                          pa.field("split", pa.string()),
+                          pa.field("embedding", pa.list_(pa.float32()), nullable=False)])
+RERANKED = pa.schema([pa.field("query_id", pa.int32(), nullable=False), pa.field("text", pa.string(), nullable=False),
+                      pa.field("rank", pa.int32(), nullable=False), pa.field("item_id", pa.string(), nullable=False),
+                      pa.field("stage1_rank", pa.int32(), nullable=False),
+                      pa.field("stage1_score", pa.float64(), nullable=False),
+                      pa.field("score", pa.float64(), nullable=False), pa.field("relevant", pa.bool_())])
+
+
+def _backbone_spec(ctx: RunContext):
+    return ctx.profile.vedje.backbone or ctx.profile.models.image_embedder or BUNDLED_IMAGE_EMBEDDER
+
+
+def _stage1_spec(ctx: RunContext):
+    p = ctx.profile
+    if p.vedje.first_stage is None and not p.models.experts:
+        raise ValueError("vedje needs a stage-1 expert: set vedje.first_stage or models.experts")
+    return p.vedje.first_stage or p.models.experts[0]
+
+
+def _source(ctx: RunContext) -> tuple[ItemSet, list[Artifact]]:
+    v = ctx.profile.vedje
+    if v.source == "clips":
+        from rde.runtime import resolve_location
+
+        root = resolve_location(v.clips_path)
+        return load_items(ctx.profile), [Artifact(f"{root}/clips")]
+    root = RunContext(ctx.profile, v.source_flow, ctx.output_root).root
+    return load_items(ctx.profile, root), [Artifact(f"{root}/largefine")]
+
+
+def _rejects(items: ItemSet) -> pa.Table:
+    detail = {"split_gap": "clip between the train and test periods (so no test frame is trained on)"}
+    return pa.Table.from_pylist([{"item_id": f"{reason}:{k}", "reason": reason, "detail": detail.get(reason)}
+                                 for reason, n in items.rejected.items() for k in range(n)], schema=REJECTS)
+
+
+@task(name="vedje-features", cache_policy=NO_CACHE)
+def features_task(ctx: RunContext) -> sharded.StageResult:
+    """Frozen backbone patch features per frame, stage-1 item and query embeddings."""
+    items, upstream = _source(ctx)
+    backbone, stage1 = _backbone_spec(ctx), _stage1_spec(ctx)
+    key = content_key(stage="vedje-features", version=VERSION, source=[a.manifest().fingerprint for a in upstream],
+                      vedje={k: getattr(ctx.profile.vedje, k) for k in ("source", "clips_path", "test_share", "seed")},
+                      backbone=spec_lineage(backbone), stage1=spec_lineage(stage1))
+    outs = [sharded.Output("frames", ctx.artifact_url("vedje_frames"), "vedje_frames", FRAME_FEATURES),
+            sharded.Output("items", ctx.artifact_url("vedje_items"), "vedje_items", ITEMS),
+            sharded.Output("queries", ctx.artifact_url("vedje_queries"), "vedje_queries", QUERIES),
+            sharded.Output("rejects", ctx.artifact_url("vedje_rejects"), "rejects", REJECTS)]
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        reg = ModelRegistry(ctx.profile.models)
+        progress = Progress(f"{ctx.flow_name}-features-progress", "vedje-features: frames encoded (%)")
+        frames, item_tb, query_tb = build_tables(items, reg.image_embedder(backbone), reg.expert(stage1),
+                                                 on_batch=progress.update)
+        stats = {"input_rows": items.input_rows or len(items.item_ids), "accepted": len(items.item_ids),
+                 "rejected": dict(items.rejected), "frames": frames.num_rows, "queries": query_tb.num_rows}
+        return {"frames": frames, "items": item_tb, "queries": query_tb, "rejects": _rejects(items)}, stats
+
+    result = sharded.run_single(ctx, "vedje-features", outs, key, compute, upstream=upstream,
+                                models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)},
+                                main_output="items")
+    publish_table(f"{ctx.flow_name}-features", stage_table("vedje-features", result.input_rows, result.accepted,
+                                                           result.rejected, result.skipped),
+                  "Items with frozen features (accepted) and items left out with their reason")
+    log(f"vedje-features: {'skipped, ' if result.skipped else ''}{result.accepted} items "
+        f"({sum(result.rejected.values())} rejected)")
+    return result
+
+
+def load_tensors(urls: dict[str, str]) -> VedjeTensors:
+    return tensors_from_tables(*(pa.concat_tables([t for _, t in Artifact(urls[n]).iter_shards()])
+                                 for n in ("frames", "items", "queries")))
+
+
+def model_folder(ctx: RunContext) -> Path:
+    """Where ``train-vedje`` keeps the weights (``model.pt``) and their description (``model.json``)."""
+    return Path(RunContext(ctx.profile, "train-vedje", ctx.output_root).artifact_url("vedje_model"))
+
+
+def save_model(model: Vedje, folder: Path, ctx: RunContext, item_dim: int) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = ctx.profile.vedje
+    meta = {"shape": asdict(model.shape), "item_dim": item_dim, "joint_encoder": spec.joint_encoder.model_dump(),
+            "max_text_tokens": spec.max_text_tokens, "cache_lineage": cache_lineage(model, ctx)}
+    tmp = folder / "model.pt.tmp"
+    torch.save(model.state_dict(), tmp)
+    tmp.replace(folder / "model.pt")
+    (folder / "model.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    return meta
+
+
+def cache_lineage(model: Vedje, ctx: RunContext) -> dict[str, Any]:
+    """What a cache written by this model depends on: backbone, compressor weights, layout."""
+    return {"backbone": spec_lineage(_backbone_spec(ctx)), "compressor": model.compressor_fingerprint(),
+            "frames": model.shape.frames, "tokens_per_frame": model.shape.tokens_per_frame, "dim": model.reranker.d}
+
+
+def load_model(ctx: RunContext) -> tuple[Vedje, dict[str, Any]]:
+    """The trained model of this profile's ``train-vedje`` run (clear error when there is none)."""
+    folder = model_folder(ctx)
+    if not (folder / "model.json").exists():
+        raise FileNotFoundError(f"no trained reranker at {folder}: run `rde train-vedje --profile "
+                                f"{ctx.profile.name}` first")
+    meta = json.loads((folder / "model.json").read_text())
+    shape = meta["shape"]
+    trained = ModelSpec(**{**meta["joint_encoder"], "device": ctx.profile.vedje.joint_encoder.device})
+    spec = ctx.profile.vedje.model_copy(update={"joint_encoder": trained, "max_text_tokens": meta["max_text_tokens"]})
+    model = build_model(spec, shape["d_v"], shape["patches"], shape["frames"], meta["item_dim"],
+                        **{k: v for k, v in shape.items() if k not in ("d_v", "patches", "frames")}
+                        | {"horizons": tuple(shape["horizons"])})
+    model.load_state_dict(torch.load(folder / "model.pt", map_location="cpu", weights_only=True))
+    model.eval()
+    return model, meta
+
+
+@task(name="vedje-train", cache_policy=NO_CACHE)
+def train_task(ctx: RunContext, urls: dict[str, str]) -> sharded.StageResult:
+    """Train (resuming per epoch), evaluate stage 1 vs rerank on the test split, save the model."""
+    spec = ctx.profile.vedje
+    cfg = train_config(spec)
+    frozen = None  # the compressor kept from the previous run is an input when it is not retrained
+    if not spec.train_compressor:
+        meta_file = model_folder(ctx) / "model.json"
+        if not meta_file.exists():
+            raise FileNotFoundError(f"vedje.train_compressor=false keeps the previous compressor, but there is no "
+                                    f"trained model at {meta_file.parent}: run `rde train-vedje` once first")
+        frozen = json.loads(meta_file.read_text())["cache_lineage"]["compressor"]
+    key = content_key(stage="vedje-train", version=VERSION, features=Artifact(urls["items"]).manifest().fingerprint,
+                      vedje=spec.model_dump(mode="json"), frozen_compressor=frozen)
+    outs = [sharded.Output("log", ctx.artifact_url("vedje_log"), "training_log", LOG),
+            sharded.Output("evaluation", ctx.artifact_url("vedje_evaluation"), "evaluation", RECALL)]
+    folder = model_folder(ctx)
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        data = load_tensors(urls)
+        torch.manual_seed(spec.seed)
+        model = build_model(spec, data.frame_features.shape[2], data.frame_features.shape[1],
+                            data.item_frames.shape[1], data.item_emb.shape[1])
+        run_cfg = cfg
+        if not spec.train_compressor:
+            previous, _ = load_model(ctx)
+            model.compressor.load_state_dict(previous.compressor.state_dict())
+            model.compressor.requires_grad_(False)
+            run_cfg = replace(cfg, losses=tuple(t for t in cfg.losses if t != "delta"))
+            log(f"vedje-train: compressor {model.compressor_fingerprint()[:12]} kept frozen (caches stay valid)")
+        progress = Progress(f"{ctx.flow_name}-train-progress", "vedje-train: epochs done (%)")
+        result = train_vedje(model, data, run_cfg, folder / "checkpoints" / key[:16],
+                             on_epoch=lambda e, loss: (progress.update(100.0 * (e + 1) / cfg.epochs),
+                                                       log(f"vedje-train: epoch {e} mean loss {loss:.4f}")))
+        meta = save_model(model, folder, ctx, data.item_emb.shape[1])
+        rows = []
+        for precision in ("bf16", "fp8", "fp4"):
+            rows += [{**r, "precision": precision} for r in evaluate_rerank(
+                model, data, stored_caches(model, data, precision), spec.candidates, batch=spec.score_batch)]
+        log_rows = [{"step": int(s["step"]), "epoch": int(s["epoch"]),
+                     "terms": json.dumps({k: v for k, v in s.items() if k not in ("step", "epoch")})}
+                    for s in result.step_losses]
+        n_train = len(data.rows("train")[1])
+        stats = {"input_rows": n_train, "accepted": n_train, "rejected": {}, "resumed_from_epoch": result.resumed_from,
+                 "epoch_loss": [round(v, 5) for v in result.epoch_loss], "seconds": round(result.seconds, 1),
+                 "vtm_share": round(result.vtm_share, 4),
+                 "compressor": meta["cache_lineage"]["compressor"]}
+        return {"log": pa.Table.from_pylist(log_rows, schema=LOG),
+                "evaluation": pa.Table.from_pylist(rows, schema=RECALL)}, stats
+
+    result = sharded.run_single(ctx, "vedje-train", outs, key, compute, upstream=[Artifact(urls["items"])],
+                                config={"vedje": spec.model_dump(mode="json")}, main_output="log")
+    evaluation = Artifact(outs[1].url).rows()
+    publish_table(f"{ctx.flow_name}-evaluation", [{k: (round(v, 2) if isinstance(v, float) else v)
+                                                   for k, v in r.items()} for r in evaluation],
+                  "Stage-1 vs VEDJE rerank on the test split: R@1/5/10 per N_c and cache precision")
+    losses = Artifact(outs[0].url).manifest().stats.get("epoch_loss", [])
+    publish_markdown(f"{ctx.flow_name}-loss", "\n".join(["# train-vedje: loss per epoch", "", "| epoch | loss |",
+                                                         "|---|---|", *[f"| {i} | {v:.4f} |"
+                                                                        for i, v in enumerate(losses)], "",
+                                                         f"Weights: `{folder / 'model.pt'}`"]), "VEDJE training loss")
+    log(f"vedje-train: {'skipped, ' if result.skipped else ''}{len(evaluation)} evaluation rows; model in {folder}")
+    return result
+
+
+def index_task(ctx: RunContext) -> sharded.StageResult:
+    """Offline indexing (Alg. 1, lines 2–5), one Prefect task per shard of items: frames → frozen
+    backbone → trained compressor → encoded cache rows; plus the items' stage-1 index rows."""
+    spec = ctx.profile.vedje
+    model, _meta = load_model(ctx)
+    lineage = cache_lineage(model, ctx)
+    items, upstream = _source(ctx)
+    backbone, stage1 = _backbone_spec(ctx), _stage1_spec(ctx)
+    n_shards = max(1, -(-len(items.item_ids) // spec.shard_size))
+    key = content_key(stage="index-cache", version=VERSION, source=[a.manifest().fingerprint for a in upstream],
+                      lineage=lineage, stage1=spec_lineage(stage1), precision=spec.precision,
+                      shard_size=spec.shard_size)
+    outs = [sharded.Output("cache", ctx.artifact_url("cache"), "vedje_cache", CACHE),
+            sharded.Output("index", ctx.artifact_url("stage1_index"), "stage1_index", STAGE1_INDEX)]
+
+    def compute(index: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        rows = range(index * spec.shard_size, min(len(items.item_ids), (index + 1) * spec.shard_size))
+        keys = sorted({k for r in rows for k in items.frames[r]})
+        images = items.load_frames(keys)
+        reg = ModelRegistry(ctx.profile.models)
+        start = time.perf_counter()
+        maps = torch.from_numpy(reg.image_embedder(backbone).feature_maps([images[k] for k in keys]))
+        where = {k: i for i, k in enumerate(keys)}
+        x = maps[torch.tensor([[where[k] for k in items.frames[r]] for r in rows])]
+        caches = model.index(x).numpy()
+        seconds = time.perf_counter() - start
+        emb = dict(zip(keys, reg.expert(stage1).encode_image([images[k] for k in keys]), strict=True))
+        ids = [items.item_ids[r] for r in rows]
+        index_rows = [{"item_id": items.item_ids[r], "group": items.groups[r], "split": items.splits[r],
+                       "embedding": l2_normalize(np.mean([emb[k] for k in items.frames[r]], axis=0)).tolist()}
+                      for r in rows]
+        return {"cache": cache_rows(ids, caches, model.shape.frames, model.shape.tokens_per_frame, spec.precision),
+                "index": pa.Table.from_pylist(index_rows, schema=STAGE1_INDEX)}, \
+            {"input_rows": len(ids), "accepted": len(ids), "rejected": {}, "index_seconds": seconds}
+
+    result = sharded.run_sharded(ctx, "index-cache", outs, key, n_shards, compute,
+                                 sharded.count_accepted_rejected("cache"), tags=["gpu"],
+                                 concurrency_limit=ctx.profile.prefect.gpu_concurrency_limit, upstream=upstream,
+                                 config={"cache_lineage": lineage, "precision": spec.precision},
+                                 models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)})
+    art = Artifact(outs[0].url)
+    per_item = art.read_shard(0, ["payload_bytes"]).column("payload_bytes")[0].as_py() if art.count_rows() else 0
+    publish_table(f"{ctx.flow_name}-cache", [{"items": art.count_rows(), "precision": spec.precision,
+                                              "tokens": model.cache_tokens, "dim": model.reranker.d,
+                                              "payload_bytes_per_item": per_item,
+                                              "compressor": lineage["compressor"][:12]}],
+                  "Per-item cache: T·M tokens of width d, payload bytes per item (BF16 = 2·T·M·d)")
+    if not result.skipped:
+        log(f"index-cache: {result.accepted} caches of {per_item} bytes each "
+            f"({sum(items.rejected.values())} items not indexed: {items.rejected})")
+    return result
+
+
+def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.StageResult:
+    """Online reranking (Alg. 1, lines 6–13) for the given queries, or for the test split's captions
+    (then with R@K of stage 1 vs rerank at each N_c); the caches must match the model's lineage."""
+    spec = ctx.profile.vedje
+    model, meta = load_model(ctx)
+    idx_ctx = RunContext(ctx.profile, "index-cache", ctx.output_root)
+    cache = CacheIndex(idx_ctx.artifact_url("cache"), meta["cache_lineage"])
+    index_art = Artifact(idx_ctx.artifact_url("stage1_index"))
+    indexed_with = index_art.manifest().models.get("stage1")
+    if indexed_with != spec_lineage(_stage1_spec(ctx)):
+        raise ValueError(f"the stage-1 index at {index_art.url} was built with another stage-1 expert "
+                         f"({(indexed_with or {}).get('model_id')!r}, profile now "
+                         f"{_stage1_spec(ctx).model_id!r}): run `rde index-cache` again")
+    n_max = max(spec.candidates)
+    key = content_key(stage="rerank", version=VERSION, cache=Artifact(idx_ctx.artifact_url("cache")).manifest()
+                      .fingerprint, model=meta, queries=queries, n=spec.candidates, batch=spec.score_batch)
+    outs = [sharded.Output("reranked", ctx.artifact_url("reranked"), "reranked", RERANKED),
+            sharded.Output("evaluation", ctx.artifact_url("rerank_evaluation"), "evaluation", RECALL)]
+
+    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        index_rows = index_art.rows()
+        labelled = queries is None
+        if labelled:
+            train_ctx = RunContext(ctx.profile, "train-vedje", ctx.output_root)
+            q_rows = [r for r in Artifact(train_ctx.artifact_url("vedje_queries")).rows(["item_id", "split", "text"])
+                      if r["split"] == "test"]
+            index_rows = [r for r in index_rows if r["split"] == "test"]
+            texts = [r["text"] for r in q_rows]
+        else:
+            texts = list(queries or [])
+        ids = [r["item_id"] for r in index_rows]
+        emb = torch.tensor([r["embedding"] for r in index_rows])
+        group = {r["item_id"]: r["group"] for r in index_rows}
+        stage1 = ModelRegistry(ctx.profile.models).expert(_stage1_spec(ctx))
+        out, latencies = [], []
+        for qi, text in enumerate(texts):
+            start = time.perf_counter()
+            q = torch.from_numpy(stage1.encode_text([text]))
+            sims = (q @ emb.T)[0]
+            top = torch.argsort(sims, descending=True, stable=True)[:n_max]
+            cand = [ids[int(i)] for i in top]
+            caches = cache.fetch(cand)
+            s = joint_scores(model, [text], [(0, k) for k in range(len(cand))], caches, sims[top], spec.score_batch)
+            latencies.append(time.perf_counter() - start)
+            order = np.argsort(-s, kind="stable")
+            truth = group[q_rows[qi]["item_id"]] if labelled else None
+            out += [{"query_id": qi, "text": text, "rank": r, "item_id": cand[j], "stage1_rank": int(j),
+                     "stage1_score": float(sims[top[j]]), "score": float(s[j]),
+                     "relevant": None if truth is None else group[cand[j]] == truth} for r, j in enumerate(order)]
+        evaluation = []
+        if labelled and texts:
+            evaluation = _recall_rows(out, len(texts), len(ids), spec.candidates)
+        stats = {"input_rows": len(texts), "accepted": len(texts), "rejected": {},
+                 "median_query_ms": round(1000 * float(np.median(latencies)), 2) if latencies else None,
+                 "cache_bytes_per_query": cache.stats.bytes // max(len(texts), 1)}
+        return {"reranked": pa.Table.from_pylist(out, schema=RERANKED),
+                "evaluation": pa.Table.from_pylist(evaluation, schema=RECALL)}, stats
+
+    result = sharded.run_single(ctx, "rerank", outs, key, compute, upstream=[index_art], main_output="reranked",
+                                config={"candidates": spec.candidates, "cache_lineage": meta["cache_lineage"]})
+    evaluation = Artifact(outs[1].url).rows()
+    if evaluation:
+        publish_table(f"{ctx.flow_name}-evaluation", [{k: (round(v, 2) if isinstance(v, float) else v)
+                                                       for k, v in r.items()} for r in evaluation],
+                      "Stage-1 vs VEDJE rerank (R@K, test split) from the stored caches")
+    stats = Artifact(outs[0].url).manifest().stats
+    log(f"rerank: {result.accepted} queries, median {stats.get('median_query_ms')} ms/query, "
+        f"{stats.get('cache_bytes_per_query')} cache bytes read per query")
+    return result
+
+
+def _recall_rows(out: list[dict], n_queries: int, gallery: int, n_candidates: list[int]) -> list[dict[str, Any]]:
+    """R@1/5/10 over the top-N_c lists (stage 1 order vs reranked) from the written rows."""
+    by_q: dict[int, list[dict]] = {}
+    for r in out:
+        by_q.setdefault(r["query_id"], []).append(r)
+    rows = []
+    for n in sorted(set(n_candidates)):
+        for name, key in (("stage-1", "stage1_rank"), ("rerank", None)):
+            for k in (1, 5, 10):
+                hits = []
+                for rs in by_q.values():
+                    pool = [r for r in rs if r["stage1_rank"] < n]
+                    pool.sort(key=lambda r: r["stage1_rank"] if key else -r["score"])
+                    hits.append(any(r["relevant"] for r in pool[:k]))
+                rows.append({"ranking": name, "n_candidates": min(n, gallery), "metric": f"R@{k}",
+                             "value": 100.0 * float(np.mean(hits)), "queries": n_queries, "gallery": gallery,
+                             "precision": None})
+    return rows
+
+
+def summary(ctx: RunContext, results: list[sharded.StageResult]) -> dict[str, Any]:
+    from tasks.training import training_summary
+
+    return training_summary(ctx, results)

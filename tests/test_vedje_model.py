@@ -1,0 +1,230 @@
+"""The cached joint reranker's parts against hand-computed values (VEDJE Eq. 1–6, App. A.2–A.3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import build_tiny_bert
+from torch import nn
+
+from models.reranker.cache_store import CacheIndex, CacheLineageError, cache_rows, check_lineage
+from models.reranker.compressor import FrameCompressor
+from models.reranker.future_delta import FutureDeltaHead, delta_loss, horizon_patch_queries, valid_pairs
+from models.reranker.joint_encoder import JointReranker, load_bert
+from models.reranker.losses import mlm_loss, vtc_loss, vtm_loss
+from models.reranker.vedje import Vedje, VedjeShape
+from rde.vedje_training import VedjeTrainConfig, learning_rate
+from storage import ArtifactWriter
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory):
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture()
+def reranker(tiny_bert_dir) -> JointReranker:
+    bert, tok = load_bert(str(tiny_bert_dir))
+    return JointReranker(bert, tok, item_dim=12, max_text_tokens=16)
+
+
+def test_frame_groups_are_separate_and_ordered() -> None:
+    """Eq. 1–2: Z(v) = [Z_1; …; Z_T]; changing frame 2 changes only group 2."""
+    torch.manual_seed(0)
+    comp = FrameCompressor(d_v=20, d=16, tokens_per_frame=3, frames=4, heads=8).eval()
+    x = torch.randn(2, 4, 5, 20)
+    z = comp(x)
+    assert z.shape == (2, 12, 16)
+    x2 = x.clone()
+    x2[:, 2] += 1.0
+    diff = (comp(x2) - z).abs().sum(dim=(0, 2))
+    assert torch.all(diff[6:9] > 0) and torch.all(diff[:6] == 0) and torch.all(diff[9:] == 0)
+    assert torch.allclose(comp.frame_tokens(x).reshape(2, 12, 16), z)
+    assert comp.kv_proj.weight.shape == (16, 20) and comp.kv_proj.bias is None  # W_kv ∈ R^{d_v×d}
+    layer = comp.decoder.layers[0]
+    assert len(comp.decoder.layers) == 2 and layer.self_attn.num_heads == 8
+    assert layer.linear1.out_features == 4 * 16 and layer.dropout.p == 0.1
+
+
+def test_pooled_controls_keep_the_budget_but_lose_order() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 5, 20)
+    for structure in ("mean", "attention"):
+        comp = FrameCompressor(20, 16, tokens_per_frame=2, frames=4, heads=4, structure=structure).eval()
+        z = comp(x)
+        assert z.shape == (1, 8, 16)  # T·M tokens, like the frame-indexed cache
+        assert torch.allclose(comp(x[:, [3, 1, 0, 2]]), z, atol=1e-5)  # frame order is pooled away
+    with pytest.raises(ValueError, match="structure"):
+        FrameCompressor(20, 16, structure="max")  # type: ignore[arg-type]
+
+
+def test_sinusoidal_queries_encode_horizon_then_patch() -> None:
+    """App. A.2: first half of d encodes h, second half p (standard sinusoidal encoding)."""
+    q = horizon_patch_queries([3], patches=4, d=8)
+    assert q.shape == (4, 8)
+    # row (h=3, p=2): first half = [sin 3, cos 3, sin(3·10000^-1/2), cos(3·10000^-1/2)]
+    f = 10000 ** -0.5
+    assert torch.allclose(q[2, :4], torch.tensor([math.sin(3), math.cos(3), math.sin(3 * f), math.cos(3 * f)]))
+    assert torch.allclose(q[2, 4:], torch.tensor([math.sin(2), math.cos(2), math.sin(2 * f), math.cos(2 * f)]))
+    assert torch.allclose(q[0, 4:], torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    assert torch.equal(q[0, :4], q[3, :4])  # same horizon, different patch
+
+
+def test_delta_loss_hand_computed() -> None:
+    """Eq. 4 with T=4, H={1,3}: Ω = {(0,1),(1,1),(2,1),(0,3)}; per-element mean over Ω."""
+    assert valid_pairs(4, (1, 3)) == [(0, 0), (1, 0), (2, 0), (0, 1)]
+    x = torch.arange(4.0).reshape(1, 4, 1, 1).expand(1, 4, 2, 1).clone()  # X_t = t everywhere
+    pred = torch.zeros(1, 4, 2, 2, 1)  # predicts no change
+    # targets: X_{t+1} − X_t = 1 (three pairs), X_3 − X_0 = 3 (one pair) → mean of 1, 1, 1, 9 = 3
+    assert float(delta_loss(pred, x, (1, 3))) == pytest.approx(3.0)
+    pred[:, :, 0] = 1.0  # right for h=1
+    assert float(delta_loss(pred, x, (1, 3))) == pytest.approx(9 / 4)
+    assert float(delta_loss(pred[:, :1], x[:, :1], (3,))) == 0.0  # T=1 (images): no valid pair
+
+
+def test_future_delta_head_shapes_and_training_only() -> None:
+    head = FutureDeltaHead(d=16, d_v=20, patches=5, horizons=(3,), heads=4)
+    assert head(torch.randn(6, 2, 16)).shape == (6, 1, 5, 20)
+    assert isinstance(head.norm, nn.LayerNorm) and head.out.out_features == 20
+
+
+def test_vtm_and_vtc_hand_computed() -> None:
+    scores = torch.tensor([[2.0, 0.0, 0.0]])
+    assert float(vtm_loss(scores)) == pytest.approx(-math.log(math.e**2 / (math.e**2 + 2)))
+    t = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    v = torch.tensor([[1.0, 0.0], [1.0, 1.0]])  # normalised: [1,0], [.707,.707]
+    c = 1 / math.sqrt(2)
+    row0 = -math.log(math.exp(20) / (math.exp(20) + math.exp(20 * c)))
+    row1 = -math.log(math.exp(20 * c) / (math.exp(0) + math.exp(20 * c)))
+    col0 = -math.log(math.exp(20) / (math.exp(20) + math.exp(0)))
+    col1 = -math.log(math.exp(20 * c) / (math.exp(20 * c) + math.exp(20 * c)))
+    assert float(vtc_loss(t, v)) == pytest.approx(0.5 * ((row0 + row1) / 2 + (col0 + col1) / 2), rel=1e-5)
+    # the same group twice in a batch is not its own negative
+    assert float(vtc_loss(t, v, groups=torch.tensor([0, 0]))) == pytest.approx(0.0, abs=1e-6)
+    logits = torch.zeros(1, 2, 4)
+    assert float(mlm_loss(logits, torch.tensor([[2, -100]]))) == pytest.approx(math.log(4))
+
+
+def test_score_head_and_prior_follow_eq5(reranker: JointReranker) -> None:
+    d = reranker.d
+    assert [type(m) for m in reranker.prior] == [nn.Linear, nn.GELU, nn.Linear]
+    assert (reranker.prior[0].in_features, reranker.prior[0].out_features, reranker.prior[2].out_features) == (1, 64, d)
+    assert [type(m) for m in reranker.head] == [nn.Linear, nn.GELU, nn.Linear]
+    assert (reranker.head[0].in_features, reranker.head[0].out_features, reranker.head[2].out_features) == (d, d, 1)
+    reranker.eval()
+    text = reranker.tokenize(["a person in a red top walks to the left", "two people"])
+    cache = torch.randn(2, 6, d)
+    rows = torch.tensor([0, 1])
+    with torch.no_grad():
+        s = reranker.score(text, rows, cache, torch.tensor([0.1, 0.2]))
+        c = reranker._encode(text.ids, text.mask, cache)[:, 0]
+        manual = reranker.head(c + reranker.prior(torch.tensor([[0.1], [0.2]]))).squeeze(-1)
+        assert torch.allclose(s, manual, atol=1e-6)
+        # learned positions cover the cache: reordering cached tokens changes the score
+        assert not torch.allclose(reranker.score(text, rows, cache[:, [3, 4, 5, 0, 1, 2]], torch.tensor([0.1, 0.2])),
+                                  s)
+        assert not torch.allclose(reranker.score(text, rows, cache, torch.tensor([0.9, 0.2])), s)
+
+
+def test_mlm_masking_targets_only_words(reranker: JointReranker) -> None:
+    text = reranker.tokenize(["a person in a red top walks to the left of the path"] * 4)
+    ids, labels = reranker.mask_tokens(text, torch.Generator().manual_seed(0), share=0.5)
+    special = set(reranker.tokenizer.all_special_ids)
+    targets = labels != -100
+    assert targets.any(dim=1).all()
+    assert all(int(t) not in special for t in text.ids[targets])
+    assert torch.equal(ids[~targets], text.ids[~targets])
+    logits = reranker.mlm_logits(ids, text.mask, torch.randn(4, 3, reranker.d))
+    assert logits.shape == (*ids.shape, len(reranker.tokenizer))
+
+
+def test_bf16_cache_payload_is_exactly_2tmd_bytes(tmp_path) -> None:
+    """T=16, M=4, d=384 → 49,152 bytes (48 KiB); M=1 → 12,288 (App. A.2)."""
+    for m, expected in ((4, 49_152), (1, 12_288)):
+        z = np.random.default_rng(0).standard_normal((2, 16 * m, 384)).astype(np.float32)
+        table = cache_rows(["a", "b"], z, 16, m, "bf16")
+        assert table.column("payload_bytes").to_pylist() == [expected] * 2
+        assert [len(b) for b in table.column("cache").to_pylist()] == [expected] * 2
+    fp4 = cache_rows(["a"], z[:1], 16, 1, "fp4")
+    assert fp4.column("payload_bytes")[0].as_py() == 16 * 384 // 2
+
+
+def test_cache_index_checks_lineage_and_decodes(tmp_path) -> None:
+    z = np.random.default_rng(1).standard_normal((3, 8, 16)).astype(np.float32)
+    lineage = {"backbone": {"model_id": "b"}, "compressor": "abc", "frames": 4, "tokens_per_frame": 2, "dim": 16}
+    writer = ArtifactWriter(str(tmp_path / "cache"), "vedje_cache", cache_rows(["x", "y", "z"], z, 4, 2, "bf16").schema,
+                            "k")
+    writer.begin()
+    shard = writer.write_shard(0, cache_rows(["x", "y", "z"], z, 4, 2, "bf16"))
+    writer.finalize([shard], code_version="t", config={"cache_lineage": lineage})
+    index = CacheIndex(str(tmp_path / "cache"), lineage)
+    got = index.fetch(["z", "x"])
+    assert got.dtype == torch.float32 and got.shape == (2, 8, 16)
+    assert torch.allclose(got[1], torch.from_numpy(z[0]), atol=0.02)
+    assert index.stats.bytes == 2 * 2 * 8 * 16
+    with pytest.raises(CacheLineageError, match=r"compressor weights.*index-cache"):
+        CacheIndex(str(tmp_path / "cache"), {**lineage, "compressor": "new"})
+    with pytest.raises(CacheLineageError, match="visual backbone"):
+        check_lineage(lineage, {**lineage, "backbone": {"model_id": "other"}}, "here")
+    with pytest.raises(KeyError, match="no cache"):
+        index.fetch(["missing"])
+
+
+def test_fingerprint_tracks_compressor_only(reranker: JointReranker) -> None:
+    model = Vedje(VedjeShape(d_v=20, patches=5, frames=4, tokens_per_frame=2, horizons=(3,), heads=4), reranker)
+    before = model.compressor_fingerprint()
+    with torch.no_grad():
+        model.reranker.head[0].weight.add_(1.0)  # a joint-encoder update keeps caches valid
+    assert model.compressor_fingerprint() == before
+    with torch.no_grad():
+        model.compressor.queries.add_(1.0)
+    assert model.compressor_fingerprint() != before
+    assert model.delta_head is not None
+    image_model = Vedje(VedjeShape(d_v=20, patches=5, frames=1, heads=4), reranker)
+    assert image_model.delta_head is None  # T=1: no (t, t+h) pair, no delta head
+    with pytest.raises(ValueError, match="per-frame"):
+        Vedje(VedjeShape(d_v=20, patches=5, frames=4, structure="mean", heads=4), reranker)
+
+
+def test_learning_rate_schedule() -> None:
+    """App. A.3: 400 warmup steps 1e-6 → 3e-4, then ×0.9 per epoch."""
+    cfg = VedjeTrainConfig()
+    assert learning_rate(cfg, 0, 0) == pytest.approx(1e-6)
+    assert learning_rate(cfg, 200, 0) == pytest.approx(1e-6 + (3e-4 - 1e-6) / 2)
+    assert learning_rate(cfg, 400, 1) == pytest.approx(3e-4 * 0.9)
+    assert learning_rate(cfg, 900, 3) == pytest.approx(3e-4 * 0.9**3)
+
+
+def test_recall_and_hard_negatives() -> None:
+    from rde.vedje_data import negatives_for
+    from rde.vedje_training import recall_at
+    from tasks.vedje import _recall_rows
+
+    assert recall_at([["a", "b"], ["c", "a"], ["b", "c"]], ["a", "a", "a"], 1) == pytest.approx(100 / 3)
+    assert recall_at([["a", "b"], ["c", "a"], ["b", "c"]], ["a", "a", "a"], 2) == pytest.approx(200 / 3)
+    groups = ["g0", "g0", "g1", "g2", "g3"]
+    ranked = np.array([1, 2, 0, 3, 4])
+    drawn = negatives_for(7, ranked, groups, "g0", 2, seed=0, step=3)
+    assert len(drawn) == 2 and set(drawn) <= {2, 3, 4}  # never the query's own group
+    assert drawn == negatives_for(7, ranked, groups, "g0", 2, seed=0, step=3)  # seeded
+    assert negatives_for(7, ranked, groups, "g0", 5, seed=0, step=3) == [2, 3, 4]
+    # rows written by `rerank`: query 0's relevant item is stage-1 rank 2 but the reranker puts it first
+    out = [{"query_id": 0, "stage1_rank": r, "score": s, "relevant": r == 2} for r, s in ((0, 0.1), (1, 0.2), (2, 0.9))]
+    rows = {(r["ranking"], r["n_candidates"], r["metric"]): r["value"] for r in _recall_rows(out, 1, 3, [2, 3])}
+    assert rows[("stage-1", 3, "R@1")] == 0.0 and rows[("rerank", 3, "R@1")] == 100.0
+    assert rows[("rerank", 2, "R@1")] == 0.0  # with N_c = 2 the relevant item is not a candidate
+
+
+def test_cache_positions_do_not_depend_on_the_query_length(reranker: JointReranker) -> None:
+    """Cached token k sits at position max_text_tokens + k: a pair scores the same alone or batched
+    with a longer query (padding must not shift the temporal layout)."""
+    reranker.eval()
+    cache = torch.randn(1, 4, reranker.d)
+    with torch.no_grad():
+        alone = reranker.score(reranker.tokenize(["a person"]), torch.tensor([0]), cache, torch.tensor([0.3]))
+        batch = reranker.tokenize(["a person", "a person in a red top and blue trousers walks to the left"])
+        together = reranker.score(batch, torch.tensor([0, 1]), cache.expand(2, -1, -1), torch.tensor([0.3, 0.3]))
+    assert torch.allclose(alone, together[:1], atol=1e-5)
