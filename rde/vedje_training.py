@@ -124,8 +124,8 @@ def batch_losses(model: Vedje, data: VedjeTensors, queries: Sequence[int], ranke
         scores = model.reranker.score(text, rows, caches[[where[i] for i in flat]], rho)
         out["vtm"] = vtm_loss(scores.reshape(len(vtm), width))
     if "vtc" in cfg.losses:
-        ids: dict[str, int] = {}
-        groups = torch.tensor([ids.setdefault(items.groups[p], len(ids)) for p in pos])
+        group_ids: dict[str, int] = {}
+        groups = torch.tensor([group_ids.setdefault(items.groups[p], len(group_ids)) for p in pos])
         out["vtc"] = vtc_loss(model.reranker.text_embedding(text), data.item_emb[pos].to(device), groups=groups)
     if "mlm" in cfg.losses:
         ids, labels = model.reranker.mask_tokens(text, generator)
@@ -177,6 +177,8 @@ def train_vedje(model: Vedje, data: VedjeTensors, cfg: VedjeTrainConfig, checkpo
             for group in opt.param_groups:
                 group["lr"] = learning_rate(cfg, step, epoch)
             terms = batch_losses(model, data, batch, ranked, cfg, step, generator)
+            if not terms:  # e.g. VTM only and no positive of this batch in its stage-1 top-N
+                continue
             loss = torch.stack(list(terms.values())).sum()
             opt.zero_grad()
             loss.backward()

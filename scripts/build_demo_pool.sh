@@ -8,3 +8,4 @@ trap 'rm -rf "$work"' EXIT
 (cd "$work" && apt-get download opencv-doc && dpkg -x opencv-doc_*.deb root)
 video="$work/root/usr/share/doc/opencv-doc/examples/data/vtest.avi"
 .venv/bin/rde pool build --video "$video" --out data/demo_pool
+.venv/bin/rde clips build --video "$video" --out data/demo_clips
