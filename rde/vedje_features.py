@@ -4,7 +4,7 @@ Parquet tables that hold them between stages (features in float16 to halve the b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -39,10 +39,15 @@ def frame_feature_rows(keys: list[str], images: list[np.ndarray], backbone: Imag
                                  for k, m, e in zip(keys, maps, emb, strict=True)], schema=FRAME_FEATURES)
 
 
+def item_embeddings(frames: Sequence[Sequence[str]], frame_stage1: dict[str, np.ndarray]) -> np.ndarray:
+    """Stage-1 item embeddings: the normalised mean of each item's frame embeddings (one row per item)."""
+    return l2_normalize(np.stack([np.mean([frame_stage1[k] for k in f], axis=0) for f in frames]))
+
+
 def item_and_query_rows(items: ItemSet, frame_stage1: dict[str, np.ndarray], stage1: TextImageExpert
                         ) -> tuple[pa.Table, pa.Table]:
-    """Item rows (stage-1 embedding = normalised mean over the item's frames) and query rows."""
-    emb = l2_normalize(np.stack([np.mean([frame_stage1[k] for k in f], axis=0) for f in items.frames]))
+    """Item rows (with ``item_embeddings``) and query rows."""
+    emb = item_embeddings(items.frames, frame_stage1)
     item_tb = pa.Table.from_pylist([{"item_id": i, "group": g, "split": s, "frame_keys": f, "embedding": e.tolist()}
                                     for i, g, s, f, e in zip(items.item_ids, items.groups, items.splits, items.frames,
                                                              emb, strict=True)], schema=ITEMS)

@@ -16,18 +16,18 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.backends.interfaces import l2_normalize
 from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, ModelRegistry, spec_lineage
 from models.reranker.cache_store import CACHE, CacheIndex, cache_rows
 from models.reranker.vedje import Vedje
 from rde.profiles import ModelSpec
 from rde.vedje_data import ItemSet, load_items
-from rde.vedje_features import FRAME_FEATURES, ITEMS, QUERIES, build_tables, tensors_from_tables
+from rde.vedje_features import FRAME_FEATURES, ITEMS, QUERIES, build_tables, item_embeddings, tensors_from_tables
 from rde.vedje_training import (
     VedjeTensors,
     build_model,
     evaluate_rerank,
     joint_scores,
+    recall_at,
     stored_caches,
     train_config,
     train_vedje,
@@ -102,7 +102,7 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
         progress = Progress(f"{ctx.flow_name}-features-progress", "vedje-features: frames encoded (%)")
         frames, item_tb, query_tb = build_tables(items, reg.image_embedder(backbone), reg.expert(stage1),
                                                  on_batch=progress.update)
-        stats = {"input_rows": items.input_rows or len(items.item_ids), "accepted": len(items.item_ids),
+        stats = {"input_rows": items.input_rows, "accepted": len(items.item_ids),
                  "rejected": dict(items.rejected), "frames": frames.num_rows, "queries": query_tb.num_rows}
         return {"frames": frames, "items": item_tb, "queries": query_tb, "rejects": _rejects(items)}, stats
 
@@ -256,9 +256,9 @@ def index_task(ctx: RunContext) -> sharded.StageResult:
         seconds = time.perf_counter() - start
         emb = dict(zip(keys, reg.expert(stage1).encode_image([images[k] for k in keys]), strict=True))
         ids = [items.item_ids[r] for r in rows]
+        item_emb = item_embeddings([items.frames[r] for r in rows], emb)
         index_rows = [{"item_id": items.item_ids[r], "group": items.groups[r], "split": items.splits[r],
-                       "embedding": l2_normalize(np.mean([emb[k] for k in items.frames[r]], axis=0)).tolist()}
-                      for r in rows]
+                       "embedding": e.tolist()} for r, e in zip(rows, item_emb, strict=True)]
         return {"cache": cache_rows(ids, caches, model.shape.frames, model.shape.tokens_per_frame, spec.precision),
                 "index": pa.Table.from_pylist(index_rows, schema=STAGE1_INDEX)}, \
             {"input_rows": len(ids), "accepted": len(ids), "rejected": {}, "index_seconds": seconds}
@@ -295,8 +295,8 @@ def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.St
                          f"({(indexed_with or {}).get('model_id')!r}, profile now "
                          f"{_stage1_spec(ctx).model_id!r}): run `rde index-cache` again")
     n_max = max(spec.candidates)
-    key = content_key(stage="rerank", version=VERSION, cache=Artifact(idx_ctx.artifact_url("cache")).manifest()
-                      .fingerprint, model=meta, queries=queries, n=spec.candidates, batch=spec.score_batch)
+    key = content_key(stage="rerank", version=VERSION, cache=cache.fingerprint, model=meta, queries=queries,
+                      n=spec.candidates, batch=spec.score_batch)
     outs = [sharded.Output("reranked", ctx.artifact_url("reranked"), "reranked", RERANKED),
             sharded.Output("evaluation", ctx.artifact_url("rerank_evaluation"), "evaluation", RECALL)]
 
@@ -360,15 +360,12 @@ def _recall_rows(out: list[dict], n_queries: int, gallery: int, n_candidates: li
     rows = []
     for n in sorted(set(n_candidates)):
         for name, key in (("stage-1", "stage1_rank"), ("rerank", None)):
-            for k in (1, 5, 10):
-                hits = []
-                for rs in by_q.values():
-                    pool = [r for r in rs if r["stage1_rank"] < n]
-                    pool.sort(key=lambda r: r["stage1_rank"] if key else -r["score"])
-                    hits.append(any(r["relevant"] for r in pool[:k]))
-                rows.append({"ranking": name, "n_candidates": min(n, gallery), "metric": f"R@{k}",
-                             "value": 100.0 * float(np.mean(hits)), "queries": n_queries, "gallery": gallery,
-                             "precision": None})
+            ranked = [[r["relevant"] for r in sorted((r for r in rs if r["stage1_rank"] < n),
+                                                     key=lambda r: r["stage1_rank"] if key else -r["score"])]
+                      for rs in by_q.values()]
+            rows += [{"ranking": name, "n_candidates": min(n, gallery), "metric": f"R@{k}",
+                      "value": recall_at(ranked, [True] * len(ranked), k), "queries": n_queries, "gallery": gallery,
+                      "precision": None} for k in (1, 5, 10)]
     return rows
 
 

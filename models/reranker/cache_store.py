@@ -70,7 +70,9 @@ class CacheIndex:
         art = Artifact(url)
         if not art.is_complete():
             raise FileNotFoundError(f"no finished cache at {url}: run `rde index-cache` first")
-        self.lineage: dict[str, Any] = art.manifest().config.get("cache_lineage", {})
+        manifest = art.manifest()
+        self.fingerprint = manifest.fingerprint
+        self.lineage: dict[str, Any] = manifest.config.get("cache_lineage", {})
         if expected_lineage is not None:
             check_lineage(self.lineage, expected_lineage, url)
         self.blobs: dict[str, bytes] = {}
