@@ -4,7 +4,9 @@ For EfficientNet-Lite0 (embedder) and SSD-MobileNet (detector): images/s at batc
 on real demo-pool crops; for SmolLM2 through llama.cpp: tokens/s. The bare call does the same
 work a user would write by hand (same preprocessing), without our classes. Runs alternate
 (ours, bare, ours, bare, ...) and the median of each is compared, because this machine is noisy.
-Target: overhead ratio (ours time / bare time) ≤ 1.1.
+Target: overhead ratio (ours time / bare time) ≤ 1.1. Then the batch-size curve: images/s by batch
+from the rows above, and what ``batch_size: auto`` measures and picks on the same images (measured
+afresh: its cache goes to a temporary file).
 
     .venv/bin/python benchmarks/backend_overhead.py [--images 64] [--repeats 5]
 """
@@ -12,14 +14,18 @@ Target: overhead ratio (ours time / bare time) ≤ 1.1.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
 
+from models.backends import auto_batch
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import ModelRegistry
 from rde.image_decoding import decode_rgb
@@ -59,6 +65,25 @@ def bare_ssd(net: cv2.dnn.Net, images: list[np.ndarray], batch: int) -> list[np.
     return out
 
 
+def print_batch_curve(results: list[tuple[str, int, float, float]], registry: ModelRegistry,
+                      images: list[np.ndarray]) -> None:
+    """Images/s by batch from the overhead rows, then what ``auto`` measures and picks."""
+    n = len(images)
+    for name in dict.fromkeys(r[0] for r in results):
+        curve = ", ".join(f"{b}: {n / ours:.1f}" for r_name, b, ours, _ in results if r_name == name)
+        print(f"batch curve {name:28s} img/s by batch  {curve}")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ[auto_batch.CACHE_ENV] = str(Path(tmp) / "auto_batch.json")
+        auto_batch.forget()
+        emb = registry.image_embedder(ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0",
+                                                batch_size="auto"))
+        emb.embed(images)
+        del os.environ[auto_batch.CACHE_ENV]
+    last = emb.batch.last or {}
+    curve = ", ".join(f"{b}: {v:.1f}" for b, v in last.get("curve", {}).items())
+    print(f"auto (efficientnet-lite0 embed) measured img/s by batch  {curve}  -> picks batch {last.get('batch_size')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=64)
@@ -96,6 +121,8 @@ def main() -> None:
     print(f"{'backend':28s} {'batch':>5s} {'ours img/s':>11s} {'bare img/s':>11s} {'overhead':>9s}")
     for name, batch, ours, bare in results:
         print(f"{name:28s} {batch:5d} {len(images) / ours:11.1f} {len(images) / bare:11.1f} {ours / bare:8.3f}x")
+
+    print_batch_curve(results, registry, images)
 
     gen = registry.generator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))
     prompts = [f"Describe a person wearing a {c} jacket in one sentence." for c in

@@ -18,7 +18,7 @@ import argparse
 
 import numpy as np
 import torch
-from saft_ablation import feature_cache, load_features, model_dims, training_captions
+from saft_ablation import feature_cache, largefine_root, load_features, model_dims, training_captions
 
 from models.retrieval.dual_encoder import FeatureDualEncoder
 from rde.metrics import person_search_metrics
@@ -31,11 +31,13 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.3)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--output", default=None, help="the build-largefine run's --output (default: the profile's)")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    f = load_features(feature_cache())
-    caps = training_captions()
-    assert len(caps) == len(f["pair_image"]), f"feature cache is stale: delete {feature_cache()}"
+    root = largefine_root(args.output)
+    f = load_features(root)
+    caps = training_captions(root)
+    assert len(caps) == len(f["pair_image"]), f"feature cache is stale: delete {feature_cache(root)}"
     identity = np.array([c["identity"] for c in caps])
     image_identity = {int(i): identity[k] for k, i in enumerate(f["pair_image"])}
     rng = np.random.default_rng(0)

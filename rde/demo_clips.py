@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pyarrow as pa
 
@@ -161,8 +162,18 @@ def build_clip_rows(video: str, params: ClipParams) -> tuple[list[dict], list[di
     return rows, clips
 
 
-def write_clip_set(frame_rows: list[dict], clip_rows: list[dict], out_dir: str, params: ClipParams, video: str) -> None:
-    """Two one-shard artifacts: ``<out>/frames`` and ``<out>/clips`` (the engine's reader and lineage apply)."""
+def video_fps(video: str) -> float | None:
+    """The video's frame rate as its container states it (None when unknown): clip times in seconds."""
+    cap = cv2.VideoCapture(video)
+    fps = float(cap.get(cv2.CAP_PROP_FPS)) if cap.isOpened() else 0.0
+    cap.release()
+    return fps if fps > 0 else None
+
+
+def write_clip_set(frame_rows: list[dict], clip_rows: list[dict], out_dir: str, params: ClipParams, video: str,
+                   fps: float | None = None) -> None:
+    """Two one-shard artifacts: ``<out>/frames`` and ``<out>/clips`` (the engine's reader and lineage apply);
+    ``fps`` (the video's frame rate) is recorded in the config so clip spans can be told in seconds."""
     key = content_key(kind="clips", video=Path(video).name, params=asdict(params))
     splits = Counter(c["split"] for c in clip_rows)
     for name, kind, schema, rows in (("frames", "clip_frames", CLIP_FRAMES, frame_rows),
@@ -171,6 +182,6 @@ def write_clip_set(frame_rows: list[dict], clip_rows: list[dict], out_dir: str, 
         writer.begin()
         shard = writer.write_shard(0, pa.Table.from_pylist(rows, schema=schema))
         writer.finalize([shard], code_version="demo-clips-builder", config={"params": asdict(params),
-                                                                           "video": Path(video).name},
+                                                                           "video": Path(video).name, "fps": fps},
                         models={"detector": "ssd_mobilenet_v2_coco_2018_03_29"},
                         stats={"splits": dict(splits), "captions": sum(len(c["captions"]) for c in clip_rows)})

@@ -96,12 +96,16 @@ def _detect_one(detector: Detector, image: np.ndarray, row: dict[str, Any]) -> D
 
 
 def decide(width: int, height: int, laplacian_var: float | None, target_count: int | None,
-           error: str | None, spec: DenoiseSpec) -> list[str]:
-    """All reasons an image fails the thresholds, in a fixed order (empty list = accepted)."""
+           error: str | None, spec: DenoiseSpec, domain: str | None = None) -> list[str]:
+    """All reasons an image fails the thresholds, in a fixed order (empty list = accepted).
+
+    The size rule is the one for the image's ``domain`` (``DenoiseSpec.size_rule``).
+    """
     reasons: list[str] = []
     if error is not None:
         reasons.append(Reason.MEASURE_ERROR)
-    if width < spec.min_width or height < spec.min_height:
+    size = spec.size_rule(domain)
+    if width < size.min_width or height < size.min_height:
         reasons.append(Reason.TOO_SMALL)
     if laplacian_var is not None and laplacian_var < spec.min_laplacian_variance:
         reasons.append(Reason.BLURRY)
@@ -140,7 +144,8 @@ def decide_shards(pairs: Iterator[tuple[pa.Table, pa.Table]], spec: DenoiseSpec,
             if m is None:
                 m = {"laplacian_variance": None, "target_count": None, "target_scores": None,
                      "target_boxes": None, "error": "no measurement for this image"}
-            reasons = decide(rec["width"], rec["height"], m["laplacian_variance"], m["target_count"], m["error"], spec)
+            reasons = decide(rec["width"], rec["height"], m["laplacian_variance"], m["target_count"], m["error"], spec,
+                             rec["domain"])
             detail = m["error"]
             if spec.deduplicate:
                 first = seen.get(rec["image_id"])
@@ -165,7 +170,8 @@ def decide_shards(pairs: Iterator[tuple[pa.Table, pa.Table]], spec: DenoiseSpec,
 
 def _detail(reason: str, rec: dict[str, Any], m: dict[str, Any], spec: DenoiseSpec) -> str:
     if reason == Reason.TOO_SMALL:
-        return f"{rec['width']}x{rec['height']} below {spec.min_width}x{spec.min_height}"
+        size = spec.size_rule(rec["domain"])
+        return f"{rec['width']}x{rec['height']} below {size.min_width}x{size.min_height} ({rec['domain']})"
     if reason == Reason.BLURRY:
         return f"Laplacian variance {m['laplacian_variance']:.1f} < {spec.min_laplacian_variance}"
     if reason in (Reason.NO_TARGET, Reason.MULTIPLE_TARGETS):

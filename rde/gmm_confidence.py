@@ -2,9 +2,14 @@
 ŝ of every training pair each epoch; a pair's confidence is the posterior of the component with
 the larger mean; its loss weight is C^β.
 
-Scale (our choice; the paper adds a cosine in [−1, 1] to a probability in [0, 1] without saying
-how): the cosine is mapped to [0, 1] by (s + 1) / 2 before ŝ = γ·s01 + (1−γ)·q_txt, so both terms
-share a range and γ keeps its meaning as a share.
+ŝ = γ·s + (1 − γ)·q_txt (Eq. 7) on the raw cosine s, γ = 0.2 as tuned in the paper's Fig. 8.
+
+Pairs without q_txt (captions read from a file, not generated) are our choice, since the paper
+always has q_txt: ŝ and s are on different scales, so one mixture over both would mostly
+separate the two populations. Each population gets its own mixture instead — ŝ where q_txt is
+known, s alone where it is not — and a pair's confidence is the posterior of the higher-mean
+component of its own population's fit. A population with fewer than ``min_fit_pairs`` pairs has
+no evidence to fit and keeps confidence 1 (weight 1, as before the first fit).
 """
 
 from __future__ import annotations
@@ -15,11 +20,8 @@ import numpy as np
 
 
 def combined_score(cosine: np.ndarray, q_txt: np.ndarray, gamma: float = 0.2) -> np.ndarray:
-    """ŝ = γ·(s + 1)/2 + (1 − γ)·q_txt (Eq. 7 with the cosine rescaled to [0, 1]); a missing q_txt
-    (NaN) falls back to the rescaled cosine alone."""
-    s01 = (np.asarray(cosine, np.float64) + 1.0) / 2.0
-    q = np.asarray(q_txt, np.float64)
-    return np.where(np.isnan(q), s01, gamma * s01 + (1.0 - gamma) * q)
+    """ŝ = γ·s + (1 − γ)·q_txt (Eq. 7) on the raw cosine; NaN where q_txt is missing (NaN)."""
+    return gamma * np.asarray(cosine, np.float64) + (1.0 - gamma) * np.asarray(q_txt, np.float64)
 
 
 @dataclass(frozen=True)
@@ -101,3 +103,33 @@ def clean_confidence(x: np.ndarray, gmm: Mixture1D) -> np.ndarray:
 def confidence_weights(confidence: np.ndarray, beta: float = 0.8) -> np.ndarray:
     """C^β, the per-pair loss weights of Eq. 10-11."""
     return np.power(np.clip(confidence, 0.0, 1.0), beta)
+
+
+@dataclass(frozen=True)
+class ConfidenceFit:
+    """One epoch's fits: on ŝ for pairs with q_txt, on s for pairs without (None: not fitted)."""
+
+    with_q_txt: Mixture1D | None
+    cosine_only: Mixture1D | None
+
+
+def pair_confidence(cosine: np.ndarray, q_txt: np.ndarray, gamma: float = 0.2, k: int = 2,
+                    previous: ConfidenceFit | None = None, min_fit_pairs: int = 10
+                    ) -> tuple[np.ndarray, np.ndarray, ConfidenceFit]:
+    """(C per pair (Eq. 9), the score each pair was judged on, the fits): ŝ (Eq. 7) and its own
+    mixture where q_txt is known, s and a separate mixture where it is not (see the module note);
+    ``previous`` warm-starts each fit from the last epoch's."""
+    cosine = np.asarray(cosine, np.float64)
+    q_txt = np.asarray(q_txt, np.float64)
+    has_q = ~np.isnan(q_txt)
+    score = np.where(has_q, combined_score(cosine, np.where(has_q, q_txt, 0.0), gamma), cosine)
+    confidence = np.ones(len(score))
+    fits: list[Mixture1D | None] = []
+    for mask, init in ((has_q, previous and previous.with_q_txt), (~has_q, previous and previous.cosine_only)):
+        if mask.sum() < max(k, min_fit_pairs):
+            fits.append(None)
+            continue
+        gmm = fit_gmm_1d(score[mask], k=k, init=init)
+        confidence[mask] = clean_confidence(score[mask], gmm)
+        fits.append(gmm)
+    return confidence, score, ConfidenceFit(fits[0], fits[1])

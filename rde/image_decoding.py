@@ -1,7 +1,8 @@
 """Decode image bytes safely into 8-bit RGB, or say exactly why not.
 
 Valid but unusual images (alpha, CMYK, 16-bit, grayscale, palette) are normalised to RGB so
-later stages see one format; the original mode is recorded. Failures become a ``Reason``:
+later stages see one format; the original mode is recorded. The EXIF orientation is applied
+(a phone photo held upright decodes upright), and the header reports the displayed size. Failures become a ``Reason``:
 a decompression bomb is caught from the header before any pixel is decoded.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageFile, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from rde.reasons import Reason
 
@@ -36,14 +37,29 @@ def _pil_open() -> Callable[..., Image.Image]:
     return opener
 
 
+EXIF_ORIENTATION = 0x0112
+_SWAPS_AXES = {5, 6, 7, 8}  # orientations that rotate by 90° or 270° (with or without a mirror)
+
+
 @dataclass(frozen=True)
 class ImageHeader:
-    """What the header says, read without decoding pixels."""
+    """What the header says, read without decoding pixels; width and height as displayed (after
+    the EXIF orientation), ``orientation`` the EXIF tag when it asks for a transform (2-8)."""
 
     width: int
     height: int
     mode: str
     format: str
+    orientation: int | None = None
+
+
+def exif_orientation(image: Image.Image) -> int | None:
+    """The EXIF orientation tag when it asks for a transform (2-8), else None (absent, 1 or invalid)."""
+    try:
+        value = image.getexif().get(EXIF_ORIENTATION)
+    except Exception:  # a broken EXIF block is not a broken image: decode it as stored
+        return None
+    return int(value) if isinstance(value, int) and 2 <= value <= 8 else None
 
 
 class DecodeError(Exception):
@@ -70,23 +86,29 @@ def read_header(data: bytes, max_pixels: int) -> ImageHeader:
     except (OSError, ValueError, SyntaxError) as exc:
         raise DecodeError(Reason.CORRUPT_IMAGE, f"unreadable header: {exc}") from None
     width, height = image.size
+    orientation = exif_orientation(image)
+    if orientation in _SWAPS_AXES:
+        width, height = height, width
     if width * height > max_pixels:
         raise DecodeError(
             Reason.DECOMPRESSION_BOMB, f"{width}x{height} = {width * height} pixels exceeds limit {max_pixels}"
         )
     if width < 1 or height < 1:
         raise DecodeError(Reason.CORRUPT_IMAGE, f"invalid size {width}x{height}")
-    return ImageHeader(width, height, image.mode, image.format or "unknown")
+    return ImageHeader(width, height, image.mode, image.format or "unknown", orientation)
 
 
 def decode_rgb(data: bytes, max_pixels: int = 50_000_000) -> np.ndarray:
-    """Decode to an H×W×3 uint8 RGB array (alpha composited on white, 16-bit scaled to 8-bit)."""
-    read_header(data, max_pixels)
+    """Decode to an H×W×3 uint8 RGB array as displayed: EXIF orientation applied, alpha composited
+    on white, 16-bit scaled to 8-bit."""
+    header = read_header(data, max_pixels)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = _pil_open()(io.BytesIO(data))
             image.load()
+            if header.orientation is not None:
+                image = ImageOps.exif_transpose(image)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DecodeError(Reason.CORRUPT_IMAGE, f"decoding failed: {exc}") from None
     return _to_rgb(image)

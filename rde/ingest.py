@@ -1,14 +1,21 @@
 """Ingest: list inputs, then turn each shard of inputs into image rows or rejected rows.
 
-Inputs are the bundled demo pool (an artifact), a folder (every regular file, recursively) or
-a Parquet file with a ``path`` column (optional ``domain`` and ``identity``). Each input gets a
-stable ``input_id``; each one ends as exactly one images row or one rejects row.
+Inputs are the bundled demo pool (an artifact), a folder (every entry that is not a folder,
+recursively: files, links, FIFOs, sockets, devices) or a Parquet file with a ``path`` column
+(optional ``domain`` and ``identity``). Each input gets a stable ``input_id``; each one ends as
+exactly one images row or one rejects row.
+
+Confinement (secure by default): a file is read only when its real path (after every symbolic
+link and ``..``) lies inside the input's root — the folder itself, or for a path list the
+profile's ``input.roots`` or, when none are set, the list file's own folder. ``input.confine:
+false`` turns this off explicitly. A path outside is the rejected row ``outside_root``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -94,14 +101,25 @@ def _list_pool(url: str) -> tuple[list[InputRef], str]:
 
 def _file_signature(path: Path) -> list[Any]:
     try:
-        st = path.stat()
+        st = path.lstat()
         return [str(path), st.st_size, st.st_mtime_ns]
     except OSError:
         return [str(path), None, None]
 
 
+def _walk_entries(folder: Path) -> list[Path]:
+    """Every entry under ``folder`` that is not a real folder, sorted; links are listed, not followed,
+    so a link to a folder is one input (rejected later) and a link loop cannot hang the listing."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        base = Path(dirpath)
+        found.extend(base / name for name in filenames)
+        found.extend(base / name for name in dirnames if (base / name).is_symlink())
+    return sorted(found)
+
+
 def _list_folder(folder: Path, default_domain: str, known_domains: list[str]) -> tuple[list[InputRef], str]:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    files = _walk_entries(folder)
     refs = []
     for path in files:
         first = path.relative_to(folder).parts[0]
@@ -130,30 +148,67 @@ def shard_refs(refs: list[InputRef], shard_size: int) -> list[list[InputRef]]:
     return [refs[i : i + shard_size] for i in range(0, len(refs), shard_size)] or [[]]
 
 
-def _within_roots(path: Path, roots: list[Path]) -> bool:
-    if not roots:
-        return True
-    real = Path(os.path.realpath(path))
-    return any(real == root or root in real.parents for root in roots)
+def allowed_roots(spec: InputSpec, project_root: Path) -> list[str] | None:
+    """The real folders a file input may resolve into, or None when ``input.confine`` is off.
+
+    A folder input is confined to itself; a path list to ``input.roots`` or, when none are set,
+    to the list file's own folder; a pool reads no files (no roots).
+    """
+    if not spec.confine:
+        return None
+    if spec.kind == "pool":
+        return []
+    if spec.kind == "folder":
+        return [os.path.realpath(_input_location(spec, project_root))]
+    if spec.roots:
+        return [os.path.realpath(_input_location(spec.model_copy(update={"path": r}), project_root))
+                for r in spec.roots]
+    return [os.path.realpath(_input_location(spec, project_root).parent)]
 
 
-def _read_file(ref: InputRef, spec: IngestSpec, roots: list[Path]) -> bytes:
+def _inside(real: str, roots: list[str]) -> bool:
+    return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+
+
+def _read_file(ref: InputRef, spec: IngestSpec, roots: list[str] | None) -> bytes:
+    """The bytes of a regular file inside the allowed roots. Checked with ``stat`` on the real path,
+    then opened non-blocking and checked again with ``fstat`` (a FIFO swapped in never blocks)."""
     if not ref.source:
         raise DecodeError(Reason.MISSING_FILE, "empty path")
     path = Path(ref.source)
-    if not _within_roots(path, roots):
-        raise DecodeError(Reason.OUTSIDE_ROOT, f"{path} resolves outside the allowed roots")
-    if not path.exists():
+    if not os.path.lexists(path):
         raise DecodeError(Reason.MISSING_FILE, f"{path} does not exist")
-    if not path.is_file():
-        raise DecodeError(Reason.READ_ERROR, f"{path} is not a regular file")
-    size = path.stat().st_size
-    if size > spec.max_file_bytes:
-        raise DecodeError(Reason.FILE_TOO_LARGE, f"{size} bytes exceeds limit {spec.max_file_bytes}")
+    real = os.path.realpath(path)
+    if roots is not None and not _inside(real, roots):
+        raise DecodeError(Reason.OUTSIDE_ROOT, f"{path} resolves to {real}, outside the allowed roots {roots}")
     try:
-        return path.read_bytes()
+        mode = os.stat(real).st_mode
+    except OSError:
+        raise DecodeError(Reason.MISSING_FILE, f"{path} is a link to {real}, which does not exist") from None
+    if not stat.S_ISREG(mode):
+        raise DecodeError(Reason.NOT_A_REGULAR_FILE, f"{path} is a {_file_kind(mode)}, not a regular file")
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise DecodeError(Reason.READ_ERROR, f"{path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DecodeError(Reason.NOT_A_REGULAR_FILE, f"{path} is a {_file_kind(st.st_mode)}, not a regular file")
+        if st.st_size > spec.max_file_bytes:
+            raise DecodeError(Reason.FILE_TOO_LARGE, f"{st.st_size} bytes exceeds limit {spec.max_file_bytes}")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(spec.max_file_bytes + 1)
+    except OSError as exc:
+        raise DecodeError(Reason.READ_ERROR, f"{path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [(stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")]
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def reject_row(ref: InputRef, stage: str, reasons: list[str], detail: str | None,
@@ -167,13 +222,15 @@ def reject_row(ref: InputRef, stage: str, reasons: list[str], detail: str | None
 
 
 def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str],
-                 pool_url: str | None = None, roots: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
+                 pool_url: str | None = None, *, roots: list[str] | None) -> tuple[pa.Table, pa.Table]:
     """Read, verify and describe one shard of inputs → (images table, rejects table).
 
-    Each input is decoded fully once so truncated files are caught here, not downstream.
+    ``roots`` are real folder paths a file may resolve into (``allowed_roots``); None reads any
+    path and must be asked for explicitly. Each input is decoded fully once so truncated files
+    are caught here, not downstream; the stored size is the displayed one (EXIF orientation
+    applied), with the orientation tag kept in ``exif_orientation``.
     """
     pool_tables: dict[int, pa.Table] = {}
-    root_paths = [Path(os.path.realpath(r)) for r in roots or []]
     images, rejects = [], []
     for ref in refs:
         try:
@@ -184,7 +241,7 @@ def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str
                     pool_tables[ref.pool_shard] = Artifact(pool_url or "").read_shard(ref.pool_shard, ["image_bytes"])
                 data = pool_tables[ref.pool_shard].column("image_bytes")[ref.pool_row].as_py()
             else:
-                data = _read_file(ref, spec, root_paths)
+                data = _read_file(ref, spec, roots)
             header = read_header(data, spec.max_pixels)
             decode_rgb(data, spec.max_pixels)
         except DecodeError as err:
@@ -196,6 +253,7 @@ def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str
         images.append({"input_id": ref.input_id, "image_id": sha256_bytes(data), "source": ref.source,
                        "domain": ref.domain, "identity": ref.identity, "width": header.width,
                        "height": header.height, "source_mode": header.mode, "image_format": header.format,
+                       "exif_orientation": header.orientation,
                        "source_meta": ref.source_meta, "image_bytes": data})
     return pa.Table.from_pylist(images, schema=IMAGES), pa.Table.from_pylist(rejects, schema=REJECTS)
 

@@ -6,7 +6,7 @@ Unknown keys and wrong types are rejected with a message naming the key and the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -61,10 +61,18 @@ class ModelSpec(Strict):
     backend: str
     model_id: str
     revision: str | None = None
-    batch_size: int = Field(32, ge=1)
+    # ``auto``: measured on first use per (backend, model, device, machine), see models/backends/auto_batch.py
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 32
     device: str = "cpu"
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _auto_only_where_measured(self) -> ModelSpec:
+        if self.batch_size == "auto" and self.backend not in MEASURED_BACKENDS:
+            raise ValueError(f"batch_size 'auto' is measured only for {sorted(MEASURED_BACKENDS)}; "
+                             f"give backend {self.backend!r} a number")
+        return self
 
     def cache_key(self) -> str:
         """Identity of the loaded model (for per-process caches and artifact lineage)."""
@@ -82,6 +90,8 @@ BACKENDS: dict[str, set[str]] = {
     "template_generator": {"llama-cpp", "openai-http", "vllm", "transformers-vlm"},
     "joint_encoder": {"bert"},
 }
+# Backends whose batch size only changes speed (within float tolerance), so it may be ``auto``.
+MEASURED_BACKENDS = BACKENDS["image_embedder"] | BACKENDS["text_encoder"] | BACKENDS["experts"]
 
 
 class ModelsSection(Strict):
@@ -116,7 +126,11 @@ class InputSpec(Strict):
     kind: Literal["pool", "folder", "paths"] = "pool"
     path: str = "data/demo_pool"
     default_domain: str = "pedestrian"
-    roots: list[str] = Field(default_factory=list)  # allowed roots for 'paths' inputs; empty = any
+    # Allowed roots for 'paths' inputs; empty = the list file's own folder. A folder input is
+    # confined to itself. Real paths (after links and '..') outside are rejected as outside_root.
+    roots: list[str] = Field(default_factory=list)
+    # false reads any path the worker can read: only for trusted inputs (deployment parameters are not)
+    confine: bool = True
 
 
 class IngestSpec(Strict):
@@ -125,14 +139,31 @@ class IngestSpec(Strict):
     max_pixels: int = Field(50_000_000, ge=1)  # larger images are rejected as decompression bombs
 
 
+class SizeRule(Strict):
+    """Minimum image width and height (pixels) below which an image is ``too_small``."""
+
+    min_width: int = Field(ge=1)
+    min_height: int = Field(ge=1)
+
+
 class DenoiseSpec(Strict):
-    """GTR+ denoising thresholds (paper Sec. 5.1): w<32 or h<64, Laplacian var <80, count≠1."""
+    """GTR+ denoising thresholds (paper Sec. 5.1): w<32 or h<64, Laplacian var <80, count≠1.
+
+    ``min_width``/``min_height`` are the paper's rule for upright people and apply to every domain
+    not named in ``size_by_domain`` (e.g. vehicles, which are wide and low, get their own rule).
+    """
 
     min_width: int = Field(32, ge=1)
     min_height: int = Field(64, ge=1)
+    size_by_domain: dict[str, SizeRule] = Field(default_factory=dict)
     min_laplacian_variance: float = Field(80.0, ge=0.0)
     required_target_count: int | None = Field(1, ge=0)  # None disables the count filter
     deduplicate: bool = True
+
+    def size_rule(self, domain: str | None) -> SizeRule:
+        """The size rule for images of ``domain`` (the default rule when it has none of its own)."""
+        rule = self.size_by_domain.get(domain) if domain is not None else None
+        return rule or SizeRule(min_width=self.min_width, min_height=self.min_height)
 
 
 class SamplingSpec(Strict):
@@ -171,6 +202,15 @@ class QueriesSpec(Strict):
     temperature: float = Field(0.8, ge=0.0)
     max_tokens: int = Field(256, ge=16)
     near_duplicate_cosine: float = Field(0.92, gt=0.0, le=1.0)  # text-embedding cosine ≥ this → near duplicate
+    echo_max_word_edits: int = Field(1, ge=0)  # ≤ this many words changed from an output example → echoes_example
+    echo_span_content_words: int = Field(3, ge=1)  # a copied run of words with this many content words → echo
+    vocabulary_check: bool = True  # off_vocabulary: content words must occur in the domain's caption pool
+    keyword_check: bool = True  # no_keyword: a line must use a noun/adjective sampled into its request
+    # GBNF grammar per request from the sampled keywords and phrases of the caption pool (prompt file
+    # ``grammar`` data); honoured by llama.cpp (offline, and servers through openai-http's grammar_field).
+    constrained_decoding: bool = False
+    grammar_phrases: int = Field(6, ge=1)  # caption-pool phrases per sampled keyword offered in the grammar
+    grammar_min_count: int = Field(2, ge=1)  # a noun enters the grammar once the pool uses it this often
     caption_sample_per_domain: int = Field(40, ge=1)  # images captioned for the caption pool
     caption_file: str | None = None  # CUHK-PEDES-style JSON captions instead of captioning the pool
     seed: int = 0
@@ -228,7 +268,8 @@ class LargeFineSpec(Strict):
     min_qa_pairs: int = Field(2, ge=1)  # fewer distinct answered pairs → malformed_qa
     min_words: int = Field(10, ge=1)  # quality gate on every tier's text (issue: <10 or >200 words)
     max_words: int = Field(200, ge=1)
-    max_repeated_sentence_share: float = Field(0.5, ge=0.0, le=1.0)
+    max_repeated_sentence_share: float = Field(0.5, ge=0.0, le=1.0)  # of the sentences as generated → repetitive
+    drop_repeated_sentences: bool = True  # keep a sentence's first occurrence only (recorded in `cleaning`)
     boilerplate: list[str] = Field(default_factory=lambda: [
         "in the image", "in this image", "in the picture", "in the photo", "the image shows", "this image shows",
         "the picture shows", "in the target-image", "in target-image"])
@@ -271,6 +312,7 @@ class TrainingSpec(Strict):
     gamma: float = Field(0.2, ge=0.0, le=1.0)
     confidence_beta: float = Field(0.8, ge=0.0)
     gmm_components: int = Field(2, ge=2)
+    gmm_min_fit_pairs: int = Field(10, ge=2)  # pairs with / without q_txt each need this many for a fit
     seed: int = 0
 
     @model_validator(mode="after")
@@ -364,6 +406,9 @@ class Profile(Strict):
         unknown = [d for d in self.largefine.domains if d not in names]
         if unknown:
             raise ValueError(f"largefine.domains {unknown} are not among domains {names}")
+        unknown = [d for d in self.denoise.size_by_domain if d not in names]
+        if unknown:
+            raise ValueError(f"denoise.size_by_domain {unknown} are not among domains {names}")
         return self
 
     def domain(self, name: str) -> DomainSpec:
@@ -401,6 +446,9 @@ def parse_profile(data: Any, source: str = "<profile>") -> Profile:
         raise ProfileError(_format_errors(source, exc)) from None
 
 
+CONFINEMENT_KEYS = {"confine", "roots"}  # input keys that only a profile file may set (not run parameters)
+
+
 def load_profile(name_or_path: str = "demo", overrides: dict[str, Any] | None = None) -> Profile:
     """Load a bundled profile by name (``demo``, ``production``) or any YAML file by path."""
     path = Path(name_or_path)
@@ -414,6 +462,11 @@ def load_profile(name_or_path: str = "demo", overrides: dict[str, Any] | None = 
     except yaml.YAMLError as exc:
         raise ProfileError(f"profile {path} is not valid YAML: {exc}") from None
     if overrides:
+        widening = sorted(set((overrides.get("input") or {}) if isinstance(overrides.get("input"), dict) else {})
+                          & CONFINEMENT_KEYS)
+        if widening:
+            raise ProfileError(f"input.{', input.'.join(widening)} can only be set in a profile file: they decide "
+                               "which files a run may read, so run parameters and --set cannot change them")
         data = deep_merge(data or {}, overrides)
     return parse_profile(data, str(path))
 

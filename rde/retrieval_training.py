@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +28,7 @@ from models.retrieval.losses import (
     sass_loss,
     weighted_itm_loss,
 )
-from rde.gmm_confidence import clean_confidence, combined_score, confidence_weights, fit_gmm_1d
+from rde.gmm_confidence import ConfidenceFit, confidence_weights, pair_confidence
 from rde.hard_negatives import draw_seed
 from rde.retrieval_features import random_resized_crop
 
@@ -102,6 +103,7 @@ class TrainConfig:
     gamma: float = 0.2  # GTR+ Eq. 7
     confidence_beta: float = 0.8  # GTR+ Eq. 10 β
     gmm_components: int = 2
+    gmm_min_fit_pairs: int = 10  # a population (with / without q_txt) smaller than this is not fitted
     seed: int = 0
 
 
@@ -114,6 +116,7 @@ class EpochRecord:
     clean_share: float | None = None
     s_hat: np.ndarray | None = None  # ŝ of every pair at the refit (for the histogram plot)
     confidence: np.ndarray | None = None
+    weight_mean: float = 1.0  # mean loss weight C^β applied during this epoch (1 before the first fit)
 
 
 @dataclass
@@ -194,9 +197,10 @@ def _save(path: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, epoc
 
 
 def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
-          checkpoint_dir: Path | None = None) -> TrainResult:
+          checkpoint_dir: Path | None = None, on_step: Callable[[int, int], None] | None = None) -> TrainResult:
     """Train in place. With ``checkpoint_dir`` every epoch is saved (atomically) and a rerun resumes
-    after the last saved epoch (``torch.load(weights_only=True)``: tensors and plain values only)."""
+    after the last saved epoch (``torch.load(weights_only=True)``: tensors and plain values only).
+    ``on_step(steps done, steps in all)`` after every step, for progress displays."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -222,7 +226,7 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
             gen.manual_seed(cfg.seed + 1000 * start_epoch)
     losses: list[dict[str, float]] = []
     records: list[EpochRecord] = []
-    gmm = None  # the previous epoch's fit warm-starts the next
+    gmm: ConfidenceFit | None = None  # the previous epoch's fits warm-start the next
     for epoch in range(start_epoch, cfg.epochs):
         began = time.perf_counter()
         gen.manual_seed(cfg.seed + 1000 * epoch)  # the epoch's shuffle does not depend on resuming
@@ -241,17 +245,21 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
             terms["total"].backward()
             optim.step()
             step += 1
+            if on_step is not None:
+                on_step(step, total)
             losses.append({k: float(v.detach()) for k, v in terms.items()} | {"step": step, "epoch": epoch})
             epoch_losses.append(float(terms["total"].detach()))
-        record = EpochRecord(epoch, float(np.mean(epoch_losses)) if epoch_losses else 0.0, 0.0)
+        record = EpochRecord(epoch, float(np.mean(epoch_losses)) if epoch_losses else 0.0, 0.0,
+                             weight_mean=float(weights.mean()) if weights is not None else 1.0)
         if cfg.weighting == "ada":
             model.eval()
             q = pairs.q_txt.numpy() if pairs.q_txt is not None else np.full(len(pairs), np.nan)
-            s_hat = combined_score(positive_cosines(model, pairs), q, cfg.gamma)
-            gmm = fit_gmm_1d(s_hat, k=cfg.gmm_components, init=gmm)
-            conf = clean_confidence(s_hat, gmm)
+            conf, s_hat, gmm = pair_confidence(positive_cosines(model, pairs), q, cfg.gamma, cfg.gmm_components,
+                                               gmm, cfg.gmm_min_fit_pairs)
             weights = torch.tensor(confidence_weights(conf, cfg.confidence_beta), dtype=torch.float32)
-            record.gmm_means, record.clean_share = gmm.means.tolist(), float((conf > 0.5).mean())
+            fitted = gmm.with_q_txt or gmm.cosine_only
+            record.gmm_means = fitted.means.tolist() if fitted is not None else []
+            record.clean_share = float((conf > 0.5).mean())
             record.s_hat, record.confidence = s_hat, conf
         record.seconds = time.perf_counter() - began
         records.append(record)

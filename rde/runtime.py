@@ -6,6 +6,7 @@ before that; ``flows`` and ``tasks`` call it on import and the CLI calls it firs
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from functools import lru_cache
@@ -34,6 +35,9 @@ def resolve_location(location: str) -> str:
     return str(path if path.is_absolute() else project_root() / path)
 
 
+AUTO_BATCH_LOGGER = "models.backends.auto_batch"
+
+
 def configure_prefect_env() -> None:
     """Point Prefect at the project's state folder and turn analytics off.
 
@@ -48,12 +52,17 @@ def configure_prefect_env() -> None:
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         "PREFECT_LOGGING_LEVEL": "INFO",
         "PREFECT_UI_ENABLED": "true",
+        # the ephemeral server needs ~6-11 s on 2 idle cores; a busy machine can take minutes, and
+        # Prefect's 20 s default then fails the run before any stage starts
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "YOLO_OFFLINE": "1",
         "YOLO_CONFIG_DIR": str(state_dir() / "ultralytics"),
         "HF_HUB_OFFLINE": "1",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": AUTO_BATCH_LOGGER,  # measured batch sizes show in run logs
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    logging.getLogger(AUTO_BATCH_LOGGER).setLevel(logging.INFO)
     home.mkdir(parents=True, exist_ok=True)
 
 

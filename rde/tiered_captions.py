@@ -122,13 +122,15 @@ class TierCaptioner:
         s = self.spec
         gate = gate_caption(result.text, min_words=s.min_words, max_words=s.max_words, boilerplate=s.boilerplate,
                             max_repeated_sentence_share=s.max_repeated_sentence_share,
-                            negative_mentions=s.negative_mentions if tier != "base" else ())
+                            negative_mentions=s.negative_mentions if tier != "base" else (),
+                            drop_repeats=s.drop_repeated_sentences)
         if gate.reason is not None:
             self._reject(out, item, tier, gate.reason, gate.text, gate.detail)
             return False
         out.captions.append({
             "image_id": item.image_id, "source": item.source, "domain": item.domain, "tier": tier,
-            "text": gate.text, "q_txt": result.mean_token_probability, "words": word_count(gate.text),
+            "text": gate.text, "raw_text": result.text, "cleaning": list(gate.cleaning),
+            "q_txt": result.mean_token_probability, "words": word_count(gate.text),
             "generator": result.model_id, "generator_index": item.generator_index,
             "prompt": f"{self.prompt.identity}:{prompt_step}", "template_id": template_id, "gallery": gallery,
             "hard_negative_id": item.negative_id if tier != "base" else None,

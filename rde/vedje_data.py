@@ -98,6 +98,20 @@ def _largefine(source_root: str, test_share: float, seed: int) -> ItemSet:
     return items
 
 
+def clip_spans(path: str) -> dict[str, dict[str, float | int | None]]:
+    """Each clip's first and last frame index, and their times in seconds when the clip set records
+    the video's frame rate (``fps`` in its manifest config)."""
+    clips = Artifact(join(resolve_location(path), "clips"))
+    fps = clips.manifest().config.get("fps")
+    spans: dict[str, dict[str, float | int | None]] = {}
+    for r in clips.rows(["clip_id", "frame_indices"]):
+        first, last = min(r["frame_indices"]), max(r["frame_indices"])
+        spans[r["clip_id"]] = {"first_frame": first, "last_frame": last,
+                               "start_s": round(first / fps, 3) if fps else None,
+                               "end_s": round(last / fps, 3) if fps else None}
+    return spans
+
+
 def load_items(profile: Profile, source_root: str | None = None) -> ItemSet:
     """The profile's VEDJE items (``source_root``: where the source flow's artifacts are)."""
     v = profile.vedje

@@ -75,8 +75,9 @@ def tensors_from_tables(frames: pa.Table, item_tb: pa.Table, query_tb: pa.Table,
 
 
 def build_tables(items: ItemSet, backbone: ImageEmbedder, stage1: TextImageExpert, batch: int = 64,
-                 on_batch: Callable[[float], None] | None = None) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(frame features, items, queries) for an item set, frames decoded and encoded ``batch`` at a time."""
+                 on_batch: Callable[[int, int], None] | None = None) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(frame features, items, queries) for an item set, frames decoded and encoded ``batch`` at a time;
+    ``on_batch(frames done, frames in all)`` after each batch."""
     keys = items.frame_keys()
     parts = []
     for s in range(0, len(keys), batch):
@@ -84,7 +85,7 @@ def build_tables(items: ItemSet, backbone: ImageEmbedder, stage1: TextImageExper
         images = items.load_frames(chunk)
         parts.append(frame_feature_rows(chunk, [images[k] for k in chunk], backbone, stage1))
         if on_batch is not None:
-            on_batch(100.0 * min(s + batch, len(keys)) / len(keys))
+            on_batch(min(s + batch, len(keys)), len(keys))
     frames = pa.concat_tables(parts)
     first = {r["frame_key"]: np.asarray(r["stage1"], np.float32)
              for r in frames.select(["frame_key", "stage1"]).to_pylist()}

@@ -140,8 +140,10 @@ def batch_losses(model: Vedje, data: VedjeTensors, queries: Sequence[int], ranke
 
 
 def train_vedje(model: Vedje, data: VedjeTensors, cfg: VedjeTrainConfig, checkpoint_dir: Path | None = None,
-                on_epoch: Callable[[int, float], None] | None = None) -> VedjeTrainResult:
-    """Train on the ``train`` split (resuming from the last epoch checkpoint in ``checkpoint_dir``)."""
+                on_epoch: Callable[[int, float], None] | None = None,
+                on_step: Callable[[int, int], None] | None = None) -> VedjeTrainResult:
+    """Train on the ``train`` split (resuming from the last epoch checkpoint in ``checkpoint_dir``);
+    ``on_step(steps done, steps in all)`` before every batch and after each epoch (progress displays)."""
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     item_rows, query_rows = data.rows("train")
@@ -172,6 +174,8 @@ def train_vedje(model: Vedje, data: VedjeTensors, cfg: VedjeTrainConfig, checkpo
         for b in range(steps_per_epoch):
             step = epoch * steps_per_epoch + b
             batch = [int(q) for q in order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
+            if on_step is not None:
+                on_step(step, steps_per_epoch * cfg.epochs)
             if len(batch) < 2:
                 continue
             for group in opt.param_groups:
@@ -187,6 +191,8 @@ def train_vedje(model: Vedje, data: VedjeTensors, cfg: VedjeTrainConfig, checkpo
             values = {k: float(v.detach()) for k, v in terms.items()}
             result.step_losses.append({"step": step, "epoch": epoch, **values})
         result.epoch_loss.append(float(np.mean(totals)) if totals else float("nan"))
+        if on_step is not None:
+            on_step((epoch + 1) * steps_per_epoch, steps_per_epoch * cfg.epochs)
         if on_epoch is not None:
             on_epoch(epoch, result.epoch_loss[-1])
         if ckpt is not None:

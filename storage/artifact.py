@@ -115,7 +115,10 @@ def serialize_table(table: pa.Table, stage_key: str, index: int) -> bytes:
     meta[SHARD_FIELD] = str(index).encode()
     table = table.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    if table.num_rows:
+        pq.write_table(table, sink, compression="zstd")
+    else:  # no row group at all: `datasets` fails on a 0-row row group ("BatchSize must be greater than 0")
+        pq.ParquetWriter(sink, table.schema, compression="zstd").close()
     return sink.getvalue().to_pybytes()
 
 

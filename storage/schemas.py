@@ -20,6 +20,7 @@ IMAGES = pa.schema(
         pa.field("height", pa.int32(), nullable=False),
         pa.field("source_mode", pa.string(), nullable=False),  # PIL mode before RGB normalisation
         pa.field("image_format", pa.string(), nullable=False),  # JPEG, PNG, ...
+        pa.field("exif_orientation", pa.int8()),  # EXIF tag 2-8 applied when decoding; null: none
         pa.field("source_meta", pa.string()),  # JSON: frame, box, score... (pool provenance)
         pa.field("image_bytes", pa.binary(), nullable=False),
     ]
@@ -120,6 +121,7 @@ QUERIES = pa.schema(
         pa.field("source", pa.string(), nullable=False),  # generation request id
         pa.field("generator", pa.string(), nullable=False),
         pa.field("prompt", pa.string(), nullable=False),
+        pa.field("keywords", pa.list_(pa.string())),  # DAP: the request's sampled keywords this query uses
     ]
 )
 
@@ -208,7 +210,9 @@ TIER_CAPTIONS = pa.schema(
         pa.field("source", pa.string(), nullable=False),
         pa.field("domain", pa.string(), nullable=False),
         pa.field("tier", pa.string(), nullable=False),  # base | inter | adv
-        pa.field("text", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),  # cleaned: the training text
+        pa.field("raw_text", pa.string()),  # the generator's output before cleaning (audit, re-gating)
+        pa.field("cleaning", pa.list_(pa.string())),  # removed: negative_mentions:N, boilerplate, repeated_sentences:N
         pa.field("q_txt", pa.float64()),  # mean token probability (GTR+ Eq. 8)
         pa.field("words", pa.int32(), nullable=False),
         pa.field("generator", pa.string(), nullable=False),

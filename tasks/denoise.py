@@ -15,10 +15,10 @@ from storage import Artifact, content_key
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
 from tasks import ingest, sharded
 from tasks.context import RunContext
-from tasks.reporting import log, publish_table, stage_table
+from tasks.reporting import Progress, log, publish_table, stage_table
 
 MEASURE_VERSION = "1"
-DECIDE_VERSION = "1"
+DECIDE_VERSION = "2"  # 2: per-domain size rule (denoise.size_by_domain)
 
 
 @task(name="measure-shard", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
@@ -52,7 +52,9 @@ def run_measure(ctx: RunContext, images_url: str) -> sharded.StageResult:
         sharded.begin(outs, key)
         task_fn = measure_shard_task.with_options(tags=[profile.prefect.gpu_concurrency_limit])
         futures = [task_fn.submit(outs, key, images_url, s.index, profile) for s in manifest.shards]
-        results = [f.result() for f in futures]
+        with Progress(f"{ctx.flow_name}-measure-progress", f"measure: shards done of {len(futures)}", stage="measure",
+                      total=len(futures), unit="shards") as progress:
+            results = sharded.gather(futures, progress)
         stats = {"input_rows": manifest.total_rows, "accepted": manifest.total_rows, "rejected": {}}
         sharded.finalize(outs, key, [r["shards"] for r in results], ctx, upstream=[images],
                          config={"detector": spec.model_dump()}, models={"detector": spec.weights or spec.backend},

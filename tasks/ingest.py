@@ -7,17 +7,25 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rde.ingest import describe_listing, ingest_shard, list_inputs, ref_from_dict, ref_to_dict, shard_refs
+from rde.ingest import (
+    allowed_roots,
+    describe_listing,
+    ingest_shard,
+    list_inputs,
+    ref_from_dict,
+    ref_to_dict,
+    shard_refs,
+)
 from rde.profiles import IngestSpec
 from rde.runtime import project_root, resolve_location
 from storage import content_key
 from storage.schemas import IMAGES, REJECTS
 from tasks import sharded
 from tasks.context import RunContext
-from tasks.reporting import log, publish_table, stage_table
+from tasks.reporting import Progress, log, publish_table, stage_table
 
 STAGE = "ingest"
-VERSION = "1"  # bump when the ingest logic changes what it writes
+VERSION = "2"  # bump when the ingest logic changes what it writes
 
 
 def outputs(ctx: RunContext) -> list[sharded.Output]:
@@ -30,13 +38,13 @@ def outputs(ctx: RunContext) -> list[sharded.Output]:
 @task(name="ingest-shard", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
 def ingest_shard_task(outs: list[sharded.Output], stage_key: str, index: int, refs: list[dict[str, Any]],
                       spec: IngestSpec, domains: list[str], pool_url: str | None,
-                      roots: list[str]) -> dict[str, Any]:
+                      roots: list[str] | None) -> dict[str, Any]:
     """Read and verify one shard of inputs; reuse the shard if this key already wrote it."""
     done = sharded.existing_shards(outs, stage_key, index)
     if done is not None:
         rejects = outs[1].writer(stage_key).read_shard(index, ["reason"])
         return {"shards": done, "rejected": sharded.reason_counts(rejects), "resumed": True}
-    images, rejects = ingest_shard([ref_from_dict(r) for r in refs], spec, domains, pool_url, roots)
+    images, rejects = ingest_shard([ref_from_dict(r) for r in refs], spec, domains, pool_url, roots=roots)
     infos = sharded.write_shards(outs, stage_key, index, {"images": images, "rejects": rejects})
     return {"shards": infos, "rejected": sharded.reason_counts(rejects), "resumed": False}
 
@@ -47,7 +55,7 @@ def run_ingest(ctx: RunContext) -> sharded.StageResult:
     domains = [d.name for d in profile.domains]
     refs, listing_fingerprint = list_inputs(profile.input, project_root(), domains)
     pool_url = resolve_location(profile.input.path) if profile.input.kind == "pool" else None
-    roots = [resolve_location(r) for r in profile.input.roots]
+    roots = allowed_roots(profile.input, project_root())
     key = content_key(stage=STAGE, version=VERSION, listing=listing_fingerprint, input=profile.input.model_dump(),
                       ingest=profile.ingest.model_dump(), domains=domains)
     outs = outputs(ctx)
@@ -63,7 +71,9 @@ def run_ingest(ctx: RunContext) -> sharded.StageResult:
                                      pool_url, roots)
             for i, chunk in enumerate(chunks)
         ]
-        results = [f.result() for f in futures]
+        with Progress(f"{ctx.flow_name}-{STAGE}-progress", f"{STAGE}: shards done of {len(futures)}", stage=STAGE,
+                      total=len(futures), unit="shards") as progress:
+            results = sharded.gather(futures, progress)
         rejected = sharded.merge_counts([r["rejected"] for r in results])
         accepted = sum(r["shards"]["images"].rows for r in results)
         stats = {"input_rows": len(refs), "accepted": accepted, "rejected": rejected}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 
-VERSION = "1"  # bump when a stage here changes what it writes
+VERSION = "2"  # bump when a stage here changes what it writes
 GALLERY_PROMPT = "gtr_template_gallery"
 
 
@@ -192,8 +193,8 @@ def run_qa_tiers(ctx: RunContext, accepted_url: str, neighbours_url: str) -> sha
 def _generation_settings(ctx: RunContext) -> dict[str, Any]:
     lf = ctx.profile.largefine
     return lf.model_dump(include={"temperature", "qa_max_tokens", "summary_max_tokens", "min_qa_pairs", "min_words",
-                                  "max_words", "max_repeated_sentence_share", "boilerplate", "negative_mentions",
-                                  "seed", "tier_prompt"})
+                                  "max_words", "max_repeated_sentence_share", "drop_repeated_sentences", "boilerplate",
+                                  "negative_mentions", "seed", "tier_prompt"})
 
 
 # -- template gallery -------------------------------------------------------------------------------
@@ -305,12 +306,27 @@ def export_task(ctx: RunContext, tier12_url: str, tier12_rejects_url: str, adv_u
                                  upstream=[Artifact(u) for u in (tier12_url, tier12_rejects_url, adv_url,
                                                                  adv_rejects_url)])
     card, stats = dataset_card(ctx)
-    folder = Path(ctx.artifact_url("largefine"))
-    if "://" not in ctx.artifact_url("largefine"):
-        (folder / "README.md").write_text(card, encoding="utf-8")
-        (folder / "card.json").write_text(json.dumps(stats, indent=1), encoding="utf-8")
+    if "://" not in ctx.root:
+        write_card(Path(ctx.root), card, stats)
     publish_markdown(f"{ctx.flow_name}-dataset-card", card, "LargeFine-style dataset card (GTR+ Table 1 statistics)")
-    return result
+    return replace(result, rejects_from_upstream=True)  # the tier stages rejected them; counted there
+
+
+CARD_FILES = ("README.md", "card.json")  # beside the artifact folders, never inside one
+# The card's Hugging Face header: `load_dataset(run_folder[, "caption_rejects"])` reads these folders.
+CARD_CONFIGS = ("---\nconfigs:\n- config_name: default\n  data_files: largefine/*.parquet\n"
+                "- config_name: caption_rejects\n  data_files: caption_rejects/*.parquet\n---\n\n")
+
+
+def write_card(run_folder: Path, card: str, stats: dict[str, Any]) -> None:
+    """The dataset card at the run folder's top (a Hugging Face dataset layout: card at the root,
+    Parquet in subfolders), so every artifact folder holds only shards and ``_manifest.json`` and
+    opens with pandas, pyarrow and ``datasets``; a card left inside ``largefine/`` by an older
+    version is removed."""
+    (run_folder / CARD_FILES[0]).write_text(CARD_CONFIGS + card, encoding="utf-8")
+    (run_folder / CARD_FILES[1]).write_text(json.dumps(stats, indent=1), encoding="utf-8")
+    for name in CARD_FILES:
+        (run_folder / "largefine" / name).unlink(missing_ok=True)
 
 
 def corpus_statistics(texts_by_tier: dict[str, list[str]]) -> dict[str, dict[str, float]]:
@@ -343,8 +359,15 @@ def dataset_card(ctx: RunContext) -> tuple[str, dict[str, Any]]:
              "per_source": {k: dict(v) for k, v in per_source.items()},
              "generators": dict(Counter(r["generator"] for r in captions))}
     lines = [f"# LargeFine-style person captions ({ctx.profile.name} profile)", "",
-             "One row per (image, tier): `tier` is base (Q&A), inter (hard-negative comparison) or adv (stylized "
-             "template); `q_txt` is the mean token probability (GTR+ Eq. 8).", "",
+             "One row per (image, tier) in `largefine/`: `tier` is base (Q&A), inter (hard-negative comparison) or "
+             "adv (stylized template); `text` is the cleaned training text, `raw_text` the generator's output and "
+             "`cleaning` what was removed (hard-negative mentions, boilerplate, repeated sentences); `q_txt` is the "
+             "mean token probability (GTR+ Eq. 8).", "",
+             "```python", "import pandas as pd", "from datasets import load_dataset", "",
+             f'captions = pd.read_parquet("{ctx.artifact_url("largefine")}")',
+             f'ds = load_dataset("parquet", data_files="{ctx.artifact_url("largefine")}/*.parquet", split="train")',
+             f'ds = load_dataset("{ctx.root}", split="train")  # this card\'s configs: default, caption_rejects',
+             "```", "",
              "| texts | #texts | #words/text | #adj./text | #noun chunks/text |", "|---|---|---|---|---|"]
     for name, s in table1.items():
         lines.append(f"| {name} | {s['texts']} | {s['words_per_text']:.2f} | {s['adjectives_per_text']:.2f} | "

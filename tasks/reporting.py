@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
@@ -13,6 +15,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.context import get_run_context
+
+from rde.progress import StageProgress
 
 
 def _in_prefect_run() -> bool:
@@ -29,6 +33,14 @@ def log(message: str) -> None:
         get_run_logger().info(message)
     else:
         print(message)
+
+
+def warn(message: str) -> None:
+    """A warning through Prefect's run logger inside a run, else printed (plain-function use)."""
+    if _in_prefect_run():
+        get_run_logger().warning(message)
+    else:
+        print(f"warning: {message}")
 
 
 def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
@@ -58,20 +70,66 @@ def stage_table(stage: str, input_rows: int, accepted: int, rejected: dict[str, 
     return rows
 
 
-class Progress:
-    """A progress artifact (0-100 %) with a stable key, updated as shards finish; a no-op outside
-    a Prefect run."""
+SPLIT_NAMES = {"held_out": "held-out"}  # how a split key reads in summaries (others read as they are)
 
-    def __init__(self, key: str, description: str) -> None:
+
+def split_name(key: str) -> str:
+    return SPLIT_NAMES.get(key, key)
+
+
+def accounting_line(summary: dict[str, Any]) -> str:
+    """``inputs N = train a + held-out b + rejected c`` (or ``accepted a + rejected c`` without splits):
+    where a run's inputs went, from a summary's ``inputs``, ``splits``, ``accepted``, ``total_rejected``."""
+    parts = [f"{split_name(k)} {v}" for k, v in (summary.get("splits") or {}).items()]
+    kept = " + ".join(parts) if parts else f"accepted {summary['accepted']}"
+    return f"inputs {summary['inputs']} = {kept} + rejected {summary['total_rejected']}"
+
+
+class Progress:
+    """A stage's progress, reported once for both places people look: a Prefect progress artifact
+    (0-100 %, stable key; a no-op outside a Prefect run; updated per whole percent) for the UI, and
+    the process-local display of :mod:`rde.progress` (drawn by the CLI on a terminal). ``done`` and
+    ``total`` count ``unit`` (shards, frames, steps...; a total first known later comes with ``update``).
+    Update it from the thread that runs the stage."""
+
+    def __init__(self, key: str, description: str, *, stage: str, total: float | None, unit: str) -> None:
+        self.total = total
+        self.percent = 0
         self.artifact_id = create_progress_artifact(0.0, key=key, description=description) \
             if _in_prefect_run() else None
+        self.local = StageProgress(stage, total, unit)
 
-    def update(self, percent: float) -> None:
-        if self.artifact_id is not None:
-            update_progress_artifact(self.artifact_id, min(100.0, percent))
+    def update(self, done: float, total: float | None = None) -> None:
+        """``done`` of ``total`` finished."""
+        self.total = total if total is not None else self.total
+        self.local.update(done, total)
+        if not self.total:
+            return
+        percent = int(min(100.0, 100.0 * done / self.total))
+        if self.artifact_id is not None and percent > self.percent:
+            self.percent = percent
+            update_progress_artifact(self.artifact_id, float(percent))
+
+    def advance(self, n: float = 1.0) -> None:
+        self.update(self.local.done + n)
+
+    def close(self) -> None:
+        self.local.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def publish_image(key: str, url: str, description: str) -> None:
     """An image artifact (a plot written next to the Parquet outputs, shown in the UI)."""
     if _in_prefect_run():
         create_image_artifact(image_url=url, key=key, description=description)
+
+
+def inline_png(path: Path, alt: str) -> str:
+    """A plot as markdown with the PNG inlined as a data URI: the Prefect UI shows the picture itself
+    (a ``file://`` link does not open there, and the server may not see the worker's disk)."""
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(Path(path).read_bytes()).decode('ascii')})"

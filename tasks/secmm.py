@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import BUNDLED_LLM, ModelRegistry, spec_lineage
-from rde import caption_stats, cgds, dap, labels, mecf
+from rde import caption_stats, cgds, dap, labels, mecf, sentence_checks
 from rde.embedding_cache import EmbeddingCache
 from rde.evaluation import evaluate_expert
 from rde.expert_check import load_check_set, load_check_yaml
@@ -75,24 +75,46 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
         rows = Artifact(accepted_url).rows(["image_id", "domain", "image_bytes"])
         rng = np.random.default_rng(p.queries.seed)
         captions, rejects = [], []
+        generic = set(prompt.extras.get("generic_words", []))
+        measured = getattr(generator, "measured_facts", None)  # composed captioners expose their facts
+        generated = clean_before = rendered = 0
         for domain in sorted({r["domain"] for r in rows}):
             mine = [r for r in rows if r["domain"] == domain]
             pick = rng.choice(len(mine), size=min(p.queries.caption_sample_per_domain, len(mine)), replace=False)
             chosen = [mine[i] for i in sorted(pick)]
+            images = {r["image_id"]: decode_rgb(r["image_bytes"]) for r in chosen}
             requests = [GenerationRequest(r["image_id"], [ChatMessage("user", prompt.templates[domain],
-                                                                      [decode_rgb(r["image_bytes"])])],
+                                                                      [images[r["image_id"]]])],
                                           max_tokens=80, temperature=0.0) for r in chosen]
-            for res in generator.generate(requests):
-                if res.ok:
-                    captions.append({"image_id": res.request_id, "domain": domain, "text": res.text,
-                                     "q_txt": res.mean_token_probability, "generator": res.model_id,
-                                     "prompt": prompt.identity})
-                else:
-                    reason = error_reason(res.error)
+            results = generator.generate(requests)
+            generated += len(results)
+            for res in results:
+                if not res.ok:
                     rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
-                                    "reason": reason, "text": None, "detail": res.error})
+                                    "reason": error_reason(res.error), "text": None, "detail": res.error})
+            # complete sentences only, and (where the generator measured facts) only what was measured
+            facts = [measured([images[r.request_id]])[0] for r in results] if measured else [None] * len(results)
+            checks = sentence_checks.check_captions([r.text if r.ok else "" for r in results],
+                                                    [f.allowed if f else None for f in facts], generic,
+                                                    int(prompt.extras.get("restart_ngram", 3)))
+            from_facts = prompt.extras.get("from_facts", {}).get(domain, {})
+            for res, check, fact in zip(results, checks, facts, strict=True):
+                clean_before += res.ok and check.clean
+                for dropped in check.dropped:
+                    rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
+                                    "reason": dropped.reason, "text": dropped.text, "detail": dropped.detail})
+                text, q_txt, source = check.kept, res.mean_token_probability, res.model_id
+                if not text and fact is not None and from_facts:  # nothing usable: say what was measured
+                    text, q_txt, source = sentence_checks.facts_caption(fact.values, from_facts), None, \
+                        f"{res.model_id}+facts"
+                    rendered += bool(text)
+                if text:
+                    captions.append({"image_id": res.request_id, "domain": domain, "text": text, "q_txt": q_txt,
+                                     "generator": source, "prompt": prompt.identity})
         stats = {"input_rows": len(captions) + len(rejects), "accepted": len(captions),
-                 "rejected": dict(Counter(r["reason"] for r in rejects))}
+                 "rejected": dict(Counter(r["reason"] for r in rejects)),
+                 "generated_captions": generated, "generated_captions_clean": clean_before,
+                 "rendered_from_facts": rendered}
         return {"captions": pa.Table.from_pylist(captions, schema=CAPTIONS),
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
 
@@ -144,7 +166,8 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
     prompts = {d.name: load_prompt(f"dap_{d.name}") for d in p.domains}
     safety = load_prompt("query_safety")
     key = content_key(stage="dap", version=VERSION, stats=Artifact(stats_out[0].url).manifest().fingerprint,
-                      queries=p.queries.model_dump(), generator=spec_lineage(gen_spec),
+                      captions=captions.manifest().fingerprint, queries=p.queries.model_dump(),
+                      generator=spec_lineage(gen_spec),
                       encoder=spec_lineage(p.models.text_encoder), prompts={k: v.identity for k, v in prompts.items()},
                       safety=safety.identity)
     outs = [sharded.Output("queries", ctx.artifact_url("queries"), "queries", QUERIES),
@@ -153,45 +176,61 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         generator = registry.generator(gen_spec)
         encoder = registry.text_encoder()
-        queries, rejects = [], []
+        caption_rows = Artifact(captions_url).rows(["domain", "text"])
+        queries, rejects, requests_seen = [], [], []
         for domain, prompt in prompts.items():
             mine = stats_rows[stats_rows.domain == domain]
             stats = {pos: Counter(dict(zip(g.word, g["count"], strict=True))) for pos, g in mine.groupby("pos")}
+            texts = [r["text"] for r in caption_rows if r["domain"] == domain]
+            domain_words = set(prompt.extras.get("domain_words", []))
+            examples = dap.output_examples(prompt)
+            vocab = (caption_stats.vocabulary(texts) | set(prompt.extras.get("vocabulary_allowed", []))
+                     if p.queries.vocabulary_check else None)
+            uses = caption_stats.noun_uses(texts) if p.queries.constrained_decoding else {}
+            line_ctx = dap.LineContext(examples, encoder.encode(examples) if examples else None, vocab)
             rng = np.random.default_rng([p.queries.seed, len(domain)])
             accepted: list[str] = []
             for round_ in range(p.queries.max_rounds):
                 if len(accepted) >= p.queries.per_domain:
                     break
                 rid = f"{domain}-r{round_:03d}"
-                [res] = generator.generate([dap.dap_request(prompt, stats, p.queries, rng, rid,
-                                                            seed=p.queries.seed * 1000 + round_)])
+                keywords = dap.sample_request_keywords(stats, p.queries, rng)
+                grammar = dap.build_grammar(prompt, keywords, uses, domain_words, p.queries) \
+                    if p.queries.constrained_decoding else None
+                if p.queries.keyword_check:
+                    line_ctx.keywords[rid] = keywords
+                requests_seen.append({"request": rid, "domain": domain, **keywords, "grammar": grammar is not None})
+                [res] = generator.generate([dap.dap_request(prompt, keywords, p.queries, rid,
+                                                            seed=p.queries.seed * 1000 + round_, grammar=grammar)])
                 if not res.ok:
                     rejects.append({"source_id": rid, "domain": domain, "stage": "dap", "reason": "generation_failed",
                                     "text": None, "detail": res.error})
                     continue
-                verdicts = dap.postprocess_queries([(t, rid) for t in dap.split_queries(res.text)],
-                                                   set(prompt.extras.get("domain_words", [])), p.queries,
-                                                   safety.extras["blocked"], encoder, accepted)
+                verdicts = dap.postprocess_queries([(t, rid) for t in dap.split_queries(res.text)], domain_words,
+                                                   p.queries, safety.extras["blocked"], encoder, accepted, line_ctx)
                 for v in verdicts:
                     if v.reason is None and len(accepted) < p.queries.per_domain:
                         accepted.append(v.text)
                         queries.append({"query_id": f"{domain}-q{len(accepted):04d}", "domain": domain,
                                         "text": v.text, "source": v.source, "generator": generator.model_id,
-                                        "prompt": prompt.identity})
+                                        "prompt": prompt.identity, "keywords": v.keywords})
                     else:
                         rejects.append({"source_id": v.source, "domain": domain, "stage": "dap",
                                         "reason": v.reason or "over_target", "text": v.text, "detail": v.detail})
+        mean_keywords = sum(len(q["keywords"]) for q in queries) / len(queries) if queries else 0.0
         stats_out_ = {"input_rows": len(queries) + len(rejects), "accepted": len(queries),
-                      "rejected": dict(Counter(r["reason"] for r in rejects))}
+                      "rejected": dict(Counter(r["reason"] for r in rejects)),
+                      "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen}
         return {"queries": pa.Table.from_pylist(queries, schema=QUERIES),
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats_out_
 
-    result = sharded.run_single(ctx, "dap", outs, key, compute, upstream=[Artifact(stats_out[0].url)],
+    result = sharded.run_single(ctx, "dap", outs, key, compute, upstream=[Artifact(stats_out[0].url), captions],
                                 models={"generator": spec_lineage(gen_spec)},
                                 prompt_versions={**{f"dap_{k}": v.identity for k, v in prompts.items()},
                                                  "query_safety": safety.identity})
+    mean_keywords = Artifact(outs[0].url).manifest().stats.get("mean_keywords_per_query")
     log(f"dap: {'skipped, ' if result.skipped else ''}{result.accepted} queries kept of {result.input_rows} "
-        f"generated lines, rejected {result.rejected}")
+        f"generated lines, {mean_keywords} sampled keywords per kept query, rejected {result.rejected}")
     return stats_result, result
 
 

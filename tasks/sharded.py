@@ -15,12 +15,16 @@ from typing import Any
 import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectNotFound
 from prefect.futures import as_completed
+from prefect.runtime import flow_run
 
+from rde.progress import StageProgress
 from storage import Artifact, ArtifactWriter, ShardInfo
 from tasks.context import RunContext
-from tasks.reporting import Progress, log
+from tasks.reporting import Progress, log, warn
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ class StageResult:
     shards: int = 0
     shards_resumed: int = 0
     seconds: float = 0.0
+    splits: dict[str, int] = field(default_factory=dict)  # accepted rows by split (train, held_out...)
+    rejects_from_upstream: bool = False  # its rejected rows were gathered from earlier stages (counted there)
 
 
 def all_complete(outputs: Sequence[Output], stage_key: str) -> bool:
@@ -91,20 +97,23 @@ def run_single(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key
                main_output: str | None = None) -> StageResult:
     """A stage that writes its outputs as one shard each (small results: queries, candidates...).
 
-    ``compute`` returns the tables by output name and stats with ``input_rows``, ``accepted`` and
-    ``rejected`` (reason → count); skipped when every output is complete for ``stage_key``.
+    ``compute`` returns the tables by output name and stats with ``input_rows``, ``accepted``,
+    ``rejected`` (reason → count) and optionally ``splits`` (split → accepted rows); skipped when
+    every output is complete for ``stage_key``. While it runs the stage shows as running (a progress
+    that ``compute`` opens takes that display over).
     """
     main = main_output or outputs[0].name
     if all_complete(outputs, stage_key):
         return skipped_result(stage, outputs, main)
-    with Timer() as timer:
+    with Timer() as timer, StageProgress(stage):
         begin(outputs, stage_key)
         tables, stats = compute()
         shards = write_shards(outputs, stage_key, 0, tables)
         finalize(outputs, stage_key, [shards], ctx, upstream=upstream, config=config, models=models, stats=stats,
                  prompt_versions=prompt_versions)
     return StageResult(stage, False, {o.name: o.url for o in outputs}, int(stats.get("input_rows", 0)),
-                       int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), 1, 0, timer.seconds)
+                       int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), 1, 0, timer.seconds,
+                       splits=dict(stats.get("splits", {})))
 
 
 def reason_counts(rejects: pa.Table) -> dict[str, int]:
@@ -128,7 +137,17 @@ def skipped_result(stage: str, outputs: Sequence[Output], accepted_output: str) 
     stats = manifests[accepted_output].stats
     return StageResult(stage=stage, skipped=True, artifacts={o.name: o.url for o in outputs},
                        input_rows=stats.get("input_rows", 0), accepted=stats.get("accepted", 0),
-                       rejected=stats.get("rejected", {}), shards=len(manifests[accepted_output].shards))
+                       rejected=stats.get("rejected", {}), shards=len(manifests[accepted_output].shards),
+                       splits=stats.get("splits", {}))
+
+
+def gather(futures: Sequence[Any], progress: Progress) -> list[Any]:
+    """The results of shard task ``futures`` in submission order, advancing ``progress`` by one as each
+    finishes (called from the flow's thread: one display per stage, not per shard)."""
+    for future in as_completed(list(futures)):
+        future.result()
+        progress.advance()
+    return [f.result() for f in futures]
 
 
 class Timer:
@@ -155,13 +174,43 @@ def count_accepted_rejected(accepted: str, rejects: str | None = None) -> ShardR
     return recount
 
 
+_LIMITS_SEEN: dict[tuple[str, str], bool] = {}  # (flow run id, limit name) → the limit exists
+
+
+def _limit_exists(name: str) -> bool:
+    """Whether the Prefect server has a global concurrency limit ``name`` (an unreachable server
+    counts as yes: acquiring a slot then reports the real error)."""
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_global_concurrency_limit_by_name(name)
+    except ObjectNotFound:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+def resolve_concurrency_limit(name: str | None) -> str | None:
+    """``name`` if that global concurrency limit exists, else None with one warning per flow run:
+    Prefect would skip a missing limit anyway, but warn once per shard (34 times in a demo build)."""
+    if not name:
+        return None
+    key = (str(flow_run.get_id() or ""), name)
+    if key not in _LIMITS_SEEN:
+        _LIMITS_SEEN[key] = _limit_exists(name)
+        if not _LIMITS_SEEN[key]:
+            warn(f"concurrency limit {name!r} does not exist on this Prefect server: its stages run without "
+                 "a slot limit (`rde stack up` creates it)")
+    return name if _LIMITS_SEEN[key] else None
+
+
 @task(name="shard", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def shard_task(outputs: list[Output], stage_key: str, index: int, compute: ShardCompute,
                recount: ShardRecount, concurrency_limit: str | None = None) -> dict[str, Any]:
     """One shard of a sharded stage: reuse what a previous run of the same key wrote, else compute
     and write it atomically. A retry (or a rerun after a crash) redoes only this shard. With
     ``concurrency_limit`` the computation holds one slot of that Prefect global concurrency limit
-    (e.g. ``gpu``; created by ``rde stack up``; where it does not exist, nothing is limited)."""
+    (e.g. ``gpu``; created by ``rde stack up``; ``run_sharded`` passes None where it does not exist)."""
     done = existing_shards(outputs, stage_key, index)
     if done is not None:
         tables = {o.name: Artifact(o.url).read_shard(index) for o in outputs}
@@ -194,15 +243,14 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
         return result
     with Timer() as timer:
         begin(outputs, stage_key)
-        progress = Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}")
+        progress = Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}", stage=stage,
+                            total=n_shards, unit="shards")
         task_fn = shard_task.with_options(name=stage, tags=list(tags), task_run_name=f"{stage}-{{index}}")
+        concurrency_limit = resolve_concurrency_limit(concurrency_limit)
         futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit)
                    for index in range(n_shards)]
-        done: list[dict[str, Any]] = []
-        for future in as_completed(futures):
-            done.append(future.result())
-            progress.update(100.0 * len(done) / max(n_shards, 1))
-        done.sort(key=lambda r: r["index"])
+        with progress:
+            done: list[dict[str, Any]] = gather(futures, progress)
         stats = _sum_stats([r["stats"] for r in done])
         finalize(outputs, stage_key, [r["shards"] for r in done], ctx, upstream=upstream, config=config,
                  models=models, stats=stats, prompt_versions=prompt_versions)

@@ -9,17 +9,23 @@ from tasks.context import RunContext
 from tasks.reporting import publish_markdown
 from tasks.sharded import StageResult
 
+POOL_STAGES = ("ingest", "denoise")  # the image accounting: inputs = accepted + rejected over these
+
 
 def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
-    """Totals across stages; ``balanced`` asserts that no input was lost."""
+    """Totals across stages; ``balanced`` asserts that no input was lost. ``rejected`` holds every
+    stage's reasons (``stage:reason``; a stage that only gathers earlier stages' rejects is not
+    counted twice), ``total_rejected`` the images rejected by ingest and denoise."""
     by_name = {s.stage: s for s in stages}
     inputs = by_name["ingest"].input_rows
     accepted = by_name["denoise"].accepted
     rejected: dict[str, int] = {}
-    for stage in ("ingest", "denoise"):
-        for reason, count in by_name[stage].rejected.items():
-            rejected[f"{stage}:{reason}"] = count
-    total_rejected = sum(rejected.values())
+    for stage in stages:
+        if stage.rejects_from_upstream:
+            continue
+        for reason, count in stage.rejected.items():
+            rejected[f"{stage.stage}:{reason}"] = rejected.get(f"{stage.stage}:{reason}", 0) + count
+    total_rejected = sum(sum(by_name[name].rejected.values()) for name in POOL_STAGES)
     artifacts = {}
     for stage in stages:
         for name, url in stage.artifacts.items():
@@ -46,7 +52,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     for s in summary["stages"]:
         lines.append(f"| {s['stage']} | {s['skipped']} | {s['input']} | {s['accepted']} | {s['rejected']} | "
                      f"{s['shards']} | {s['shards_reused']} | {s['seconds']} |")
-    lines += ["", "| rejection reason | count |", "|---|---|"]
+    lines += ["", "| rejected rows by stage:reason | count |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(summary["rejected"].items(), key=lambda kv: -kv[1])]
     lines += ["", "| artifact | rows | location |", "|---|---|---|"]
     lines += [f"| {k} | {v['rows']} | `{v['url']}` |" for k, v in summary["artifacts"].items()]

@@ -15,27 +15,29 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.backends.registry import ModelRegistry
+from models.backends.registry import ModelRegistry, models_lineage
 from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
 from rde.expert_check import CheckSet, load_check_set, load_check_yaml, relevance_lists
 from rde.hard_negatives import draw_seed
 from rde.image_decoding import decode_rgb
 from rde.metrics import mean_ap_at_k, person_search_metrics
 from rde.retrieval_features import image_features
-from rde.retrieval_training import TrainConfig, TrainingPairs, TrainResult, train
+from rde.retrieval_training import EpochRecord, TrainConfig, TrainingPairs, TrainResult, train
 from rde.runtime import resolve_location
 from storage import Artifact, content_key
 from storage.schemas import EVALUATION
 from tasks import sharded
 from tasks.context import RunContext
-from tasks.reporting import log, publish_markdown, publish_table
+from tasks.reporting import Progress, accounting_line, inline_png, log, publish_markdown, publish_table, split_name
 
-VERSION = "1"
+VERSION = "2"  # 2: features stats hold the splits (train, held_out) and rejects by reason
 VEC = pa.list_(pa.float32())
 FEATURES = pa.schema([pa.field("kind", pa.string(), nullable=False),  # pair | image | gallery | query
                       pa.field("key", pa.string(), nullable=False), pa.field("index", pa.int32(), nullable=False),
                       pa.field("identity", pa.string()), pa.field("q_txt", pa.float64()), pa.field("text", pa.string()),
                       pa.field("vector", VEC, nullable=False), pa.field("teacher", VEC)])
+CHECK_SET_IDENTITY = "check_set_identity"  # a caption of a check-set identity: kept out of training
+OVER_MAX_PAIRS = "over_max_pairs"  # beyond training.max_pairs (a seeded sample is kept)
 LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
                  pa.field("terms", pa.string(), nullable=False)])
 
@@ -63,7 +65,7 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
         raise ValueError(f"no finished captions at {captions.url}: run `rde build-largefine` (profile {p.name}) "
                          "first; its captions are the training pairs")
     key = content_key(stage="training-features", version=VERSION, captions=captions.manifest().fingerprint,
-                      models=p.models.model_dump(mode="json"), views=t.views, max_pairs=t.max_pairs,
+                      models=models_lineage(p.models), views=t.views, max_pairs=t.max_pairs,
                       student=t.model.model_dump(mode="json") if t.model else None,
                       held_out=t.held_out_share, seed=t.seed, check_sets=p.evaluation.check_sets)
     outs = [sharded.Output("features", ctx.artifact_url("training_features"), "training_features", FEATURES)]
@@ -75,8 +77,11 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
         identity = {r["image_id"]: r["identity"] for r in Artifact(f"{src}/neighbours").rows(["image_id", "identity"])}
         check_ids = {i for f in p.evaluation.check_sets for q in load_check_yaml(Path(resolve_location(f)))["queries"]
                      for i in q["relevant_identities"]}
-        caps = [r for r in captions.rows(["image_id", "text", "q_txt"]) if identity.get(r["image_id"]) not in check_ids]
+        every = captions.rows(["image_id", "text", "q_txt"])
+        caps = [r for r in every if identity.get(r["image_id"]) not in check_ids]
+        rejected = {CHECK_SET_IDENTITY: len(every) - len(caps)}
         if t.max_pairs is not None and len(caps) > t.max_pairs:
+            rejected[OVER_MAX_PAIRS] = len(caps) - t.max_pairs
             caps = sorted(caps, key=lambda r: draw_seed(t.seed, r["image_id"] + r["text"]))[:t.max_pairs]
         people = sorted({identity[c["image_id"]] for c in caps if identity.get(c["image_id"])})
         rng = np.random.default_rng(t.seed)
@@ -110,16 +115,19 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
                      for k, ident in enumerate(check.gallery_identities)]
             rows += [{"kind": "query", "key": f, "index": k, "identity": None, "q_txt": None, "text": None,
                       "vector": v.tolist(), "teacher": None} for k, v in enumerate(bridge.encode_text(check.queries))]
-        n_pairs = sum(r["kind"] == "pair" for r in rows)
-        stats = {"input_rows": len(caps), "accepted": n_pairs, "rejected": {"held_out": len(caps) - n_pairs},
-                 "images": len(image_ids), "views": t.views, "held_out_identities": len(held)}
+        splits = {"train": sum(r["kind"] == "pair" for r in rows),
+                  "held_out": sum(r["kind"] == "heldout" for r in rows)}
+        stats = {"input_rows": len(every), "accepted": len(caps), "splits": splits,
+                 "rejected": {k: v for k, v in rejected.items() if v}, "images": len(image_ids), "views": t.views,
+                 "held_out_identities": len(held)}
         return {"features": pa.Table.from_pylist(rows, schema=FEATURES)}, stats
 
     result = sharded.run_single(ctx, "training-features", outs, key, compute, upstream=[captions],
                                 models={"bridge": p.models.experts[0].model_dump(mode="json"),
                                         "teacher": (p.models.teacher or p.models.experts[-1]).model_dump(mode="json")})
-    log(f"training-features: {'skipped, ' if result.skipped else ''}{result.accepted} training pairs, "
-        f"{sum(result.rejected.values())} held out for person search")
+    log(f"training-features: {'skipped, ' if result.skipped else ''}{result.splits.get('train', 0)} training pairs, "
+        f"{result.splits.get('held_out', 0)} held out for person search, {sum(result.rejected.values())} not used "
+        f"{result.rejected or ''}")
     return result
 
 
@@ -211,6 +219,7 @@ def train_config(ctx: RunContext, **overrides: Any) -> TrainConfig:
                           "lr_peak": t.lr_peak, "warmup_frac": t.warmup_frac, "weight_decay": t.weight_decay,
                           "tau_teacher": t.tau_teacher, "alpha": t.alpha, "beta": t.beta, "gamma": t.gamma,
                           "confidence_beta": t.confidence_beta, "gmm_components": t.gmm_components,
+                          "gmm_min_fit_pairs": t.gmm_min_fit_pairs,
                           "seed": t.seed, **overrides})
 
 
@@ -281,11 +290,15 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         torch.set_num_threads(2)
+        (folder / "s_hat.png").unlink(missing_ok=True)  # a previous configuration's histograms must not show
         data = load_training_data(features_url, ctx)
         torch.manual_seed(cfg.seed)
         model = new_model(data, ctx)
         rows = evaluation_rows(model, data, "zero-shot")
-        result = train(model, data["pairs"], cfg, checkpoint_dir=folder / "checkpoints" / key[:16])
+        with Progress(f"{ctx.flow_name}-train-progress", f"{name}: training steps done", stage=name, total=None,
+                      unit="steps") as progress:
+            result = train(model, data["pairs"], cfg, checkpoint_dir=folder / "checkpoints" / key[:16],
+                           on_step=progress.update)
         rows += evaluation_rows(model, data, method)
         torch.save(model.state_dict(), folder / "model.pt")
         loss_plot(result, folder / "loss.png", f"{method} ({len(data['pairs'])} pairs)")
@@ -295,7 +308,8 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
                     for s in result.step_losses]
         stats = {"input_rows": len(data["pairs"]), "accepted": len(data["pairs"]), "rejected": {},
                  "resumed_from_epoch": result.resumed_from,
-                 "epoch_loss": [round(e.mean_loss, 5) for e in result.epochs]}
+                 "epoch_loss": [round(e.mean_loss, 5) for e in result.epochs],
+                 "gmm": [gmm_epoch_stats(e) for e in result.epochs if e.confidence is not None]}
         return {"log": pa.Table.from_pylist(log_rows, schema=LOG),
                 "evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)}, stats
 
@@ -306,16 +320,27 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
                                                    for k, v in r.items()} for r in evaluation],
                   f"{method}: zero-shot vs trained (check set mAP@K per domain; held-out person search)")
     epoch_loss = Artifact(outs[0].url).manifest().stats.get("epoch_loss", [])
-    publish_markdown(f"{ctx.flow_name}-loss", "\n".join([
-        f"# {method}: training loss", "", "| epoch | mean loss |", "|---|---|",
-        *[f"| {i} | {v:.4f} |" for i, v in enumerate(epoch_loss)], "",
-        f"Loss curve: `{folder / 'loss.png'}` ([file]({(folder / 'loss.png').as_uri()})); weights: "
-        f"`{folder / 'model.pt'}`; checkpoints (per epoch, keyed by the stage key): `{folder / 'checkpoints'}`."]),
-        "Training loss per epoch, with the loss-curve plot and weights next to the Parquet outputs")
     if "result" in extra and extra["result"].epochs and extra["result"].epochs[-1].s_hat is not None:
         gmm_plot(extra["result"], folder / "s_hat.png")
+    plots = [inline_png(folder / png, alt) for png, alt in (("loss.png", "training loss per step"),
+                                                            ("s_hat.png", "ŝ of pairs judged clean vs noisy"))
+             if (folder / png).exists()]
+    publish_markdown(f"{ctx.flow_name}-loss", "\n".join([
+        f"# {method}: training loss", "", "| epoch | mean loss |", "|---|---|",
+        *[f"| {i} | {v:.4f} |" for i, v in enumerate(epoch_loss)], "", *[f"{p}\n" for p in plots],
+        f"Loss curve `{folder / 'loss.png'}`; weights `{folder / 'model.pt'}`; checkpoints (per epoch, keyed by "
+        f"the stage key) `{folder / 'checkpoints'}`."]),
+        "Training loss per epoch with the loss curve (and for GTR+ the ŝ histograms) shown inline")
     log(f"{name}: {'skipped, ' if result.skipped else ''}{len(evaluation)} evaluation rows; artifacts in {folder}")
     return result
+
+
+def gmm_epoch_stats(e: EpochRecord) -> dict[str, Any]:
+    """What the GMM refit after an epoch decided (kept in the log manifest): its means, the share
+    judged clean, the range of confidences, and the mean weight the epoch itself trained with."""
+    return {"epoch": e.epoch, "means": [round(m, 5) for m in e.gmm_means], "clean_share": e.clean_share,
+            "confidence_min": float(e.confidence.min()), "confidence_max": float(e.confidence.max()),
+            "weight_mean_during_epoch": e.weight_mean}
 
 
 def gmm_plot(result: TrainResult, path: Path) -> None:
@@ -347,23 +372,42 @@ def run_training(ctx: RunContext, until: str | None, method: str, cfg: TrainConf
     results = [features]
     if until != "features":
         results.append(train_task(ctx, features.artifacts["features"], method, cfg))
-    return training_summary(ctx, results)
+    return training_summary(ctx, results, Artifact(f"{_source_root(ctx)}/largefine").count_rows())
 
 
-def training_summary(ctx: RunContext, results: list[sharded.StageResult]) -> dict[str, Any]:
-    """The run summary of a training flow (stages, artifacts), also as a markdown artifact."""
+def training_summary(ctx: RunContext, results: list[sharded.StageResult],
+                     counted_inputs: int | None = None) -> dict[str, Any]:
+    """The run summary of a training flow (stages, artifacts), also as a markdown artifact. The first
+    stage's rows are reported as splits (train, held-out or test: evaluation data, not rejects) and
+    rejected rows by reason; ``balanced`` compares ``counted_inputs`` (the source counted on its own;
+    default the first stage's input) with splits + rejected, and every stage's input with its
+    accepted + rejected rows."""
+    first = results[0]
+    splits = dict(first.splits)
+    total_rejected = sum(first.rejected.values())
+    inputs = first.input_rows if counted_inputs is None else counted_inputs
+    kept = sum(splits.values()) if splits else first.accepted
+    balanced = (inputs == kept + total_rejected and kept == first.accepted
+                and all(r.input_rows == r.accepted + sum(r.rejected.values()) for r in results))
     summary = {"flow": ctx.flow_name, "profile": ctx.profile.name, "output_root": ctx.root,
                "stages": [{"stage": r.stage, "skipped": r.skipped, "input": r.input_rows, "accepted": r.accepted,
                            "rejected": sum(r.rejected.values()), "shards": r.shards, "shards_reused": r.shards_resumed,
                            "seconds": round(r.seconds, 2)} for r in results],
                "artifacts": {f"{r.stage}.{n}": {"url": u} for r in results for n, u in r.artifacts.items()},
-               "balanced": True, "inputs": results[0].input_rows, "accepted": results[0].accepted,
+               "balanced": balanced, "inputs": inputs, "accepted": first.accepted, "splits": splits,
                "rejected": {f"{r.stage}:{k}": v for r in results for k, v in r.rejected.items()},
-               "total_rejected": sum(sum(r.rejected.values()) for r in results[:1])}
-    lines = [f"# {ctx.flow_name} ({ctx.profile.name})", "", "| stage | skipped | input | kept | seconds |",
-             "|---|---|---|---|---|"]
+               "total_rejected": total_rejected}
+    lines = [f"# {ctx.flow_name} ({ctx.profile.name})", "",
+             f"{accounting_line(summary)}; balanced: **{balanced}**", "",
+             "| stage | skipped | input | kept | seconds |", "|---|---|---|---|---|"]
     lines += [f"| {s['stage']} | {s['skipped']} | {s['input']} | {s['accepted']} | {s['seconds']} |"
               for s in summary["stages"]]
+    if splits:
+        lines += ["", f"| {first.stage} split | rows |", "|---|---|",
+                  *[f"| {split_name(k)} | {v} |" for k, v in splits.items()]]
+    if summary["rejected"]:
+        lines += ["", "| rejected rows by stage:reason | count |", "|---|---|",
+                  *[f"| {k} | {v} |" for k, v in sorted(summary["rejected"].items(), key=lambda kv: -kv[1])]]
     lines += ["", *[f"- `{k}`: `{v['url']}`" for k, v in summary["artifacts"].items()]]
     publish_markdown(f"{ctx.flow_name}-summary", "\n".join(lines), f"{ctx.flow_name} run summary")
     return summary

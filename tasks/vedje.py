@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, ModelRegistry, spec
 from models.reranker.cache_store import CACHE, CacheIndex, cache_rows
 from models.reranker.vedje import Vedje
 from rde.profiles import ModelSpec
-from rde.vedje_data import ItemSet, load_items
+from rde.vedje_data import ItemSet, clip_spans, load_items
 from rde.vedje_features import FRAME_FEATURES, ITEMS, QUERIES, build_tables, item_embeddings, tensors_from_tables
 from rde.vedje_training import (
     VedjeTensors,
@@ -99,11 +100,13 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         reg = ModelRegistry(ctx.profile.models)
-        progress = Progress(f"{ctx.flow_name}-features-progress", "vedje-features: frames encoded (%)")
-        frames, item_tb, query_tb = build_tables(items, reg.image_embedder(backbone), reg.expert(stage1),
-                                                 on_batch=progress.update)
+        with Progress(f"{ctx.flow_name}-features-progress", "vedje-features: frames encoded",
+                      stage="vedje-features", total=len(items.frame_keys()), unit="frames") as progress:
+            frames, item_tb, query_tb = build_tables(items, reg.image_embedder(backbone), reg.expert(stage1),
+                                                     on_batch=progress.update)
         stats = {"input_rows": items.input_rows, "accepted": len(items.item_ids),
-                 "rejected": dict(items.rejected), "frames": frames.num_rows, "queries": query_tb.num_rows}
+                 "rejected": dict(items.rejected), "splits": dict(Counter(items.splits)),
+                 "frames": frames.num_rows, "queries": query_tb.num_rows}
         return {"frames": frames, "items": item_tb, "queries": query_tb, "rejects": _rejects(items)}, stats
 
     result = sharded.run_single(ctx, "vedje-features", outs, key, compute, upstream=upstream,
@@ -193,10 +196,11 @@ def train_task(ctx: RunContext, urls: dict[str, str]) -> sharded.StageResult:
             model.compressor.requires_grad_(False)
             run_cfg = replace(cfg, losses=tuple(t for t in cfg.losses if t != "delta"))
             log(f"vedje-train: compressor {model.compressor_fingerprint()[:12]} kept frozen (caches stay valid)")
-        progress = Progress(f"{ctx.flow_name}-train-progress", "vedje-train: epochs done (%)")
-        result = train_vedje(model, data, run_cfg, folder / "checkpoints" / key[:16],
-                             on_epoch=lambda e, loss: (progress.update(100.0 * (e + 1) / cfg.epochs),
-                                                       log(f"vedje-train: epoch {e} mean loss {loss:.4f}")))
+        with Progress(f"{ctx.flow_name}-train-progress", "vedje-train: training steps done", stage="vedje-train",
+                      total=None, unit="steps") as progress:
+            result = train_vedje(model, data, run_cfg, folder / "checkpoints" / key[:16],
+                                 on_epoch=lambda e, loss: log(f"vedje-train: epoch {e} mean loss {loss:.4f}"),
+                                 on_step=progress.update)
         meta = save_model(model, folder, ctx, data.item_emb.shape[1])
         rows = []
         for precision in ("bf16", "fp8", "fp4"):
@@ -316,6 +320,8 @@ def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.St
         group = {r["item_id"]: r["group"] for r in index_rows}
         stage1 = ModelRegistry(ctx.profile.models).expert(_stage1_spec(ctx))
         out, latencies = [], []
+        progress = Progress(f"{ctx.flow_name}-progress", "rerank: queries done", stage="rerank", total=len(texts),
+                            unit="queries")
         for qi, text in enumerate(texts):
             start = time.perf_counter()
             q = torch.from_numpy(stage1.encode_text([text]))
@@ -330,6 +336,8 @@ def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.St
             out += [{"query_id": qi, "text": text, "rank": r, "item_id": cand[j], "stage1_rank": int(j),
                      "stage1_score": float(sims[top[j]]), "score": float(s[j]),
                      "relevant": None if truth is None else group[cand[j]] == truth} for r, j in enumerate(order)]
+            progress.update(qi + 1)
+        progress.close()
         evaluation = []
         if labelled and texts:
             evaluation = _recall_rows(out, len(texts), len(ids), spec.candidates)
@@ -369,7 +377,34 @@ def _recall_rows(out: list[dict], n_queries: int, gallery: int, n_candidates: li
     return rows
 
 
+def top_results(ctx: RunContext, reranked_url: str, top: int) -> list[dict[str, Any]]:
+    """Per query of a ``rerank`` run, its best ``top`` items (ranks 1-based): item id, score, stage-1
+    rank and score, and for clips the time span (seconds when the clip set records its frame rate)."""
+    spans = clip_spans(ctx.profile.vedje.clips_path) if ctx.profile.vedje.source == "clips" else {}
+    queries: dict[int, dict[str, Any]] = {}
+    for r in sorted(Artifact(reranked_url).rows(), key=lambda r: (r["query_id"], r["rank"])):
+        entry = queries.setdefault(r["query_id"], {"query": r["text"], "results": []})
+        if len(entry["results"]) < top:
+            entry["results"].append({"rank": r["rank"] + 1, "item_id": r["item_id"], "score": r["score"],
+                                     "stage1_rank": r["stage1_rank"] + 1, "stage1_score": r["stage1_score"],
+                                     "span": spans.get(r["item_id"])})
+    return list(queries.values())
+
+
+def _source_count(ctx: RunContext) -> int:
+    """The profile's items counted from the source artifact itself (the input of the balance check)."""
+    v = ctx.profile.vedje
+    if v.source == "clips":
+        from rde.runtime import resolve_location
+
+        return Artifact(f"{resolve_location(v.clips_path)}/clips").count_rows()
+    root = RunContext(ctx.profile, v.source_flow, ctx.output_root).root
+    return len({r["image_id"] for r in Artifact(f"{root}/largefine").rows(["image_id"])})
+
+
 def summary(ctx: RunContext, results: list[sharded.StageResult]) -> dict[str, Any]:
+    """The run summary; for ``train-vedje`` the balance counts the source's items independently."""
     from tasks.training import training_summary
 
-    return training_summary(ctx, results)
+    counted = _source_count(ctx) if results[0].stage == "vedje-features" else None
+    return training_summary(ctx, results, counted)

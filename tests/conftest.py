@@ -12,6 +12,9 @@ from pathlib import Path
 
 _STATE = Path(tempfile.mkdtemp(prefix="rde-test-state-"))
 os.environ["RDE_STATE_DIR"] = str(_STATE)
+# one batch-size measurement per backend for the whole session, shared with the CLI subprocesses
+# the end-to-end tests start (each of those has a state folder of its own)
+os.environ["RDE_AUTO_BATCH_CACHE"] = str(_STATE / "auto_batch.json")
 for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "YOLO_CONFIG_DIR"):
     os.environ.pop(_key, None)
 

@@ -181,12 +181,14 @@ def test_grounded_captioner_with_real_smollm2(registry: ModelRegistry, person_cr
                 for i, q in enumerate(["Describe the clothing of the person in one sentence.",
                                        "What colour is the person's top?"])]
     facts = gen.facts([person_crop])[0]
-    for res in gen.generate(requests):
+    results = gen.generate(requests)
+    for res in results:
         if res.ok:
             assert res.text and ungrounded_words(res.text, facts.allowed) == set()
             assert 0 < res.mean_token_probability <= 1
         else:
             assert res.error.startswith("ungrounded")
+    assert any(res.ok for res in results), "the real model grounded no caption at all"
 
 
 @pytest.mark.slow
@@ -200,6 +202,33 @@ def test_llama_cpp_generator_real_smollm2() -> None:
     assert len(first[0].tokens) > 0 and all(t.logprob <= 0 for t in first[0].tokens)
     [with_image] = gen.generate([GenerationRequest("b", [ChatMessage("user", "x", [np.zeros((4, 4, 3), np.uint8)])])])
     assert with_image.error == "unsupported: this generator does not take images"
+
+
+@pytest.mark.slow
+def test_llama_cpp_generator_honours_a_gbnf_grammar() -> None:
+    from models.backends.generators import LlamaCppGenerator
+
+    gen = LlamaCppGenerator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))
+    grammar = 'root ::= ("teal" | "ochre") " coat"'
+    [res] = gen.generate([GenerationRequest("g", [ChatMessage("user", "Name a colour.")], max_tokens=8,
+                                            temperature=0.8, seed=1, grammar=grammar)])
+    assert res.ok and res.text in {"teal coat", "ochre coat"}, res.text
+
+
+def test_openai_http_sends_the_grammar_only_in_the_configured_field() -> None:
+    from openai_stub import StubServer
+
+    from models.backends.generators import OpenAIHttpGenerator
+
+    req = GenerationRequest("g", [ChatMessage("user", "ok")], max_tokens=8, grammar='root ::= "a"')
+    with StubServer() as server:
+        for field in (None, "grammar", "structured_outputs.grammar"):
+            options = {"base_url": server.base_url, **({"grammar_field": field} if field else {})}
+            [res] = OpenAIHttpGenerator(ModelSpec(backend="openai-http", model_id="m", options=options)).generate([req])
+            assert res.ok
+        plain, llama, vllm = server.state.bodies
+    assert "grammar" not in plain and "structured_outputs" not in plain  # not configured: ignored
+    assert llama["grammar"] == 'root ::= "a"' and vllm["structured_outputs"] == {"grammar": 'root ::= "a"'}
 
 
 # --- production backends on tiny models --------------------------------------------------------

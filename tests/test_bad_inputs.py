@@ -11,7 +11,7 @@ import pytest
 from bad_input_corpus import make_corpus
 
 from rde.image_decoding import DecodeError, decode_rgb, read_header
-from rde.ingest import InputError, _list_paths_file, ingest_shard, list_inputs
+from rde.ingest import InputError, _list_paths_file, allowed_roots, ingest_shard, list_inputs
 from rde.profiles import IngestSpec, InputSpec
 
 DOMAINS = ["pedestrian", "vehicle"]
@@ -25,7 +25,7 @@ def person(person_crop: np.ndarray) -> np.ndarray:
 def test_ingest_reasons_for_each_corpus_file(tmp_path: Path, person: np.ndarray) -> None:
     expected = make_corpus(tmp_path / "corpus", person)
     refs, _ = list_inputs(InputSpec(kind="folder", path=str(tmp_path / "corpus")), tmp_path, DOMAINS)
-    images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS)
+    images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=[str(tmp_path / "corpus")])
     assert images.num_rows + rejects.num_rows == len(expected) == len(refs)
     got = {Path(r["source"]).name: r["reason"] for r in rejects.to_pylist()}
     want = {name: reason for name, (stage, reason) in expected.items() if stage == "ingest"}
@@ -67,8 +67,8 @@ def test_paths_file_missing_paths_directories_and_roots(tmp_path: Path, person: 
     refs, _ = _list_paths_file(tmp_path / "paths.parquet", spec, tmp_path)
     images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=[str(tmp_path / "root")])
     assert images.column("source").to_pylist() == [str(tmp_path / "root" / "ok_person.jpg")]
-    assert rejects.column("reason").to_pylist() == ["missing_file", "read_error", "missing_file", "outside_root",
-                                                    "unknown_domain"]
+    assert rejects.column("reason").to_pylist() == ["missing_file", "not_a_regular_file", "missing_file",
+                                                    "outside_root", "unknown_domain"]
     assert len({r.input_id for r in refs}) == len(refs)
 
 
@@ -86,7 +86,7 @@ def test_unusable_inputs_as_a_whole_are_clear_errors(tmp_path: Path) -> None:
 def test_file_too_large(tmp_path: Path, person: np.ndarray) -> None:
     make_corpus(tmp_path, person)
     refs, _ = list_inputs(InputSpec(kind="folder", path=str(tmp_path)), tmp_path, DOMAINS)
-    _, rejects = ingest_shard(refs, IngestSpec(max_file_bytes=100), DOMAINS)
+    _, rejects = ingest_shard(refs, IngestSpec(max_file_bytes=100), DOMAINS, roots=[str(tmp_path)])
     assert "file_too_large" in rejects.column("reason").to_pylist()
 
 
@@ -100,3 +100,121 @@ def test_non_images_stay_not_an_image_after_ultralytics_patches_pillow() -> None
     with pytest.raises(DecodeError) as err:
         read_header(b"plain text, not an image", max_pixels=10**6)
     assert err.value.reason == "not_an_image"
+
+
+# -- confinement (secure by default) and files that are not regular ------------------------------------
+
+def _reasons_by_name(folder: Path, spec: InputSpec, project: Path) -> dict[str, str | None]:
+    """Every listed input → its reject reason, or None when it became an image (through the ingest
+    stage's own root rule)."""
+    refs, _ = list_inputs(spec, project, DOMAINS)
+    images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=allowed_roots(spec, project))
+    assert images.num_rows + rejects.num_rows == len(refs)
+    out: dict[str, str | None] = {Path(r["source"]).name: None for r in images.to_pylist()}
+    out.update({Path(r["source"]).name: r["reason"] for r in rejects.to_pylist()})
+    return out
+
+
+def test_folder_input_never_reads_outside_its_folder(tmp_path: Path, person: np.ndarray) -> None:
+    make_corpus(tmp_path / "elsewhere", person)
+    secret = tmp_path / "elsewhere" / "ok_person.jpg"
+    inbox = tmp_path / "inbox"
+    (inbox / "sub").mkdir(parents=True)
+    (inbox / "own.jpg").write_bytes(secret.read_bytes())
+    (inbox / "link_out.jpg").symlink_to(secret)  # a link to an image outside the folder
+    (inbox / "dir_out").symlink_to(tmp_path / "elsewhere", target_is_directory=True)  # a link to a folder outside
+    (inbox / "dotdot.jpg").symlink_to("../elsewhere/ok_person.jpg")  # '..' segments
+    (inbox / "sub" / "hop.jpg").symlink_to(inbox / "own.jpg")  # a chain that ends inside: accepted
+    (inbox / "chain.jpg").symlink_to(inbox / "sub" / "hop.jpg")
+    (inbox / "dir_in").symlink_to(inbox / "sub", target_is_directory=True)  # a folder, not a file
+    (inbox / "dangling.jpg").symlink_to(inbox / "gone.jpg")
+    (inbox / "dangling_out.jpg").symlink_to(tmp_path / "gone.jpg")  # says nothing about the outside
+    got = _reasons_by_name(inbox, InputSpec(kind="folder", path=str(inbox)), tmp_path)
+    assert got == {"own.jpg": None, "chain.jpg": None, "hop.jpg": None, "link_out.jpg": "outside_root",
+                   "dir_out": "outside_root", "dotdot.jpg": "outside_root", "dir_in": "not_a_regular_file",
+                   "dangling.jpg": "missing_file", "dangling_out.jpg": "outside_root"}
+    refs, _ = list_inputs(InputSpec(kind="folder", path=str(inbox)), tmp_path, DOMAINS)
+    _, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=allowed_roots(InputSpec(kind="folder",
+                                                                                        path=str(inbox)), tmp_path))
+    detail = next(r["detail"] for r in rejects.to_pylist() if r["source"].endswith("link_out.jpg"))
+    assert str(secret.resolve()) in detail  # the resolved path is shown
+    # the explicit switch reads the link's target
+    unconfined = _reasons_by_name(inbox, InputSpec(kind="folder", path=str(inbox), confine=False), tmp_path)
+    assert unconfined["link_out.jpg"] is None and unconfined["dotdot.jpg"] is None
+
+
+def test_path_list_is_confined_to_its_roots_or_its_own_folder(tmp_path: Path, person: np.ndarray) -> None:
+    make_corpus(tmp_path / "lists" / "imgs", person)
+    make_corpus(tmp_path / "other", person)
+    absolute_outside = str(tmp_path / "other" / "ok_person.jpg")
+    table = pa.table({"path": ["imgs/ok_person.jpg", absolute_outside, "imgs/../../other/gray.png",
+                               str(tmp_path / "lists" / "imgs" / "gray.png")]})
+    pq.write_table(table, tmp_path / "lists" / "paths.parquet")
+    spec = InputSpec(kind="paths", path=str(tmp_path / "lists" / "paths.parquet"))
+    refs, _ = list_inputs(spec, tmp_path, DOMAINS)
+    images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=allowed_roots(spec, tmp_path))
+    assert [Path(s).name for s in images.column("source").to_pylist()] == ["ok_person.jpg", "gray.png"]
+    assert rejects.column("reason").to_pylist() == ["outside_root", "outside_root"]
+    # roots named in the profile replace the list's folder
+    spec_roots = spec.model_copy(update={"roots": [str(tmp_path / "other")]})
+    images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=allowed_roots(spec_roots, tmp_path))
+    assert [Path(s).name for s in images.column("source").to_pylist()] == ["ok_person.jpg", "gray.png"]
+    assert images.column("source").to_pylist()[0] == absolute_outside
+    assert rejects.column("reason").to_pylist() == ["outside_root", "outside_root"]
+
+
+def test_fifo_is_a_rejected_row_and_never_opened(tmp_path: Path, person: np.ndarray) -> None:
+    """A FIFO would block a reader forever: found by stat, rejected, and the ingest ends promptly."""
+    import os
+    import socket
+    import threading
+
+    folder = tmp_path / "in"
+    make_corpus(folder, person)
+    os.mkfifo(folder / "pipe.jpg")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(folder / "sock"))
+    result: dict[str, dict[str, str | None]] = {}
+    worker = threading.Thread(target=lambda: result.update(
+        got=_reasons_by_name(folder, InputSpec(kind="folder", path=str(folder)), tmp_path)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    sock.close()
+    assert not worker.is_alive(), "ingest blocked on the FIFO"
+    assert result["got"]["pipe.jpg"] == "not_a_regular_file" and result["got"]["sock"] == "not_a_regular_file"
+    assert len(result["got"]) == len(list(folder.iterdir()))  # every entry of the folder is a row
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_exif_orientation_is_applied_and_recorded(tmp_path: Path, person: np.ndarray, orientation: int) -> None:
+    """A photo stored sideways with an orientation tag decodes upright, with the displayed size."""
+    from PIL import Image
+
+    upright = Image.fromarray(person)  # taller than wide
+    stored = {3: upright.transpose(Image.Transpose.ROTATE_180), 6: upright.transpose(Image.Transpose.ROTATE_90),
+              8: upright.transpose(Image.Transpose.ROTATE_270)}[orientation]
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / f"phone-{orientation}.png"
+    stored.save(path, "PNG", exif=exif.tobytes())
+    data = path.read_bytes()
+    header = read_header(data, 10**8)
+    assert (header.width, header.height, header.orientation) == (upright.width, upright.height, orientation)
+    arr = decode_rgb(data)
+    assert arr.shape == (upright.height, upright.width, 3)
+    assert np.abs(arr.astype(int) - np.asarray(upright).astype(int)).mean() < 1.0
+    spec = InputSpec(kind="folder", path=str(tmp_path))
+    refs, _ = list_inputs(spec, tmp_path, DOMAINS)
+    images, _ = ingest_shard(refs, IngestSpec(), DOMAINS, roots=allowed_roots(spec, tmp_path))
+    row = images.to_pylist()[0]
+    assert (row["width"], row["height"], row["exif_orientation"]) == (upright.width, upright.height, orientation)
+
+
+def test_run_parameters_cannot_widen_confinement() -> None:
+    """Deployment parameters and --set are untrusted: only a profile file may turn confinement off."""
+    from rde.profiles import ProfileError, load_profile
+
+    for key, value in (("confine", False), ("roots", ["/"])):
+        with pytest.raises(ProfileError, match=f"input.{key} can only be set in a profile file"):
+            load_profile("demo", {"input": {key: value}})
+    assert load_profile("demo", {"input": {"kind": "folder", "path": "/tmp"}}).input.confine is True

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from rde.cli import app
@@ -52,3 +53,55 @@ def test_bad_inputs_give_messages_not_tracebacks(tmp_path: Path) -> None:
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr + result.stdout, args
+
+
+def _in_terminal(args: list[str], timeout: float = 600) -> str:
+    """Run ``rde`` in a pseudo-terminal (140 columns); everything it drew, ANSI codes removed."""
+    import fcntl
+    import pty
+    import re
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "rde.cli", *args], stdin=slave, stdout=slave, stderr=slave,
+                            cwd=ROOT, env={**os.environ, "TERM": "xterm-256color"}, close_fds=True)
+    os.close(slave)
+    raw, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            raw += chunk
+        elif proc.poll() is not None:
+            break
+    proc.kill() if proc.poll() is None else None
+    os.close(master)
+    assert proc.wait() == 0, raw.decode(errors="replace")[-3000:]
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw.decode(errors="replace")).replace("\r", "\n")
+
+
+@pytest.mark.slow
+def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, small_pool_url: str) -> None:
+    """One line per running stage that advances (shards done of total) and finishes, with log lines
+    above it; the same run piped prints no progress at all."""
+    import re
+
+    args = ["build-secmm", "--input", small_pool_url, "--until", "denoise", "--set", "ingest.shard_size=16"]
+    shown = _in_terminal([*args, "--output", str(tmp_path / "tty")])
+    measured = {int(n) for n in re.findall(r"measure[\s━╸╺]+(\d+)/6 shards", shown)}
+    assert len(measured) >= 2 and 6 in measured, shown[-3000:]  # it advanced, and was drawn finished
+    assert "Finished in state Completed()" in shown and "inputs 96 = accepted" in shown
+    piped = subprocess.run([sys.executable, "-m", "rde.cli", *args, "--output", str(tmp_path / "pipe")],
+                           capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    assert "inputs 96 = accepted" in piped.stdout and "Finished in state Completed()" in piped.stderr
+    noise = re.findall(r"━\s*\d+/\d+ shards|\x1b\[\?25l|~\d+:\d\d left", piped.stdout + piped.stderr)
+    assert not noise, noise

@@ -5,10 +5,21 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 
-from rde.dap import dap_request, postprocess_queries, sample_keywords, split_queries
+from rde import caption_stats
+from rde.dap import (
+    LineContext,
+    build_grammar,
+    dap_request,
+    output_examples,
+    postprocess_queries,
+    sample_keywords,
+    split_queries,
+)
 from rde.profiles import QueriesSpec
 from rde.prompt_files import load_prompt
+from rde.sentence_checks import clean_caption
 
 SPEC = QueriesSpec(min_words=5, max_words=15, per_request=7, keywords_per_pos=3, near_duplicate_cosine=0.9)
 DOMAIN = {"man", "woman", "person"}
@@ -69,7 +80,8 @@ def test_keywords_follow_the_statistics_and_fill_the_table11_prompt() -> None:
     rng = np.random.default_rng(0)
     picks = Counter(w for _ in range(300) for w in sample_keywords(stats["noun"], 1, rng))
     assert picks["jacket"] > picks["bag"] > picks["umbrella"]
-    req = dap_request(load_prompt("dap_pedestrian"), stats, SPEC, np.random.default_rng(1), "q0", seed=3)
+    keywords = {"noun": ["jacket", "bag"], "verb": ["walk"], "adj": ["red", "black"]}
+    req = dap_request(load_prompt("dap_pedestrian"), keywords, SPEC, "q0", seed=3)
     system, user = req.messages
     assert "[Template Structure]" in system.content and "Safety Guardrails" in system.content
     assert "generate 7 pedestrian-related descriptions" in user.content
@@ -84,3 +96,133 @@ def test_generation_failures_map_to_reason_codes() -> None:
     assert generation_reason("timeout after 60s (gave up after 4 attempts)") == "timeout"
     assert generation_reason("generation failed: RuntimeError: x") == "generation_failed"
     assert generation_reason(None) == "generation_failed"
+
+
+# --- distribution checks: echoes, vocabulary, keywords ---------------------------------------------
+
+PED = load_prompt("dap_pedestrian")
+VEH = load_prompt("dap_vehicle")
+# A small surveillance caption pool (what the grounded captioner keeps).
+POOL = ["The person is wearing a black top and blue bottoms.", "The person is carrying a backpack.",
+        "The person is wearing a gray top and black bottoms.", "The person is wearing a white top.",
+        "The person is carrying a handbag.", "The person is wearing a blue top and gray bottoms.",
+        "The person is wearing a black top and carrying a backpack."]
+VOCAB = caption_stats.vocabulary(POOL) | set(PED.extras["vocabulary_allowed"])
+PED_WORDS = set(PED.extras["domain_words"])
+
+
+def test_output_examples_come_from_the_prompt_file() -> None:
+    assert output_examples(PED)[0] == "A little boy sitting alone on a motorcycle."
+    assert "A man with a racket on a tennis court." in output_examples(PED)
+    assert output_examples(VEH) == ["A white van parked next to a brick wall.", "A red car driving down a wet street "
+                                    "at night.", "A city bus stopped at a crowded bus stop."]
+
+
+@pytest.mark.parametrize(("line", "example"), [
+    ("A man with a racket on a tennis court.", "A man with a racket on a tennis court."),  # verbatim
+    ("a man rides a motorcycle down an empty street next to houses", "A man rides a motorcycle"),  # normalised
+    ("A little boy sat alone on a motorcycle.", "A little boy sitting alone"),  # one word changed
+    ("A man in a pink jacket and printed pants.", "A woman in a pink jacket"),  # one word changed
+    ("A red car driving down a crowded bus stop.", "A red car driving down a wet"),  # copies a run of words
+    ("A gray car at a crowded bus stop.", "A city bus stopped"),  # copies "a crowded bus stop"
+])
+def test_echoes_of_the_output_examples_are_rejected(line: str, example: str) -> None:
+    examples = output_examples(PED) + output_examples(VEH)
+    [v] = postprocess_queries([(line, "r0")], PED_WORDS | set(VEH.extras["domain_words"]), SPEC, BLOCKED,
+                              BagOfWords(), context=LineContext(examples, BagOfWords().encode(examples)))
+    assert v.reason == "echoes_example" and example in v.detail
+
+
+def test_a_fresh_query_is_not_an_echo() -> None:
+    examples = output_examples(PED)
+    [v] = postprocess_queries([("A man in a black top carrying a backpack.", "r0")], PED_WORDS, SPEC, BLOCKED,
+                              BagOfWords(), context=LineContext(examples, BagOfWords().encode(examples)))
+    assert v.reason is None
+
+
+def test_off_vocabulary_words_are_rejected_with_the_words() -> None:
+    lines = [("A woman riding a horse near the gate.", "r0"), ("A man in a black top carrying a backpack.", "r0")]
+    verdicts = postprocess_queries(lines, PED_WORDS, SPEC, BLOCKED, None, context=LineContext(vocabulary=VOCAB))
+    assert verdicts[0].reason == "off_vocabulary"
+    assert {"riding", "horse", "gate"} <= set(verdicts[0].detail.split(": ")[1].split(", "))
+    assert verdicts[1].reason is None
+
+
+def test_a_line_without_its_request_keywords_is_rejected_and_kept_lines_record_them() -> None:
+    sampled = {"noun": ["backpack", "bottoms"], "verb": ["carry"], "adj": ["gray"]}
+    lines = [("A man wearing a white top and black bottoms.", "r0"), ("A woman in a blue top and a white top.", "r0"),
+             ("A person carrying a gray backpack.", "r0")]
+    verdicts = postprocess_queries(lines, PED_WORDS, SPEC, BLOCKED, None,
+                                   context=LineContext(vocabulary=VOCAB, keywords={"r0": sampled}))
+    assert [v.reason for v in verdicts] == [None, "no_keyword", None]
+    assert "backpack" in verdicts[1].detail
+    assert verdicts[0].keywords == ["bottoms"]  # lemma "bottom" / form "bottoms" both match
+    assert sorted(verdicts[2].keywords) == ["backpack", "carry", "gray"]
+
+
+# --- caption pool: complete, grounded sentences -----------------------------------------------------
+
+GENERIC = set(load_prompt("caption_pool").extras["generic_words"])
+
+
+@pytest.mark.parametrize("caption", [
+    "The person is wearing a black with a black The person is wearing a black The person.",  # restarts
+    "The person is carrying a.",  # a determiner with nothing after it
+    "a dark and dark grey face with a black and gray complexion.",  # no verb
+])
+def test_fragmentary_captions_are_dropped(caption: str) -> None:
+    check = clean_caption(caption, {"black", "gray", "backpack"}, GENERIC)
+    assert check.kept == "" and check.sentences[0].reason == "fragment"
+
+
+def test_ungrounded_attribute_sentences_are_dropped_and_grounded_ones_kept() -> None:
+    check = clean_caption("The person is wearing a black top and grey bottoms. Their eyes are auburn in color.",
+                          {"black", "gray", "top", "bottoms"}, GENERIC)
+    assert check.kept == "The person is wearing a black top and grey bottoms."  # grey = measured gray
+    [dropped] = check.dropped
+    assert dropped.reason == "ungrounded_attribute" and "eyes" in dropped.detail and "auburn" in dropped.detail
+    assert not check.clean and clean_caption(check.kept, {"black", "gray"}, GENERIC).clean
+
+
+def test_a_caption_with_nothing_left_is_rendered_from_the_measured_values() -> None:
+    from rde.sentence_checks import facts_caption
+
+    templates = load_prompt("caption_pool").extras["from_facts"]
+    text = facts_caption({"top": ["red", "black"], "bottom": ["blue"], "carried": [], "clothing": []},
+                         templates["pedestrian"])
+    assert text == "The person is wearing a red and black top. The person is wearing blue bottoms."
+    assert clean_caption(text, {"red", "black", "blue"}, GENERIC).clean
+    assert facts_caption({"vehicle_type": ["truck"], "vehicle_colour": ["white"]},
+                         templates["vehicle"]) == "The vehicle is a white truck."
+
+
+# --- grammar-constrained generation --------------------------------------------------------------------
+
+def test_grammar_offers_only_pool_phrases_for_the_sampled_keywords() -> None:
+    uses = caption_stats.noun_uses(POOL)
+    grammar = build_grammar(PED, {"noun": ["backpack", "top"], "verb": [], "adj": ["blue"]}, uses, PED_WORDS, SPEC)
+    assert grammar is not None and grammar.count("line") >= SPEC.per_request
+    assert '"carrying a backpack"' in grammar and '"wearing a blue top"' in grammar
+    assert "handbag" not in grammar  # not sampled
+    assert build_grammar(PED, {"noun": ["handbag"], "verb": [], "adj": []}, uses, PED_WORDS, SPEC) is None  # used once
+    assert '"person"' in grammar and '"man"' not in grammar  # the pool's subject, not an unmeasured gender
+
+
+@pytest.mark.slow
+def test_constrained_smollm2_writes_only_lines_that_pass_the_checks() -> None:
+    from models.backends.generators import LlamaCppGenerator
+    from rde.profiles import ModelSpec
+
+    gen = LlamaCppGenerator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))
+    uses = caption_stats.noun_uses(POOL)
+    sampled = {"noun": ["top", "backpack", "bottoms"], "verb": ["carry"], "adj": ["black", "gray"]}
+    grammar = build_grammar(PED, sampled, uses, PED_WORDS, SPEC)
+    [res] = gen.generate([dap_request(PED, sampled, SPEC, "r0", seed=7, grammar=grammar)])
+    lines = split_queries(res.text)
+    assert res.ok and len(lines) == SPEC.per_request
+    examples = output_examples(PED)
+    verdicts = postprocess_queries([(t, "r0") for t in lines], PED_WORDS, SPEC, BLOCKED, None,
+                                   context=LineContext(examples, None, VOCAB, {"r0": sampled}))
+    content = [v for v in verdicts if v.reason not in {"duplicate", "near_duplicate"}]
+    assert [v.reason for v in content] == [None] * len(content), [(v.text, v.reason, v.detail) for v in verdicts]
+    assert all(v.keywords for v in content)

@@ -11,7 +11,7 @@ from conftest import PERSON_A, PERSON_B
 from models.backends.detectors import Detections, load_detector
 from rde.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
 from rde.image_decoding import decode_rgb
-from rde.profiles import DenoiseSpec, DetectorSpec, DomainSpec
+from rde.profiles import DenoiseSpec, DetectorSpec, DomainSpec, load_profile
 from storage.schemas import IMAGES, MEASUREMENTS
 
 SPEC = DenoiseSpec()
@@ -91,12 +91,13 @@ class _BrokenDetector:
         return [Detections() for _ in images]
 
 
-def _images_table(arrays: list[np.ndarray]) -> pa.Table:
+def _images_table(arrays: list[np.ndarray], domains: list[str] | None = None) -> pa.Table:
     rows = []
     for i, arr in enumerate(arrays):
         ok, buf = cv2.imencode(".png", arr)
         assert ok
-        rows.append({"input_id": f"in{i}", "image_id": f"img{i}", "source": f"s{i}", "domain": "pedestrian",
+        domain = domains[i] if domains else "pedestrian"
+        rows.append({"input_id": f"in{i}", "image_id": f"img{i}", "source": f"s{i}", "domain": domain,
                      "identity": None, "width": arr.shape[1], "height": arr.shape[0], "source_mode": "RGB",
                      "image_format": "PNG", "source_meta": None, "image_bytes": buf.tobytes()})
     return pa.Table.from_pylist(rows, schema=IMAGES)
@@ -128,3 +129,24 @@ def test_decide_shards_deduplicates_and_accounts_for_every_row() -> None:
     assert rejected.column("detail").to_pylist()[0] == "same bytes as input in0"
     assert rejected.column("all_reasons").to_pylist()[1] == ["too_small", "blurry", "no_target"]
     assert counts.input == 3 and counts.accepted == 1 and counts.rejected == {"duplicate": 1, "too_small": 1}
+
+
+def test_size_rule_is_per_domain() -> None:
+    """The demo profile's rules: a wide, low 120x60 crop passes as a vehicle and fails as a person
+    (GTR+ needs height >= 64 for upright people); the rejected row names the rule it failed."""
+    spec = load_profile("demo").denoise
+    assert decide(120, 60, 500.0, 1, None, spec, "vehicle") == []
+    assert decide(120, 60, 500.0, 1, None, spec, "pedestrian") == ["too_small"]
+    assert decide(60, 120, 500.0, 1, None, spec, "vehicle") == ["too_small"]
+    rng = np.random.default_rng(2)
+    wide = rng.integers(0, 256, (60, 120, 3), dtype=np.uint8)
+    images = _images_table([wide, wide[:, ::-1]], ["vehicle", "pedestrian"])
+    measures = pa.Table.from_pylist(
+        [{"input_id": f"in{i}", "image_id": f"img{i}", "laplacian_variance": 900.0, "target_count": 1,
+          "target_scores": [0.9], "target_boxes": [], "error": None} for i in range(2)], schema=MEASUREMENTS)
+    counts = DenoiseCounts()
+    [(accepted, rejected)] = list(decide_shards(iter([(images, measures)]), spec, counts))
+    assert accepted.column("domain").to_pylist() == ["vehicle"]
+    [row] = rejected.to_pylist()
+    assert (row["domain"], row["reason"], row["width"], row["height"]) == ("pedestrian", "too_small", 120, 60)
+    assert row["detail"] == "120x60 below 32x64 (pedestrian)"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from openai_stub import StubServer, _completion
 
@@ -36,7 +37,9 @@ def assert_artifacts_intact(root: Path) -> None:
         on_disk = sorted(p.name for p in manifest_path.parent.glob("part-*.parquet"))
         assert on_disk == sorted(s.file for s in manifest.shards), manifest_path
         assert not list(manifest_path.parent.glob("*.tmp-*"))
-        assert manifest.total_rows == sum(s.rows for s in manifest.shards)
+        # rows counted in the Parquet files themselves, not from the manifest that claims them
+        on_disk_rows = sum(pq.ParquetFile(manifest_path.parent / s.file).metadata.num_rows for s in manifest.shards)
+        assert manifest.total_rows == on_disk_rows, manifest_path
 
 
 # -- disk full / permission denied -------------------------------------------------------------------
@@ -63,17 +66,20 @@ def test_disk_full_names_the_path_and_leaves_no_partial_file(tmp_path: Path, mon
 
 
 @pytest.mark.slow
-def test_permission_denied_is_a_clear_cli_error(tmp_path: Path) -> None:
+def test_a_file_where_the_output_folder_should_be_is_a_clear_cli_error(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from rde.cli import app
 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the artifacts folder should be")
+    before = sorted(p.name for p in tmp_path.iterdir())
     result = CliRunner().invoke(app, ["build-secmm", "--until", "denoise", "--output", str(blocker / "out")])
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and str(blocker) in result.output.replace("\n", "")
     assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing was created beside it
+    assert blocker.read_text() == "a file where the artifacts folder should be"
 
 
 # -- two runs on one output --------------------------------------------------------------------------
@@ -171,3 +177,12 @@ def test_sigkill_mid_stage_then_rerun_completes_without_duplicates(tmp_path: Pat
     assert stages["measure"]["shards_reused"] >= written - 1  # a shard being renamed at the kill may be redone
     assert summary["balanced"] and summary["inputs"] == 96
     assert_artifacts_intact(out / "build-secmm" / "demo")
+    demo = out / "build-secmm" / "demo"
+    # no duplicates: every artifact's ids are unique, and the measurements hold each input once
+    for name, column in (("images", "input_id"), ("ingest_rejects", "input_id"), ("measurements", "input_id"),
+                         ("accepted", "input_id"), ("denoise_rejects", "input_id")):
+        ids = Artifact(str(demo / name)).to_pandas()[column]
+        assert ids.is_unique, f"{name} holds a row twice after the resumed run"
+    images = Artifact(str(demo / "images")).to_pandas()
+    assert len(images) + len(Artifact(str(demo / "ingest_rejects")).to_pandas()) == 96
+    assert len(Artifact(str(demo / "measurements")).to_pandas()) == len(images) == 96  # the slice reads whole

@@ -4,15 +4,20 @@ same flow through the transformers generator with a tiny random Qwen2-VL (produc
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from artifact_readers import assert_every_artifact_opens
 from tiny_models import build_tiny_qwen2vl
 
 from flows.build_largefine import build_largefine
+from rde.caption_quality import gate_caption, repeated_sentence_share
+from rde.profiles import load_profile
 from storage import Artifact
 from storage.schemas import TIER_CAPTIONS
+from tasks.summary import summary_markdown
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +33,35 @@ def _stages(summary: dict) -> dict[str, dict]:
     return {s["stage"]: s for s in summary["stages"]}
 
 
+class _Records(logging.Handler):
+    """Keeps the messages Prefect logs during a run (flow, task and library loggers)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(f"{record.levelname} {record.getMessage()}")
+
+
 @pytest.fixture(scope="module")
-def offline_run(tmp_path_factory: pytest.TempPathFactory, small_pool_url: str) -> tuple[str, dict, dict]:
+def run_logs() -> list[str]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory: pytest.TempPathFactory, small_pool_url: str,
+                run_logs: list[str]) -> tuple[str, dict, dict]:
     out = str(tmp_path_factory.mktemp("largefine-out"))
     overrides = _small(small_pool_url)
-    return out, build_largefine(profile="demo", output_root=out, overrides=overrides), overrides
+    records = _Records()
+    logging.getLogger("prefect").addHandler(records)
+    try:
+        summary = build_largefine(profile="demo", output_root=out, overrides=overrides)
+    finally:
+        logging.getLogger("prefect").removeHandler(records)
+    run_logs += records.messages
+    return out, summary, overrides
 
 
 def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[str, dict, dict]) -> None:
@@ -67,15 +96,70 @@ def test_neighbours_are_distinct_images_and_hard_negatives_are_recorded(offline_
 
 def test_dataset_card_has_table1_statistics(offline_run: tuple[str, dict, dict]) -> None:
     out, _, _ = offline_run
-    folder = Path(out, "build-largefine", "demo", "largefine")
-    card = json.loads((folder / "card.json").read_text())
+    run_folder = Path(out, "build-largefine", "demo")
+    folder = run_folder / "largefine"
+    card = json.loads((run_folder / "card.json").read_text())
     assert card["table1"]["all"]["texts"] == Artifact(str(folder)).count_rows()
     assert card["table1"]["all"]["words_per_text"] >= 10 and card["table1"]["all"]["noun_chunks_per_text"] > 0
-    assert "multi_granularity" in card and "#noun chunks/text" in (folder / "README.md").read_text()
+    assert "multi_granularity" in card and "#noun chunks/text" in (run_folder / "README.md").read_text()
     manifest = Artifact(str(Path(out, "build-largefine", "demo", "tier12_captions"))).manifest()
     assert any(name.startswith("gtr_tiers_small") for name in manifest.prompt_versions)
     gallery = Artifact(str(Path(out, "build-largefine", "demo", "template_gallery"))).manifest()
     assert gallery.stats["gallery_version"].startswith("gallery-") and gallery.total_rows >= 4
+
+
+def test_kept_texts_hold_no_repeated_sentence_and_say_how_they_were_cleaned(
+        offline_run: tuple[str, dict, dict]) -> None:
+    """Issue 18.1: a repeated sentence is dropped (first occurrence kept) before the gates decide,
+    and each row records its generator output and what the cleaning removed."""
+    out, _, _ = offline_run
+    captions = Artifact(str(Path(out, "build-largefine", "demo", "largefine"))).rows()
+    assert captions and all(repeated_sentence_share(r["text"]) == 0 for r in captions)
+    lf = load_profile("demo").largefine
+    for row in captions:  # the generator's output, gated again, gives the stored text and cleaning
+        gate = gate_caption(row["raw_text"], min_words=lf.min_words, max_words=lf.max_words,
+                            boilerplate=lf.boilerplate, max_repeated_sentence_share=lf.max_repeated_sentence_share,
+                            negative_mentions=lf.negative_mentions if row["tier"] != "base" else ())
+        assert (gate.reason, gate.text, list(gate.cleaning)) == (None, row["text"], row["cleaning"])
+    assert any(r["cleaning"] for r in captions), "no text needed cleaning: the check above tested nothing"
+
+
+def test_every_artifact_opens_with_pandas_pyarrow_and_datasets(offline_run: tuple[str, dict, dict],
+                                                               tmp_path: Path) -> None:
+    """Issue 18.2: the dataset card sits beside the artifact folders, never among the shards."""
+    out, _, _ = offline_run
+    run_folder = Path(out, "build-largefine", "demo")
+    opened = {p.name for p in assert_every_artifact_opens(out, tmp_path / "hf")}
+    assert {"largefine", "caption_rejects", "tier12_captions", "adv_captions", "select_rejects"} <= opened
+    from datasets import load_dataset  # the card's own configs: the captions by default
+
+    ds = load_dataset(str(run_folder), split="train", cache_dir=str(tmp_path / "hf-card"))
+    assert ds.num_rows == Artifact(str(run_folder / "largefine")).count_rows()
+
+
+def test_summary_lists_every_stages_reject_reasons(offline_run: tuple[str, dict, dict]) -> None:
+    """Issue 18.3: caption, template and selection rejects appear next to the denoise ones, each once."""
+    out, summary, _ = offline_run
+    root = Path(out, "build-largefine", "demo")
+    expected: dict[str, int] = {}
+    for name, stage in (("tier12_rejects", "qa-tiers"), ("adv_rejects", "adv-tier"),
+                        ("select_rejects", "hard-negatives"), ("template_rejects", "template-gallery")):
+        for row in Artifact(str(root / name)).rows(["reason"]):
+            expected[f"{stage}:{row['reason']}"] = expected.get(f"{stage}:{row['reason']}", 0) + 1
+    assert any(k.startswith("hard-negatives:") for k in expected) and any(k.startswith("qa-tiers:") for k in expected)
+    listed = {k: v for k, v in summary["rejected"].items() if not k.startswith(("ingest:", "denoise:"))}
+    assert listed == expected
+    assert sum(summary["rejected"].values()) - sum(expected.values()) == summary["total_rejected"]
+    markdown = summary_markdown(summary)
+    assert all(f"| {key} | {count} |" in markdown for key, count in expected.items())
+
+
+def test_a_missing_concurrency_limit_is_reported_once_per_run(run_logs: list[str],
+                                                               offline_run: tuple[str, dict, dict]) -> None:
+    """Issue 18.4: Prefect warns once per shard when the `gpu` limit does not exist (34 times in a
+    demo build); the run says it once, and other warnings still reach the log."""
+    assert not any("do not exist - skipping acquisition" in m for m in run_logs)
+    assert sum(m.startswith("WARNING concurrency limit 'gpu' does not exist") for m in run_logs) == 1, run_logs
 
 
 def test_rerun_skips_and_a_lost_shard_is_redone_alone(offline_run: tuple[str, dict, dict]) -> None:

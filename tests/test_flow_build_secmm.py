@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from artifact_readers import assert_every_artifact_opens
 from bad_input_corpus import make_corpus
 from typer.testing import CliRunner
 
 from flows.build_secmm import build_secmm
 from rde.cli import app
+from rde.profiles import load_profile
 from storage import Artifact
 
 pytestmark = pytest.mark.slow
@@ -55,7 +57,11 @@ def test_demo_filter_exercises_are_rejected_for_their_reason(demo_run: tuple[str
     assert sum("no_target" in r for r in by_variant["background"]) >= 0.8 * len(by_variant["background"])
     assert sum("multiple_targets" in r for r in by_variant["group"]) >= 0.8 * len(by_variant["group"])
     accepted = Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas()
-    assert (accepted.width >= 32).all() and (accepted.height >= 64).all()
+    denoise = load_profile("demo").denoise  # the size rule is per domain (issue 21)
+    for domain, part in accepted.groupby("domain"):
+        rule = denoise.size_rule(str(domain))
+        assert (part.width >= rule.min_width).all() and (part.height >= rule.min_height).all()
+    assert (accepted[accepted.domain == "pedestrian"].height >= 64).all()  # GTR+ person rule
     assert (accepted.laplacian_variance >= 80).all() and (accepted.target_count == 1).all()
     assert set(accepted.domain) == {"pedestrian", "vehicle"}
 
@@ -130,6 +136,10 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path)
     # every accepted image is either in the gallery or recorded as not sampled, with its cluster
     sampling = Artifact(arts["cgds.sampling"]["url"]).to_pandas()
     assert len(sampling) == accepted and sampling.sampled.sum() == arts["cgds.gallery"]["rows"] > 0
+    # the vehicle domain is a real gallery, not one image (issue 21)
+    gallery = Artifact(arts["cgds.gallery"]["url"]).to_pandas()
+    vehicles = gallery[gallery.domain == "vehicle"]
+    assert len(vehicles) >= 40 and vehicles.identity.nunique() >= 10  # track identities (~13 vehicles by eye)
     assert set(sampling[~sampling.sampled].reason) <= {"not_sampled", "wrong_category"}
     # every captioned image is a caption or a rejected row; every generated query line likewise
     cap = stages["caption-pool"]
@@ -143,6 +153,11 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path)
     cands = Artifact(arts["mecf.candidates"]["url"]).to_pandas()
     assert len(cands) and (cands.experts.str.len() == cands.ranks.str.len()).all()
     assert cands.groupby("query_id").size().max() <= 2 * 50
+    # lineage written by the flow: the candidates manifest names the queries and gallery it read
+    upstream = {Path(u["path"]).name: u["fingerprint"]
+                for u in Artifact(arts["mecf.candidates"]["url"]).manifest().upstream}
+    assert upstream.get("queries") == Artifact(arts["dap.queries"]["url"]).manifest().fingerprint
+    assert upstream.get("gallery") == Artifact(arts["cgds.gallery"]["url"]).manifest().fingerprint
     # the benchmark folder: three Parquet datasets + a dataset card, qrels unverified until review
     bench = Path(out) / "build-secmm" / "demo" / "benchmark"
     for name in ("queries", "gallery", "qrels"):
@@ -156,11 +171,15 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path)
     assert set(ds["gallery"].column_names) >= {"image_id", "domain", "image_bytes"}
     assert 'split="train")' in (bench / "README.md").read_text()
     assert not Artifact(str(bench / "qrels")).to_pandas().verified.any()
+    # every artifact of the build opens with pandas, pyarrow and datasets as the README says (issue 18)
+    opened = set(assert_every_artifact_opens(out, tmp_path / "hf-all"))
+    assert {Path(a["url"]) for a in arts.values()} <= opened
     # evaluation: verified check-set metrics for each expert, the built benchmark pending review
     ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
     assert set(ev.labels) == {"verified"} and ev.benchmark.str.startswith("check-set").all()
     assert set(ev.expert) == {"semantic-bridge:semantic-bridge-v1", "attributes:attributes-v1"}
     assert {"mAP@10", "mAP@20", "mAP@30", "R@1", "R@5", "R@10"} <= set(ev.metric)
+    assert ev.value.between(0, 1).all() and ev.value.gt(0).any()  # metrics, not just their names
     # review files for both tools
     review = bench / "review"
     assert (review / "review.html").stat().st_size > 0 and (review / "label_config.xml").exists()

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from artifact_readers import assert_every_artifact_opens
 
 from flows.build_largefine import build_largefine
 from flows.train_gtr import train_gtr
 from flows.train_saft import train_saft
+from rde import progress
 from storage import Artifact
 
 pytestmark = pytest.mark.slow
@@ -28,20 +30,54 @@ TRAINING = {"evaluation": {"check_sets": []}, "training": {"views": 2, "epochs":
                                                           "held_out_share": 0.3}}
 
 
+class _Steps:
+    """A progress renderer keeping the last (done, total, unit) of each stage line that had a total."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple] = {}
+        self.names: dict[int, str] = {}
+
+    def start(self, snap: progress.Snapshot) -> int:
+        self.names[len(self.names) + 1] = snap.description
+        return len(self.names)
+
+    def update(self, handle: int, snap: progress.Snapshot) -> None:
+        if snap.total is not None:
+            self.last[handle] = (self.names[handle], snap.done, snap.total, snap.unit)
+
+    def stop(self, handle: int, snap: progress.Snapshot) -> None:
+        pass
+
+
 def test_train_saft_trains_evaluates_and_resumes(captions_root: str) -> None:
-    summary = train_saft(profile="demo", output_root=captions_root, overrides=TRAINING)
+    shown = _Steps()
+    with progress.install(shown):
+        summary = train_saft(profile="demo", output_root=captions_root, overrides=TRAINING)
     stages = {s["stage"]: s for s in summary["stages"]}
     assert stages["training-features"]["accepted"] >= 4 and not stages["train_saft"]["skipped"]
+    # the held-out identities' captions are a split (evaluation data), not rejected rows
+    captions = Artifact(str(Path(captions_root, "build-largefine", "demo", "largefine"))).count_rows()
+    splits = summary["splits"]
+    assert set(splits) == {"train", "held_out"} and splits["held_out"] > 0 and summary["balanced"]
+    assert summary["inputs"] == captions == splits["train"] + splits["held_out"] + summary["total_rejected"]
+    assert not any("held_out" in key for key in summary["rejected"])
+    assert stages["train_saft"]["input"] == splits["train"]
+    steps = [line for line in shown.last.values() if line[0] == "train_saft"]
+    assert steps and steps[-1][3] == "steps" and steps[-1][1] == steps[-1][2] > 0  # every step, then done
     folder = Path(captions_root, "train-saft", "demo", "train_saft")
     assert (folder / "model.pt").exists() and (folder / "loss.png").stat().st_size > 5000
     assert len(list(folder.glob("checkpoints/*/epoch-*.pt"))) == 2
     rows = Artifact(str(folder) + "_evaluation").rows()
     assert {r["expert"] for r in rows} == {"zero-shot", "saft"}
     assert {"R@1", "mAP", "mINP"} <= {r["metric"] for r in rows}
+    assert all(0.0 <= r["value"] <= 1.0 for r in rows) and any(r["value"] > 0 for r in rows)
     log = Artifact(str(folder) + "_log").rows()
     assert '"sass"' in log[0]["terms"] and '"isd"' in log[0]["terms"]
     again = train_saft(profile="demo", output_root=captions_root, overrides=TRAINING)
     assert all(s["skipped"] for s in again["stages"])
+    # its artifacts open with pandas, pyarrow and datasets (issue 18; the model folder is not one)
+    opened = assert_every_artifact_opens(Path(captions_root, "train-saft"), Path(captions_root, "hf-cache"))
+    assert {"training_features", "train_saft_log", "train_saft_evaluation"} <= {p.name for p in opened}
 
 
 def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
@@ -50,6 +86,14 @@ def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
     assert (folder / "s_hat.png").exists() and (folder / "model.pt").exists()
     log = Artifact(str(folder) + "_log").rows()
     assert '"itm"' in log[-1]["terms"]
+    # the GMM was refit after every epoch: two components each time, confidences in [0, 1] that
+    # tell pairs apart (not all 1), weights 1 while training before the first fit, below 1 after
+    fits = Artifact(str(folder) + "_log").manifest().stats["gmm"]
+    assert [f["epoch"] for f in fits] == [0, 1]
+    assert all(len(f["means"]) == 2 for f in fits)
+    assert all(0.0 <= f["confidence_min"] <= f["confidence_max"] <= 1.0 for f in fits)
+    assert fits[0]["confidence_min"] < 1.0
+    assert fits[0]["weight_mean_during_epoch"] == 1.0 and fits[1]["weight_mean_during_epoch"] < 1.0
 
 
 def test_training_without_captions_is_a_clear_error(tmp_path: Path) -> None:

@@ -5,15 +5,18 @@ after a joint-encoder-only update, and the clear error after a compressor change
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from artifact_readers import assert_every_artifact_opens
 from tiny_models import build_tiny_bert
 
 from flows.index_cache import index_cache
 from flows.rerank import rerank
 from flows.train_vedje import train_vedje
 from models.reranker.cache_store import CacheLineageError
+from rde import progress
 from rde.demo_clips import ClipParams, write_clip_set
 from rde.runtime import project_root
 from storage import Artifact
@@ -31,7 +34,7 @@ def clip_slice(tmp_path_factory: pytest.TempPathFactory) -> str:
     frames = {i for c in chosen for i in c["frame_indices"]}
     frame_rows = [r for r in Artifact(str(src / "frames")).rows() if r["frame_index"] in frames]
     out = tmp_path_factory.mktemp("clips") / "demo_clips"
-    write_clip_set(frame_rows, chosen, str(out), ClipParams(), "vtest.avi")
+    write_clip_set(frame_rows, chosen, str(out), ClipParams(), "vtest.avi", fps=10.0)
     return str(out)
 
 
@@ -44,12 +47,54 @@ def overrides(clip_slice: str, tmp_path_factory: pytest.TempPathFactory) -> dict
                       "candidates": [4, 8], "shard_size": 12}}
 
 
+class _Recorder:
+    """A progress renderer that keeps, per stage line, the last (done, total, unit) that had a total,
+    whether the line finished, and how many updates it got."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, list] = {}
+        self.names: list[str] = []
+
+    def start(self, snap: progress.Snapshot) -> int:
+        self.names.append(snap.description)
+        self.stages[snap.description] = [snap.done, snap.total, snap.unit, False, 0]
+        return len(self.names)
+
+    def update(self, handle: int, snap: progress.Snapshot) -> None:
+        line = self.stages[self.names[handle - 1]]
+        if snap.total is not None:
+            line[:3] = [snap.done, snap.total, snap.unit]
+        line[4] += 1
+
+    def stop(self, handle: int, snap: progress.Snapshot) -> None:
+        self.stages[self.names[handle - 1]][3] = True
+
+
+def _sets(tree: dict, prefix: str = "") -> list[str]:
+    """Nested overrides as ``--set key.path=value`` arguments."""
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out += _sets(value, f"{prefix}{key}.")
+        else:
+            out += ["--set", f"{prefix}{key}={json.dumps(value)}"]
+    return out
+
+
 def test_train_index_rerank_end_to_end(tmp_path: Path, overrides: dict) -> None:
     out = str(tmp_path)
-    summary = train_vedje(profile="demo", output_root=out, overrides=overrides)
+    shown = _Recorder()
+    with progress.install(shown):
+        summary = train_vedje(profile="demo", output_root=out, overrides=overrides)
     features, _trained = summary["stages"]
     assert features["input"] == 31 and features["accepted"] == 28 and features["rejected"] == 3
     assert summary["rejected"] == {"vedje-features:split_gap": 3}
+    assert summary["splits"] == {"train": 20, "test": 8} and summary["inputs"] == 31 and summary["balanced"]
+    frames = shown.stages["vedje-features"]
+    assert frames[2] == "frames" and frames[0] == frames[1] > 0 and frames[3]  # all frames, then finished
+    steps = shown.stages["vedje-train"]
+    assert steps[2] == "steps" and steps[0] == steps[1] > 0 and steps[1] % 2 == 0 and steps[3]  # 2 epochs
+    assert steps[4] >= steps[1]  # it advanced step by step
     model_dir = Path(out, "train-vedje", "demo", "vedje_model")
     meta = json.loads((model_dir / "model.json").read_text())
     assert meta["shape"]["frames"] == 8 and meta["shape"]["tokens_per_frame"] == 4
@@ -59,13 +104,17 @@ def test_train_index_rerank_end_to_end(tmp_path: Path, overrides: dict) -> None:
     terms = json.loads(Artifact(str(model_dir.parent / "vedje_log")).rows()[0]["terms"])
     assert set(terms) == {"vtm", "vtc", "mlm", "delta"}
 
-    index_cache(profile="demo", output_root=out, overrides=overrides)
+    with progress.install(shown):
+        index_cache(profile="demo", output_root=out, overrides=overrides)
+    assert shown.stages["index-cache"][:4] == [3, 3, "shards", True]  # one line for 3 shard tasks
     cache = Artifact(str(Path(out, "index-cache", "demo", "cache")))
     assert cache.count_rows() == 28 and len(cache.shard_paths()) == 3
-    assert set(cache.rows(["payload_bytes"])[0].values()) == {2 * 8 * 4 * 32}  # 2·T·M·d, BF16
+    assert {r["payload_bytes"] for r in cache.rows(["payload_bytes"])} == {2 * 8 * 4 * 32}  # 2·T·M·d, BF16, every row
     assert cache.manifest().config["cache_lineage"] == meta["cache_lineage"]
 
-    rerank(profile="demo", output_root=out, overrides=overrides)
+    with progress.install(shown):
+        rerank(profile="demo", output_root=out, overrides=overrides)
+    assert shown.stages["rerank"][0] == shown.stages["rerank"][1] > 0 and shown.stages["rerank"][3]
     ranked = Artifact(str(Path(out, "rerank", "demo", "reranked"))).rows()
     test_queries = {r["query_id"] for r in ranked}
     assert len(ranked) == 8 * len(test_queries) and all(r["relevant"] is not None for r in ranked)
@@ -77,10 +126,35 @@ def test_train_index_rerank_end_to_end(tmp_path: Path, overrides: dict) -> None:
     for key, value in flow_eval.items():
         assert value == pytest.approx(train_eval[key], abs=100 / len(test_queries) + 1e-9), key
 
+    # every artifact of the three flows opens with pandas, pyarrow and datasets (issue 18)
+    opened = {p.parent.parent.name for p in assert_every_artifact_opens(out, tmp_path / "hf-cache")}
+    assert opened == {"train-vedje", "index-cache", "rerank"}
+
     free = rerank(profile="demo", output_root=out, overrides=overrides, queries=["a person walks to the left"])
     rows = Artifact(free["artifacts"]["rerank.reranked"]["url"]).rows()
     assert len(rows) == 8 and {r["relevant"] for r in rows} == {None} and sorted(r["rank"] for r in rows) == list(
         range(8))
+
+    # the command prints the ranked list (a table, or JSON), and no progress outside a terminal
+    from typer.testing import CliRunner
+
+    from rde.cli import app
+
+    args = ["rerank", "--query", "a person walks to the left", "--top", "3", "--output", out, *_sets(overrides)]
+    printed = CliRunner().invoke(app, args)
+    assert printed.exit_code == 0, printed.output
+    best = sorted(rows, key=lambda r: r["rank"])[:3]
+    lines = [line for line in printed.stdout.splitlines() if any(r["item_id"] in line for r in best)]
+    assert len(lines) == 3 and all(r["item_id"] in line for r, line in zip(best, lines, strict=True))
+    assert "stage-1 rank" in printed.stdout and re.search(r"\d+\.\d–\d+\.\d s", lines[0])
+    assert not re.search(r"\d+/\d+ (frames|steps|shards|queries)", printed.output)
+    as_json = CliRunner().invoke(app, [*args, "--json"])
+    results = json.loads(as_json.stdout[as_json.stdout.index("{"):])["results"]
+    assert [r["query"] for r in results] == ["a person walks to the left"]
+    top = results[0]["results"]
+    assert [r["rank"] for r in top] == [1, 2, 3] and [r["item_id"] for r in top] == [r["item_id"] for r in best]
+    assert [r["stage1_rank"] for r in top] == [r["stage1_rank"] + 1 for r in best]
+    assert top[0]["score"] >= top[1]["score"] >= top[2]["score"] and top[0]["span"]["end_s"] > top[0]["span"]["start_s"]
 
     # a joint-encoder-only update keeps the compressor, so the caches stay valid without re-indexing
     only_joint = {"vedje": {**overrides["vedje"], "train_compressor": False, "lr_peak": 2e-4}}

@@ -26,6 +26,9 @@ def test_bundled_profiles_load() -> None:
     for p in (demo, prod):
         assert (p.denoise.min_width, p.denoise.min_height, p.denoise.min_laplacian_variance) == (32, 64, 80.0)
         assert p.denoise.required_target_count == 1
+        # per-domain size rule: people keep GTR+'s 32x64, vehicles the same area with the axes swapped
+        assert p.denoise.size_rule("pedestrian").model_dump() == {"min_width": 32, "min_height": 64}
+        assert p.denoise.size_rule("vehicle").model_dump() == {"min_width": 64, "min_height": 32}
 
 
 def test_unknown_key_is_named() -> None:
@@ -58,6 +61,10 @@ def test_semantic_checks() -> None:
     data = _demo()
     data["input"]["default_domain"] = "boats"
     with pytest.raises(ProfileError, match="'boats' is not one of domains"):
+        parse_profile(data)
+    data = _demo()
+    data["denoise"]["size_by_domain"] = {"boats": {"min_width": 64, "min_height": 32}}
+    with pytest.raises(ProfileError, match=r"denoise\.size_by_domain \['boats'\] are not among domains"):
         parse_profile(data)
 
 

@@ -16,7 +16,7 @@ from models.retrieval.losses import (
     sass_loss,
     weighted_itm_loss,
 )
-from rde.gmm_confidence import clean_confidence, combined_score, confidence_weights, fit_gmm_1d
+from rde.gmm_confidence import clean_confidence, combined_score, confidence_weights, fit_gmm_1d, pair_confidence
 
 
 def _unit(rows: list[list[float]]) -> np.ndarray:
@@ -118,9 +118,36 @@ def test_itm_weights_apply_to_positive_pairs_only() -> None:
 
 # -- GTR+ confidence ---------------------------------------------------------------------------------
 
-def test_combined_score_puts_cosine_and_q_txt_on_one_scale() -> None:
+def test_combined_score_is_eq7_on_the_raw_cosine() -> None:
+    """ŝ = γ·s + (1 − γ)·q_txt with s the raw cosine (no rescaling), γ = 0.2; NaN without q_txt."""
     got = combined_score(np.array([1.0, -1.0, 0.0, 0.5]), np.array([0.5, 0.5, 1.0, np.nan]), gamma=0.2)
-    assert got == pytest.approx([0.2 * 1.0 + 0.8 * 0.5, 0.2 * 0.0 + 0.8 * 0.5, 0.2 * 0.5 + 0.8 * 1.0, 0.75])
+    assert got[:3] == pytest.approx([0.2 + 0.4, -0.2 + 0.4, 0.0 + 0.8])
+    assert np.isnan(got[3])
+    assert combined_score(np.array([0.3]), np.array([0.9]))[0] == pytest.approx(0.06 + 0.72)  # default γ = 0.2
+
+
+def test_pairs_without_q_txt_get_their_own_fit_on_the_cosine() -> None:
+    """Two populations, two mixtures: pairs with q_txt are judged on ŝ by a fit on ŝ alone, pairs
+    without on s by a fit on s alone; a population too small to fit keeps confidence 1."""
+    rng = np.random.default_rng(3)
+    n = 400
+    cos_q = np.concatenate([rng.normal(0.6, 0.05, n), rng.normal(0.2, 0.05, n // 3)])
+    q = np.concatenate([rng.normal(0.8, 0.03, n), rng.normal(0.4, 0.05, n // 3)])
+    cos_only = np.concatenate([rng.normal(0.5, 0.04, n // 2), rng.normal(0.1, 0.04, n // 4)])
+    cosine = np.concatenate([cos_q, cos_only])
+    q_txt = np.concatenate([q, np.full(len(cos_only), np.nan)])
+    conf, score, fits = pair_confidence(cosine, q_txt, gamma=0.2, k=2)
+    s_hat = 0.2 * cos_q + 0.8 * q
+    assert score[: len(cos_q)] == pytest.approx(s_hat) and score[len(cos_q):] == pytest.approx(cos_only)
+    assert conf[: len(cos_q)] == pytest.approx(clean_confidence(s_hat, fit_gmm_1d(s_hat)), abs=1e-9)
+    assert conf[len(cos_q):] == pytest.approx(clean_confidence(cos_only, fit_gmm_1d(cos_only)), abs=1e-9)
+    assert fits.with_q_txt is not None and fits.cosine_only is not None
+    # the noisy halves are found in both populations, on their own scales
+    assert conf[:n].mean() > 0.9 and conf[n: len(cos_q)].mean() < 0.1
+    assert conf[len(cos_q): len(cos_q) + n // 2].mean() > 0.9 and conf[len(cos_q) + n // 2:].mean() < 0.1
+    conf_few, _, fits_few = pair_confidence(np.concatenate([cos_q, np.full(5, 0.9)]),
+                                            np.concatenate([q, np.full(5, np.nan)]), min_fit_pairs=10)
+    assert fits_few.cosine_only is None and conf_few[len(cos_q):] == pytest.approx(np.ones(5))
 
 
 def test_gmm_matches_scikit_learn_and_posterior_by_hand() -> None:

@@ -10,7 +10,13 @@ import pytest
 from scripted_generator import ScriptedGenerator
 
 from models.backends.interfaces import GenerationRequest, GenerationResult, TokenLogprob
-from rde.caption_quality import drop_negative_mentions, gate_caption, strip_boilerplate
+from rde.caption_quality import (
+    drop_negative_mentions,
+    drop_repeated_sentences,
+    gate_caption,
+    repeated_sentence_share,
+    strip_boilerplate,
+)
 from rde.generation_retries import generate_with_retries
 from rde.profiles import LargeFineSpec
 from rde.prompt_files import load_prompt
@@ -78,6 +84,25 @@ def test_negative_mentions_are_cut_from_comparison_texts() -> None:
     assert kept == "The person wears a black top. The person carries a small bag in the left hand."
     assert removed == 2
     assert gate_caption(text, negative_mentions=["compare-image", "both persons"], **GATES).text == kept
+
+
+def test_repeated_sentences_are_dropped_before_the_gates_decide() -> None:
+    """Issue 18.1, the demo's own example: the repeats go (first occurrence kept), the text passes,
+    and the row can say what was removed; the share of repeats as generated still decides
+    ``repetitive``."""
+    text = ("The person's top is black. The person wears black bottoms. The person wears black bottoms. "
+            "The person wears black bottoms.")
+    assert drop_repeated_sentences(text) == ("The person's top is black. The person wears black bottoms.", 2)
+    gate = gate_caption(text, **GATES)
+    assert gate.reason is None and gate.text == "The person's top is black. The person wears black bottoms."
+    assert gate.cleaning == ("repeated_sentences:2",) and repeated_sentence_share(gate.text) == 0
+    assert gate_caption(text, drop_repeats=False, **GATES).text == text  # the switch keeps the old behaviour
+    short = "A man in a red coat walks. A man in a red coat walks. He runs."
+    rejected = gate_caption(short, **GATES)
+    assert rejected.reason == "too_short" and rejected.text == "A man in a red coat walks. He runs."
+    assert "before dropping repeats 16 words, 33% repeated" in rejected.detail
+    assert gate_caption(short, drop_repeats=False, **GATES).reason is None
+    assert drop_repeated_sentences("The coat is red. the coat is RED! A bag.") == ("The coat is red. A bag.", 1)
 
 
 # -- retries -----------------------------------------------------------------------------------------
@@ -174,7 +199,7 @@ def test_failures_become_rejected_rows_with_reasons() -> None:
     assert reasons[(items[2].image_id, "tier-inter")] == "no_hard_negative"
     assert reasons[(items[2].image_id, "tier-adv")] == "missing_tier_input"
     assert len(out.captions) + len(out.rejects) == 3 * len(items)
-    assert out.stats(3)["input_rows"] == 9
+    assert out.stats(len(items))["input_rows"] == 3 * 3  # texts requested: three tiers of three images
     calls = [c.request_id for c in cap.generators[0].calls]
     assert calls.count("boom-1:base:sum") == 2 and calls.count("bad-qa-0:base:qa") == 1  # retried once
 

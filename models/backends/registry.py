@@ -17,14 +17,17 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from models.backends import auto_batch
 from models.backends.detectors import Detector, load_detector
 from models.backends.interfaces import Generator, ImageEmbedder, TextEncoder, TextImageExpert
 from models.backends.model_errors import ModelLoadError
-from rde.profiles import BACKENDS, ModelSpec, ModelsSection
+from rde.profiles import BACKENDS, MEASURED_BACKENDS, ModelSpec, ModelsSection
 from rde.runtime import state_dir
 
-BUNDLED_IMAGE_EMBEDDER = ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0", batch_size=16)
-BUNDLED_TEXT_ENCODER = ModelSpec(backend="sentence-transformers", model_id="bundled:all-MiniLM-L6-v2", batch_size=64)
+BUNDLED_IMAGE_EMBEDDER = ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0", batch_size="auto")
+BUNDLED_TEXT_ENCODER = ModelSpec(backend="sentence-transformers", model_id="bundled:all-MiniLM-L6-v2",
+                                 batch_size="auto")
+AUTO_BATCH_CACHE = "auto_batch.json"  # chosen batch sizes, in the state folder
 BUNDLED_LLM = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
 
 _cache: dict[tuple[str, str], Any] = {}
@@ -43,14 +46,31 @@ def _cached(role: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
 
 def spec_lineage(spec: ModelSpec | None) -> dict[str, Any]:
     """A model spec as it enters stage keys and manifests: the spec (empty when unset), plus the
-    identity of the prompt file a composed backend renders internally (editing it re-runs the stage)."""
+    identity of the prompt file a composed backend renders internally (editing it re-runs the stage).
+    The batch size of a measured backend is left out: it changes speed, not results (beyond float
+    tolerance), so ``auto`` choosing differently on another machine does not re-run a stage."""
     if spec is None:
         return {}
     out: dict[str, Any] = spec.model_dump(mode="json")
+    if spec.backend in MEASURED_BACKENDS:
+        out.pop("batch_size", None)
     if spec.backend == "grounded":
         from rde.prompt_files import load_prompt
 
         out["internal_prompt"] = load_prompt("grounded_captioner").identity
+    return out
+
+
+def models_lineage(models: ModelsSection) -> dict[str, Any]:
+    """A whole models section as it enters stage keys: each model spec through ``spec_lineage``."""
+    out: dict[str, Any] = models.model_dump(mode="json")
+    for role in out:
+        value = getattr(models, role)
+        if isinstance(value, ModelSpec):
+            out[role] = spec_lineage(value)
+        elif isinstance(value, list):
+            out[role] = [spec_lineage(s) if isinstance(s, ModelSpec) else d for s, d in zip(value, out[role],
+                                                                                            strict=True)]
     return out
 
 
@@ -59,6 +79,7 @@ class ModelRegistry:
 
     def __init__(self, models: ModelsSection) -> None:
         self.models = models
+        auto_batch.set_cache_file(state_dir() / AUTO_BATCH_CACHE)
 
     def detector(self) -> Detector:
         return load_detector(self.models.detector, str(state_dir()))
@@ -84,10 +105,11 @@ class ModelRegistry:
 
         return _cached("text_encoder", spec, build)
 
-    def _bundled_embedder(self):
+    def _bundled_embedder(self, batch_size: int | str = "auto"):
+        """The bundled EfficientNet-Lite0 inside a composed backend, at that backend's batch size."""
         from models.backends.image_embedders import EfficientNetLiteEmbedder
 
-        embedder = self.image_embedder(BUNDLED_IMAGE_EMBEDDER)
+        embedder = self.image_embedder(BUNDLED_IMAGE_EMBEDDER.model_copy(update={"batch_size": batch_size}))
         assert isinstance(embedder, EfficientNetLiteEmbedder)
         return embedder
 
@@ -96,7 +118,7 @@ class ModelRegistry:
             from models.backends import experts
 
             if spec.backend == "semantic-bridge":
-                return experts.SemanticBridgeExpert(spec, self._bundled_embedder(), self.detector(),
+                return experts.SemanticBridgeExpert(spec, self._bundled_embedder(spec.batch_size), self.detector(),
                                                     self.text_encoder())
             if spec.backend == "attributes":
                 return experts.AttributeExpert(spec, self.detector())

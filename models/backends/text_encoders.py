@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from models.backends import auto_batch
 from models.backends.model_errors import ModelLoadError, hub_hint
 from models.backends.torch_runtime import resolve_device
 from rde.profiles import ModelSpec
@@ -32,11 +33,16 @@ class SentenceTransformerTextEncoder:
                 self.model = SentenceTransformer(spec.model_id, revision=spec.revision, device=device)
             except (OSError, ValueError) as exc:
                 raise ModelLoadError(hub_hint("text_encoder", spec.model_id, exc)) from exc
+        self.batch = auto_batch.for_spec(spec, device)
         self.dim = int(self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension")
                        else self.model.get_sentence_embedding_dimension())
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        return np.asarray(self.model.encode(list(texts), batch_size=self.spec.batch_size, normalize_embeddings=True,
+        size = self.batch.resolve("text", texts, lambda b: self._encode(b, len(b)))
+        return self._encode(texts, size)
+
+    def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        return np.asarray(self.model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
                                             convert_to_numpy=True, show_progress_bar=False), np.float32)

@@ -1,0 +1,159 @@
+"""Sentence and grounding checks for generated texts, from spaCy's parse and measured facts.
+
+* ``fragment_reason``: is a sentence complete? A subject and a verb (or a caption-style noun
+  phrase with a verb modifier, "A man walking down a street."), no dangling last word (a
+  determiner, preposition, conjunction or auxiliary with nothing after it), no restart (the same
+  word n-gram twice inside one sentence: "The person is wearing a black ... The person is wearing").
+* ``ungrounded_words``: content words (nouns, adjectives, verbs, numbers) that are neither in the
+  image's measured facts nor in the prompt file's generic words ("person", "wear"): "eyes",
+  "auburn", "complexion" name attributes nothing measured.
+* ``clean_caption``: keep the complete, grounded sentences of a caption; report the others.
+
+Shared by the caption pool (DSMM-TBIR statistics) and usable by other caption gates; the words
+that state no attribute are data (``prompts/caption_pool.yaml``), not code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from models.backends.attributes import COLOUR_SYNONYMS
+from rde.caption_stats import load_tagger
+
+CONTENT_POS = frozenset({"NOUN", "PROPN", "ADJ", "VERB", "NUM"})
+# Parts of speech / dependencies that cannot end a complete sentence (they need a word after them).
+DANGLING_POS = frozenset({"DET", "ADP", "CCONJ", "SCONJ", "AUX", "PART"})
+DANGLING_DEP = frozenset({"det", "poss", "cc", "prep", "aux", "auxpass", "mark", "predet"})
+DANGLING_TAG = frozenset({"DT", "PRP$", "CC", "IN", "TO", "MD"})  # "carrying a." ("a" parsed as a pronoun)
+SUBJECT_DEP = frozenset({"nsubj", "nsubjpass", "expl", "csubj", "csubjpass"})
+VERB_MODIFIER_DEP = frozenset({"acl", "relcl"})
+_ONE_LETTER_STOP = re.compile(r"\b([A-Za-z])\.(\s|$)")  # "carrying a." -> "carrying a ." (spaCy keeps "a." whole)
+
+
+@dataclass
+class SentenceVerdict:
+    """One sentence of a caption: kept (``reason`` None) or dropped with ``fragment`` /
+    ``ungrounded_attribute`` and what was wrong in ``detail``."""
+
+    text: str
+    reason: str | None
+    detail: str | None = None
+
+
+@dataclass
+class CaptionCheck:
+    """A caption after the checks: the kept sentences joined, and every sentence's verdict."""
+
+    kept: str
+    sentences: list[SentenceVerdict] = field(default_factory=list)
+
+    @property
+    def dropped(self) -> list[SentenceVerdict]:
+        return [s for s in self.sentences if s.reason is not None]
+
+    @property
+    def clean(self) -> bool:
+        """Every sentence complete and grounded (nothing had to be dropped)."""
+        return bool(self.sentences) and not self.dropped
+
+
+def _prepare(text: str) -> str:
+    return _ONE_LETTER_STOP.sub(r"\1 .\2", text.strip())
+
+
+def fragment_reason(sent, restart_ngram: int = 3) -> str | None:
+    """Why a parsed sentence (a spaCy ``Span``) is not a complete sentence, or None."""
+    words = [t for t in sent if t.is_alpha]
+    if not words:
+        return "no words"
+    lowered = [t.lower_ for t in words]
+    grams = Counter(tuple(lowered[i : i + restart_ngram]) for i in range(len(lowered) - restart_ngram + 1))
+    repeated = [g for g, c in grams.items() if c > 1]
+    if repeated:
+        return f"repeated restart {' '.join(repeated[0])!r}"
+    last = words[-1]
+    if last.pos_ in DANGLING_POS or last.dep_ in DANGLING_DEP or last.tag_ in DANGLING_TAG:
+        return f"ends with {last.text!r} ({last.pos_.lower()}) and nothing after it"
+    if last.lower_ in COLOUR_SYNONYMS and any(c.dep_ == "det" and c.lower_ in {"a", "an"} for c in last.children):
+        return f"'a {last.text}' with no noun after the colour"
+    root = sent.root
+    children = {c.dep_ for c in root.children}
+    if root.pos_ in {"VERB", "AUX"}:
+        if not children & SUBJECT_DEP:
+            return f"no subject for {root.text!r}"
+        return None
+    if root.pos_ in {"NOUN", "PROPN", "PRON"}:
+        if any(t.dep_ in VERB_MODIFIER_DEP and t.pos_ in {"VERB", "AUX"} for t in sent):
+            return None  # caption-style noun phrase with a verb: "A man walking down a street."
+        return f"no verb (a noun phrase headed by {root.text!r})"
+    return f"no verb (root {root.text!r} is {root.pos_.lower()})"
+
+
+def ungrounded_words(sent, allowed: set[str], generic: set[str]) -> set[str]:
+    """Content words of a parsed sentence that neither the facts (``allowed``) nor the generic words
+    cover; colour synonyms count as the measured colour, intensity words ("light") as no claim."""
+    allowed_colours = {COLOUR_SYNONYMS.get(a) for a in allowed} - {None}
+    bad = set()
+    for t in sent:
+        if not t.is_alpha or t.pos_ not in CONTENT_POS:
+            continue
+        word, lemma = t.lower_, t.lemma_.lower()
+        if {word, lemma} & (allowed | generic):
+            continue
+        if word in COLOUR_SYNONYMS and (COLOUR_SYNONYMS[word] is None or COLOUR_SYNONYMS[word] in allowed_colours):
+            continue
+        bad.add(word)
+    return bad
+
+
+def check_captions(texts: Iterable[str], allowed: Iterable[set[str] | None], generic: set[str],
+                   restart_ngram: int = 3, nlp=None) -> list[CaptionCheck]:
+    """``clean_caption`` for many captions in one spaCy pass; ``allowed`` None skips grounding
+    (no measured facts, e.g. a human caption file)."""
+    nlp = nlp or load_tagger()
+    texts = list(texts)
+    out = []
+    for doc, facts in zip(nlp.pipe([_prepare(t) for t in texts], batch_size=64), allowed, strict=True):
+        verdicts = []
+        for sent in doc.sents:
+            if not any(t.is_alpha for t in sent):
+                continue
+            frag = fragment_reason(sent, restart_ngram)
+            if frag:
+                verdicts.append(SentenceVerdict(sent.text, "fragment", frag))
+                continue
+            bad = ungrounded_words(sent, facts, generic) if facts is not None else set()
+            if bad:
+                verdicts.append(SentenceVerdict(sent.text, "ungrounded_attribute",
+                                                f"not measured: {', '.join(sorted(bad))}"))
+            else:
+                verdicts.append(SentenceVerdict(sent.text, None))
+        kept = " ".join(v.text.strip() for v in verdicts if v.reason is None)
+        kept = re.sub(r"\s+([.,;!?])", r"\1", kept)
+        out.append(CaptionCheck(kept, verdicts))
+    return out
+
+
+def clean_caption(text: str, allowed: set[str] | None, generic: set[str], restart_ngram: int = 3,
+                  nlp=None) -> CaptionCheck:
+    """The complete, grounded sentences of ``text`` (see the module docstring)."""
+    return check_captions([text], [allowed], generic, restart_ngram, nlp)[0]
+
+
+def _join(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def facts_caption(values: dict[str, list[str]], templates: dict[str, str]) -> str:
+    """A caption rendered from measured values with the prompt file's sentence per attribute
+    (``{value}`` or ``{<attribute>}`` placeholders); attributes not measured are left out."""
+    sentences = []
+    for attribute, template in templates.items():
+        needed = re.findall(r"\{(\w+)\}", template)
+        fills = {name: values.get(attribute if name == "value" else name) or [] for name in needed}
+        if needed and all(fills.values()):
+            sentences.append(template.format(**{k: _join(v) for k, v in fills.items()}))
+    return " ".join(sentences)

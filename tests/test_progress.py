@@ -1,0 +1,102 @@
+"""Stage progress: the process-local reporter (one display per stage, nested progress takes over a
+"running" stage), the terminal renderer (advances, finishes, logs print above it) and silence when
+the output is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import sys
+
+from rich.console import Console
+
+from rde import progress
+from rde.console_progress import describe, live_progress
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Recorder:
+    """A renderer that keeps every call: (event, handle, description, done, total)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, str, float, float | None]] = []
+        self.next = 0
+
+    def start(self, snap: progress.Snapshot) -> int:
+        self.next += 1
+        self.calls.append(("start", self.next, snap.description, snap.done, snap.total))
+        return self.next
+
+    def update(self, handle: int, snap: progress.Snapshot) -> None:
+        self.calls.append(("update", handle, snap.description, snap.done, snap.total))
+
+    def stop(self, handle: int, snap: progress.Snapshot) -> None:
+        self.calls.append(("stop", handle, snap.description, snap.done, snap.total))
+
+
+def test_a_stage_reports_done_of_total_and_a_nested_progress_takes_over_its_line() -> None:
+    rec = Recorder()
+    with progress.install(rec):
+        # no total: shown as running; the nested progress with a total takes that line over
+        with progress.StageProgress("caption-pool"), progress.StageProgress("caption-pool", total=3) as inner:
+            for _ in range(3):
+                inner.advance()
+        with progress.StageProgress("measure", total=2, unit="shards") as shards:
+            shards.update(2)
+    assert [c[0] for c in rec.calls].count("start") == 2  # one line per stage, none for the nested one
+    first = [c for c in rec.calls if c[1] == 1]
+    assert [c[3] for c in first if c[0] == "update"] == [0, 1, 2, 3, 0]  # advances, then back to "running"
+    assert first[-1][0] == "stop" and rec.calls[-1] == ("stop", 2, "measure", 2, 2)
+    progress.StageProgress("no renderer", total=1).update(1)  # a no-op once uninstalled
+    assert len([c for c in rec.calls if c[0] == "start"]) == 2
+
+
+def test_rate_and_time_left_come_from_the_stage_so_far_and_the_clock_ticks_between_updates() -> None:
+    snap = progress.Snapshot("qa-tiers", 4, 17, "shards", started=0.0, updated=120.0)
+    fields = describe(snap, now=120.0)
+    assert fields["count"] == "4/17 shards" and fields["rate"] == "30.0 s/shard"
+    assert fields["when"] == "2:00, ~6:30 left"
+    assert describe(snap, now=130.0)["when"] == "2:10, ~6:20 left"  # no new shard yet: elapsed up, left down
+    fast = describe(progress.Snapshot("train", 50, None, "steps", started=0.0, updated=10.0), now=10.0)
+    assert fast == {"count": "50 steps", "rate": "5.0 steps/s", "when": "0:10"}
+
+
+def test_on_a_terminal_the_display_advances_finishes_and_logs_print_above_it() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120, color_system=None)
+    logger = logging.getLogger("rde.test_progress")
+    handler = logging.StreamHandler(sys.stderr)
+    logger.addHandler(handler)
+    try:
+        with live_progress(console) as renderer:
+            assert renderer is not None
+            stage = progress.StageProgress("qa-tiers", total=3, unit="shards")
+            seen = []
+            for _ in range(3):
+                stage.advance()
+                renderer.progress.refresh()
+                seen.append(ANSI.sub("", out.getvalue()))
+            logger.warning("Task run 'qa-tiers-2' - Finished in state Completed()")
+            stage.close()
+            assert not renderer.progress.tasks  # the finished stage's line is gone
+        assert handler.stream is sys.stderr  # restored
+    finally:
+        logger.removeHandler(handler)
+    text = ANSI.sub("", out.getvalue())
+    assert "1/3 shards" in seen[0] and "2/3 shards" in seen[1] and "3/3 shards" in seen[2]
+    assert "left" in seen[0] and "qa-tiers" in seen[0]
+    assert "Task run 'qa-tiers-2' - Finished in state Completed()" in text  # through the live console
+
+
+def test_without_a_terminal_nothing_is_drawn(monkeypatch) -> None:
+    out = io.StringIO()
+    with live_progress(Console(file=out, width=120)) as renderer:
+        assert renderer is None
+        with progress.StageProgress("measure", total=2, unit="shards") as stage:
+            stage.update(2)
+    assert out.getvalue() == ""
+    monkeypatch.setenv("RDE_PROGRESS", "off")
+    with live_progress(Console(file=out, force_terminal=True)) as renderer:
+        assert renderer is None
