@@ -76,16 +76,17 @@ def drop_repeated_sentences(text: str) -> tuple[str, int]:
     """Keep the first occurrence of every sentence and drop its repeats (a repeat carries no
     information and skews the training text); returns the text and how many sentences were dropped."""
     seen: set[str] = set()
-    kept: list[str] = []
-    dropped = 0
-    for sentence in _SENTENCE.findall(text):
-        key = _sentence_key(sentence)
-        if key in seen:
+    pieces: list[str] = []  # the original text minus the repeats, so "1.5 m" or "..." survive as written
+    position = dropped = 0
+    for match in _SENTENCE.finditer(text):
+        key = _sentence_key(match.group())
+        if key and key in seen:
+            pieces.append(text[position:match.start()])
+            position = match.end()
             dropped += 1
-        elif key:
-            seen.add(key)
-            kept.append(sentence.strip())
-    return (" ".join(kept), dropped) if dropped else (text, 0)
+        seen.add(key)
+    pieces.append(text[position:])
+    return (re.sub(r"\s{2,}", " ", "".join(pieces)).strip(), dropped) if dropped else (text, 0)
 
 
 def gate_caption(text: str, *, min_words: int, max_words: int, boilerplate: Sequence[str],

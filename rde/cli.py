@@ -272,7 +272,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     reasons.add_column("count", justify="right")
     for key, count in sorted(summary["rejected"].items(), key=lambda kv: -kv[1]):
         reasons.add_row(key, str(count))
-    console.print(reasons)
+    if summary["rejected"]:  # an empty table says nothing
+        console.print(reasons)
     status = "[green]balanced[/]" if summary["balanced"] else "[red]NOT balanced[/]"
     console.print(f"{escape(accounting_line(summary))}: {status}")
     if summary.get("captioning"):
@@ -329,13 +330,13 @@ def clips_build(
     out: Annotated[str, typer.Option(help="Output clip-set folder.")] = "data/demo_clips",
 ) -> None:
     """Rebuild the demo clip set from vtest.avi (track, cut clips, grounded captions, split by time)."""
-    from rde.demo_clips import ClipParams, build_clip_rows, write_clip_set
+    from rde.demo_clips import ClipParams, build_clip_rows, video_fps, write_clip_set
 
     if not Path(video).exists():
         _fail(f"video {video} not found: run scripts/build_demo_pool.sh (fetches Debian's opencv-doc)")
     params = ClipParams()
     frames, clips = build_clip_rows(video, params)
-    write_clip_set(frames, clips, out, params, video)
+    write_clip_set(frames, clips, out, params, video, fps=video_fps(video))
     console.print(f"wrote {len(clips)} clips ({len(frames)} frames) to {out}")
 
 

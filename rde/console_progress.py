@@ -102,7 +102,7 @@ def wanted(console: Console) -> bool:
 
 def _terminal_handlers(streams: tuple[Any, ...]) -> list[logging.StreamHandler]:
     """Every logging handler (root and named loggers) that writes to one of ``streams``."""
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
                                        if isinstance(lg, logging.Logger)]
     found: dict[int, logging.StreamHandler] = {}
     for lg in loggers:

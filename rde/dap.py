@@ -260,7 +260,8 @@ def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str
             reason = "unsafe"
         elif ctx.vocabulary is not None and (bad := off_vocabulary_words(content, ctx.vocabulary | domain_words)):
             reason, detail = "off_vocabulary", "not in the domain's caption pool: " + ", ".join(bad)
-        elif sampled is not None and not used_keywords(forms, sampled, ("noun", "adj")):
+        elif sampled is not None and (sampled.get("noun") or sampled.get("adj")) \
+                and not used_keywords(forms, sampled, ("noun", "adj")):  # a request that sampled none checks none
             reason = "no_keyword"
             detail = "sampled nouns/adjectives: " + ", ".join(sampled.get("noun", []) + sampled.get("adj", []))
         elif normalise(text) in kept_norm:

@@ -100,11 +100,15 @@ def _list_pool(url: str) -> tuple[list[InputRef], str]:
 
 
 def _file_signature(path: Path) -> list[Any]:
-    try:
-        st = path.lstat()
-        return [str(path), st.st_size, st.st_mtime_ns]
-    except OSError:
-        return [str(path), None, None]
+    """Path, size and mtime of what the input reads: a link's target (an edited or re-pointed target
+    changes the listing key), the link itself when it dangles. ``stat`` never opens, so a FIFO is safe."""
+    for probe in (path.stat, path.lstat):
+        try:
+            st = probe()
+            return [str(path), st.st_size, st.st_mtime_ns]
+        except OSError:
+            continue
+    return [str(path), None, None]
 
 
 def _walk_entries(folder: Path) -> list[Path]:
@@ -176,15 +180,15 @@ def _read_file(ref: InputRef, spec: IngestSpec, roots: list[str] | None) -> byte
     if not ref.source:
         raise DecodeError(Reason.MISSING_FILE, "empty path")
     path = Path(ref.source)
-    if not os.path.lexists(path):
-        raise DecodeError(Reason.MISSING_FILE, f"{path} does not exist")
-    real = os.path.realpath(path)
+    real = os.path.realpath(path)  # confinement first: whether a path outside exists is not told
     if roots is not None and not _inside(real, roots):
         raise DecodeError(Reason.OUTSIDE_ROOT, f"{path} resolves to {real}, outside the allowed roots {roots}")
     try:
         mode = os.stat(real).st_mode
     except OSError:
-        raise DecodeError(Reason.MISSING_FILE, f"{path} is a link to {real}, which does not exist") from None
+        detail = f"{path} does not exist" if real == os.path.abspath(path) else \
+            f"{path} resolves to {real}, which does not exist"
+        raise DecodeError(Reason.MISSING_FILE, detail) from None
     if not stat.S_ISREG(mode):
         raise DecodeError(Reason.NOT_A_REGULAR_FILE, f"{path} is a {_file_kind(mode)}, not a regular file")
     try:
@@ -198,7 +202,10 @@ def _read_file(ref: InputRef, spec: IngestSpec, roots: list[str] | None) -> byte
         if st.st_size > spec.max_file_bytes:
             raise DecodeError(Reason.FILE_TOO_LARGE, f"{st.st_size} bytes exceeds limit {spec.max_file_bytes}")
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(spec.max_file_bytes + 1)
+            data = handle.read(spec.max_file_bytes + 1)
+        if len(data) > spec.max_file_bytes:  # it grew after fstat
+            raise DecodeError(Reason.FILE_TOO_LARGE, f"over {spec.max_file_bytes} bytes (the file grew while read)")
+        return data
     except OSError as exc:
         raise DecodeError(Reason.READ_ERROR, f"{path}: {exc.strerror or exc}") from None
     finally:

@@ -23,6 +23,7 @@ from rde.generation_retries import error_reason
 from rde.image_decoding import decode_rgb
 from rde.profiles import ModelSpec
 from rde.prompt_files import load_prompt
+from rde.reasons import Reason
 from rde.runtime import resolve_location
 from storage import Artifact, content_key
 from storage.hashing import sha256_json
@@ -41,7 +42,7 @@ from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 
-VERSION = "2"  # bump when a stage here changes what it writes
+VERSION = "3"  # bump when a stage here changes what it writes
 
 
 def _query_generator_spec(ctx: RunContext) -> ModelSpec:
@@ -86,22 +87,22 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
             requests = [GenerationRequest(r["image_id"], [ChatMessage("user", prompt.templates[domain],
                                                                       [images[r["image_id"]]])],
                                           max_tokens=80, temperature=0.0) for r in chosen]
+            generated += len(requests)
             results = generator.generate(requests)
-            generated += len(results)
-            for res in results:
-                if not res.ok:
-                    rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
-                                    "reason": error_reason(res.error), "text": None, "detail": res.error})
             # complete sentences only, and (where the generator measured facts) only what was measured
-            facts = [measured([images[r.request_id]])[0] for r in results] if measured else [None] * len(results)
+            facts = [measured([images[r.request_id]])[0] if measured and r.ok else None for r in results]
             checks = sentence_checks.check_captions([r.text if r.ok else "" for r in results],
                                                     [f.allowed if f else None for f in facts], generic,
                                                     int(prompt.extras.get("restart_ngram", 3)))
             from_facts = prompt.extras.get("from_facts", {}).get(domain, {})
             for res, check, fact in zip(results, checks, facts, strict=True):
-                clean_before += res.ok and check.clean
-                for dropped in check.dropped:
+                if not res.ok:  # the image's one row: a failed generation is not papered over
                     rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
+                                    "reason": error_reason(res.error), "text": None, "detail": res.error})
+                    continue
+                clean_before += check.clean
+                for dropped in check.dropped:  # detail rows: the image itself still ends as one row below
+                    rejects.append({"source_id": res.request_id, "domain": domain, "stage": SENTENCE_STAGE,
                                     "reason": dropped.reason, "text": dropped.text, "detail": dropped.detail})
                 text, q_txt, source = check.kept, res.mean_token_probability, res.model_id
                 if not text and fact is not None and from_facts:  # nothing usable: say what was measured
@@ -111,10 +112,15 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
                 if text:
                     captions.append({"image_id": res.request_id, "domain": domain, "text": text, "q_txt": q_txt,
                                      "generator": source, "prompt": prompt.identity})
-        stats = {"input_rows": len(captions) + len(rejects), "accepted": len(captions),
-                 "rejected": dict(Counter(r["reason"] for r in rejects)),
-                 "generated_captions": generated, "generated_captions_clean": clean_before,
-                 "rendered_from_facts": rendered}
+                else:
+                    reason = check.dropped[0].reason if check.dropped else str(Reason.EMPTY)
+                    rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
+                                    "reason": reason, "text": res.text, "detail": "no complete, grounded sentence"})
+        image_rows = [r for r in rejects if r["stage"] == "caption-pool"]
+        stats = {"input_rows": generated, "accepted": len(captions),
+                 "rejected": dict(Counter(r["reason"] for r in image_rows)),
+                 "dropped_sentences": dict(Counter(r["reason"] for r in rejects if r["stage"] == SENTENCE_STAGE)),
+                 "generated_captions_clean": clean_before, "rendered_from_facts": rendered}
         return {"captions": pa.Table.from_pylist(captions, schema=CAPTIONS),
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
 
@@ -123,6 +129,9 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
                                 prompt_versions={"caption_pool": prompt.identity})
     log(f"caption-pool: {'skipped, ' if result.skipped else ''}{result.accepted}/{result.input_rows} captions kept")
     return result
+
+
+SENTENCE_STAGE = "caption-pool-sentence"  # a dropped sentence of a kept (or rejected) pool caption
 
 
 def _captions_from_file(path: Path, domain: str) -> list[dict[str, Any]]:

@@ -243,13 +243,12 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
         return result
     with Timer() as timer:
         begin(outputs, stage_key)
-        progress = Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}", stage=stage,
-                            total=n_shards, unit="shards")
         task_fn = shard_task.with_options(name=stage, tags=list(tags), task_run_name=f"{stage}-{{index}}")
         concurrency_limit = resolve_concurrency_limit(concurrency_limit)
-        futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit)
-                   for index in range(n_shards)]
-        with progress:
+        with Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}", stage=stage,
+                      total=n_shards, unit="shards") as progress:
+            futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit)
+                       for index in range(n_shards)]
             done: list[dict[str, Any]] = gather(futures, progress)
         stats = _sum_stats([r["stats"] for r in done])
         finalize(outputs, stage_key, [r["shards"] for r in done], ctx, upstream=upstream, config=config,

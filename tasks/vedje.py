@@ -320,24 +320,23 @@ def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.St
         group = {r["item_id"]: r["group"] for r in index_rows}
         stage1 = ModelRegistry(ctx.profile.models).expert(_stage1_spec(ctx))
         out, latencies = [], []
-        progress = Progress(f"{ctx.flow_name}-progress", "rerank: queries done", stage="rerank", total=len(texts),
-                            unit="queries")
-        for qi, text in enumerate(texts):
-            start = time.perf_counter()
-            q = torch.from_numpy(stage1.encode_text([text]))
-            sims = (q @ emb.T)[0]
-            top = torch.argsort(sims, descending=True, stable=True)[:n_max]
-            cand = [ids[int(i)] for i in top]
-            caches = cache.fetch(cand)
-            s = joint_scores(model, [text], [(0, k) for k in range(len(cand))], caches, sims[top], spec.score_batch)
-            latencies.append(time.perf_counter() - start)
-            order = np.argsort(-s, kind="stable")
-            truth = group[q_rows[qi]["item_id"]] if labelled else None
-            out += [{"query_id": qi, "text": text, "rank": r, "item_id": cand[j], "stage1_rank": int(j),
-                     "stage1_score": float(sims[top[j]]), "score": float(s[j]),
-                     "relevant": None if truth is None else group[cand[j]] == truth} for r, j in enumerate(order)]
-            progress.update(qi + 1)
-        progress.close()
+        with Progress(f"{ctx.flow_name}-progress", "rerank: queries done", stage="rerank", total=len(texts),
+                      unit="queries") as progress:
+            for qi, text in enumerate(texts):
+                start = time.perf_counter()
+                q = torch.from_numpy(stage1.encode_text([text]))
+                sims = (q @ emb.T)[0]
+                top = torch.argsort(sims, descending=True, stable=True)[:n_max]
+                cand = [ids[int(i)] for i in top]
+                caches = cache.fetch(cand)
+                s = joint_scores(model, [text], [(0, k) for k in range(len(cand))], caches, sims[top], spec.score_batch)
+                latencies.append(time.perf_counter() - start)
+                order = np.argsort(-s, kind="stable")
+                truth = group[q_rows[qi]["item_id"]] if labelled else None
+                out += [{"query_id": qi, "text": text, "rank": r, "item_id": cand[j], "stage1_rank": int(j),
+                         "stage1_score": float(sims[top[j]]), "score": float(s[j]),
+                         "relevant": None if truth is None else group[cand[j]] == truth} for r, j in enumerate(order)]
+                progress.update(qi + 1)
         evaluation = []
         if labelled and texts:
             evaluation = _recall_rows(out, len(texts), len(ids), spec.candidates)

@@ -121,6 +121,7 @@ def test_bad_input_folder_through_the_flow(tmp_path: Path, person_crop: np.ndarr
     assert np.isfinite(Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas().laplacian_variance).all()
 
 
+@pytest.mark.timeout(1800)  # three demo builds, a label import and every artifact opened three ways
 def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path) -> None:
     """Every stage on the demo pool: queries and gallery for both domains, the MECF union with
     provenance, the benchmark folder, and verified check-set metrics for each expert."""

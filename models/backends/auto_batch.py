@@ -19,6 +19,7 @@ Settings come from ``options.auto_batch`` of the model spec (see ``AutoBatchSett
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -83,6 +84,13 @@ class Measurement:
 
 def machine_fingerprint(device: torch.device) -> str:
     """What makes timings of one machine differ from another's: host, CPU, threads, accelerator."""
+    return _machine_fingerprint(str(device), torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=16)
+def _machine_fingerprint(device_name: str, threads: int) -> str:
+    """``machine_fingerprint``, read once per (device, thread count): it is consulted on every call."""
+    device = torch.device(device_name)
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -91,7 +99,7 @@ def machine_fingerprint(device: torch.device) -> str:
                 break
     except OSError:
         pass
-    parts = [platform.node(), cpu, f"cores={os.cpu_count()}", f"threads={torch.get_num_threads()}",
+    parts = [platform.node(), cpu, f"cores={os.cpu_count()}", f"threads={threads}",
              f"torch={torch.__version__}"]
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -107,7 +115,7 @@ def choose(measured: Sequence[Measurement], tolerance: float) -> int:
 
 _memo: dict[str, dict[str, Any]] = {}
 _memo_lock = threading.Lock()
-_measure_lock = threading.Lock()  # one measurement at a time per process: two would time each other
+_measure_lock = threading.RLock()  # one measurement at a time per process: two would time each other
 _cache_file: Path | None = None
 
 
