@@ -8,7 +8,6 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.artifacts import (
-    create_image_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
@@ -121,12 +120,6 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def publish_image(key: str, url: str, description: str) -> None:
-    """An image artifact (a plot written next to the Parquet outputs, shown in the UI)."""
-    if _in_prefect_run():
-        create_image_artifact(image_url=url, key=key, description=description)
 
 
 def inline_png(path: Path, alt: str) -> str:
