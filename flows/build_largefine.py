@@ -65,7 +65,8 @@ def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
     results.append(advanced)
     if until == "advanced":
         return finish([tiers, advanced])
-    results.append(largefine.export_task(ctx, tiers.artifacts["captions"], tiers.artifacts["rejects"],
+    results.append(largefine.export_task(ctx, neighbours.artifacts["neighbours"], tiers.artifacts["captions"],
+                                         tiers.artifacts["rejects"],
                                          advanced.artifacts["captions"], advanced.artifacts["rejects"]))
     return finish([tiers, advanced])
 

@@ -8,6 +8,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spacy.tokens import Token
 
 POS_KEPT = {"NOUN": "noun", "VERB": "verb", "ADJ": "adj", "ADV": "adv"}
 # Words every caption pool is full of that carry no domain signal.
@@ -75,6 +79,32 @@ class NounUse:
     adjectives: Counter[str] = field(default_factory=Counter)
     frames: Counter[str] = field(default_factory=Counter)
     subject: int = 0  # times it is a sentence subject (or a caption's head noun)
+    # (own adjective, other noun, other's adjective) met together in one caption ("" = bare noun):
+    # one caption describes one image, so "black top" + "blue bottoms" is a combination one
+    # person in the pool wears, not two colours that merely both occur somewhere
+    together: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+
+
+def preceding_adjectives(noun: Token) -> list[str]:
+    """The adjectives written right before ``noun`` ("a red and black top" -> red, black). Read
+    linearly, not from the parse: the small spaCy model parses "a red top and gray bottoms" as
+    "a [red top and gray] bottoms", which would put "gray" and "top" on "bottoms"."""
+    words: list[str] = []
+    for t in reversed(noun.doc[noun.sent.start:noun.i]):
+        if t.pos_ == "ADJ" and t.is_alpha:
+            words.append(t.lower_)
+        elif not (t.pos_ == "CCONJ" and words):  # "and" only joins adjectives already met
+            break
+    return words[::-1]
+
+
+def governing_participle(noun: Token) -> str | None:
+    """The "-ing" participle whose object ``noun`` is ("wearing ... bottoms", "carrying a bag"):
+    the nearest verb before it in its sentence, when that verb is a VBG; else None."""
+    for t in reversed(noun.doc[noun.sent.start:noun.i]):
+        if t.pos_ in {"VERB", "AUX"}:
+            return t.lower_ if t.tag_ == "VBG" else None
+    return None
 
 
 def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
@@ -83,21 +113,20 @@ def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
     nlp = nlp or load_tagger()
     uses: dict[str, NounUse] = {}
     for doc in nlp.pipe(texts, batch_size=64):
+        framed: set[tuple[str, str]] = set()  # (noun, adjective or "") objects of a participle here
         for t in doc:
             if t.pos_ != "NOUN" or not t.is_alpha:
                 continue
-            use = uses.setdefault(t.lemma_.lower(), NounUse())
+            lemma = t.lemma_.lower()
+            use = uses.setdefault(lemma, NounUse())
             use.forms[t.lower_] += 1
             use.plural[t.tag_ in {"NNS", "NNPS"}] += 1
-            for child in t.children:
-                if child.dep_ == "amod" and child.is_alpha:
-                    use.adjectives[child.lower_] += 1
-                    use.adjectives.update(c.lower_ for c in child.children if c.dep_ == "conj" and c.is_alpha)
-            head = t
-            while head.dep_ == "conj":  # "a black top and blue bottoms": bottoms takes top's verb
-                head = head.head
-            if head.dep_ in {"dobj", "obj"} and head.head.tag_ == "VBG":
-                use.frames[head.head.lower_] += 1
+            adjectives = preceding_adjectives(t)
+            use.adjectives.update(adjectives)
+            frame = governing_participle(t)
+            if frame:
+                use.frames[frame] += 1
+                framed.update((lemma, a) for a in adjectives or [""])
             if t.dep_ in {"nsubj", "nsubjpass"} or t.dep_ == "ROOT":
                 use.subject += 1
                 for child in t.head.children if t.dep_ != "ROOT" else []:
@@ -107,4 +136,6 @@ def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
                     if child.dep_ == "attr" and child.pos_ == "NOUN":  # "The vehicle is a white car."
                         other = uses.setdefault(child.lemma_.lower(), NounUse())
                         other.subject += 1
+        for noun, adj in framed:
+            uses[noun].together.update((adj, n, a) for n, a in framed if n != noun)
     return uses

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,10 @@ app.add_typer(labels_app, name="labels")
 stack_app = typer.Typer(help="A local Prefect server, work pools (cpu, gpu), workers and deployments.",
                         no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
+PIPE_WIDTH = 140
 console = Console()
+if not console.is_terminal and "COLUMNS" not in os.environ:
+    console.width = PIPE_WIDTH  # a log file or pipe: Rich would assume 80 columns and cut the summary's headers
 err_console = Console(stderr=True, soft_wrap=True)
 
 ProfileOpt = Annotated[
@@ -258,14 +262,15 @@ def print_summary(summary: dict[str, Any]) -> None:
     """The run summary: stages, rejected rows by reason, where the inputs went (splits when the
     flow has them), captioning throughput, a rerank's ranked items, the artifacts root."""
     from tasks.reporting import accounting_line
+    from tasks.summary import balance_mark
 
     table = Table(title=f"{summary['flow']} · profile {summary['profile']}")
-    for col in ("stage", "status", "input", "accepted", "rejected", "shards", "reused", "seconds"):
-        table.add_column(col, justify="right" if col not in ("stage", "status") else "left", no_wrap=True)
+    for col in ("stage", "status", "input", "accepted", "rejected", "shards", "reused", "seconds", "balance"):
+        table.add_column(col, justify="right" if col not in ("stage", "status", "balance") else "left", no_wrap=True)
     for s in summary["stages"]:
         table.add_row(s["stage"], "skipped" if s["skipped"] else "ran", str(s["input"]),
                       str(s["accepted"]), str(s["rejected"]), str(s["shards"]), str(s["shards_reused"]),
-                      f"{s['seconds']:.1f}")
+                      f"{s['seconds']:.1f}", balance_mark(s.get("balanced")))
     console.print(table)
     reasons = Table(title="rejected rows by reason")
     reasons.add_column("stage:reason")

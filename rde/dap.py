@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -308,13 +308,6 @@ def noun_phrases(lemma: str, use: NounUse, adjectives: list[str], article: bool 
     return phrases
 
 
-def _pick_adjectives(use: NounUse, sampled: list[str], limit: int) -> list[str]:
-    """Adjectives the pool attests on this noun: the sampled ones first, then the most frequent."""
-    attested = [a for a, _ in use.adjectives.most_common()]
-    first = [a for a in sampled if a in use.adjectives]
-    return list(dict.fromkeys(first + attested))[:limit] if first else attested[:limit]
-
-
 def _descriptors(noun: str, use: NounUse, adjectives: list[str]) -> list[str]:
     """"<participle> <noun phrase>" for one pool noun with the given adjectives (none: bare)."""
     return [f"{frame} {p}" for frame, _ in use.frames.most_common(2)
@@ -334,6 +327,38 @@ def keyword_slots(nouns: list[str], adjs: list[str], uses: dict[str, NounUse], s
     return slots
 
 
+def complements(noun: str, adj: str, uses: dict[str, NounUse], nouns: set[str], sampled_adjs: list[str],
+                limit: int) -> list[tuple[str, str]]:
+    """(noun, adjective) complements for a line about ``adj noun``: only pairs one pool caption
+    states together with it (``NounUse.together``), about the request's other sampled ``nouns``,
+    sampled adjectives first, then the most frequent; at most ``limit`` per noun. Checking each
+    pair against the whole pool instead let "white bottoms and a red top" through, which no single
+    person in the demo wears."""
+    seen = [(n, a) for (own, n, a), _ in uses[noun].together.most_common() if own == adj and n in nouns]
+    picked: list[tuple[str, str]] = []
+    for n in dict.fromkeys(n for n, _ in seen):
+        options = [a for m, a in seen if m == n]
+        options = [a for a in sampled_adjs if a in options] + options
+        picked += [(n, a) for a in list(dict.fromkeys(options))[:limit]]
+    return picked
+
+
+def attested_uses(uses: dict[str, NounUse], min_count: int) -> dict[str, NounUse]:
+    """``uses`` keeping only what at least ``min_count`` pool captions say: an adjective on a noun,
+    a combination of two (``together``), a noun as subject. A pair said once or twice is often a
+    measurement slip (on the demo, "red bottoms" and "white bottoms" from a jacket's hem or the
+    pavement): no person in the pool matches a query built on it."""
+    kept: dict[str, NounUse] = {}
+    for lemma, use in uses.items():
+        adjectives = Counter({a: c for a, c in use.adjectives.items() if c >= min_count})
+        together = Counter({(own, n, a): c for (own, n, a), c in use.together.items()
+                            if (not own or own in adjectives)
+                            and (not a or uses.get(n, NounUse()).adjectives[a] >= min_count)})
+        kept[lemma] = replace(use, adjectives=adjectives, together=together,
+                              subject=use.subject if use.subject >= min_count else 0)
+    return kept
+
+
 def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict[str, NounUse],
                   domain_words: set[str], spec: QueriesSpec) -> str | None:
     """A GBNF grammar for one request: the prompt file's ``grammar`` template (the domain's
@@ -341,11 +366,13 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
     caption pool attests for the request's sampled keywords. Every line it allows uses a sampled
     noun or adjective and only pool words plus the template's function words. A template whose
     ``line`` rule has ``{first}``/``{others}`` gets one line rule per query: ``{first}`` is the
-    line's (noun, adjective) keyword slot, ``{others}`` a complement about another sampled noun.
+    line's (noun, adjective) keyword slot, ``{others}`` a complement about another sampled noun
+    that one pool caption states together with ``{first}`` (see ``complements``).
     None when the sampled keywords give no phrase (the request then runs unconstrained)."""
     template = prompt.extras.get("grammar")
     if not template:
         return None
+    uses = attested_uses(uses, spec.grammar_min_pair_count)
     nouns, adjs = keywords.get("noun", []), keywords.get("adj", [])
     subjects = sorted((lem for lem in uses if lem in domain_words and uses[lem].subject),
                       key=lambda lem: -uses[lem].subject)
@@ -375,8 +402,8 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
         noun, adj = slots[k % len(slots)]
         frame = uses[noun].frames.most_common(1)[0][0]
         others = [d.removeprefix(frame + " ")  # "wearing a black top and blue bottoms"
-                  for n, _ in dict.fromkeys(slots) if n != noun
-                  for d in _descriptors(n, uses[n], _pick_adjectives(uses[n], adjs, limit))]
+                  for n, a in complements(noun, adj, uses, {n for n, _ in slots}, adjs, limit)
+                  for d in _descriptors(n, uses[n], [a] if a else [])]
         first = _alternatives([f"{frame} {p}" for p in noun_phrases(noun, uses[noun], [adj] if adj else [])[:1]])
         rule = line_rule.replace("line ::=", f"line{k} ::=").replace("{first}", f"({first})")
         if others:

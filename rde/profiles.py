@@ -211,6 +211,9 @@ class QueriesSpec(Strict):
     constrained_decoding: bool = False
     grammar_phrases: int = Field(6, ge=1)  # caption-pool phrases per sampled keyword offered in the grammar
     grammar_min_count: int = Field(2, ge=1)  # a noun enters the grammar once the pool uses it this often
+    # an adjective on a noun, a combination of two, a noun as subject: in the grammar once this many
+    # pool captions say it (fewer is often a measurement slip: "red bottoms" from a red jacket's hem)
+    grammar_min_pair_count: int = Field(3, ge=1)
     caption_sample_per_domain: int = Field(40, ge=1)  # images captioned for the caption pool
     caption_file: str | None = None  # CUHK-PEDES-style JSON captions instead of captioning the pool
     seed: int = 0

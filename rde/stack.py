@@ -43,6 +43,10 @@ class StackConfig:
     workers_per_pool: int = 1
     worker_poll_seconds: float = 2.0
     startup_timeout_s: float = 90.0
+    # Prefect's client retries a lost API with a doubling back-off (2, 4, 8, … s). Prefect's
+    # default of 5 retries gives up after about 62 s, shorter than a server restart on a busy
+    # machine; 7 lets a flow-run process wait about 4 minutes for its server (2 + 4 + … + 128 s).
+    api_retries: int = 7
 
     @property
     def api_url(self) -> str:
@@ -60,6 +64,7 @@ class StackConfig:
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "RDE_PROJECT_ROOT": str(project_root()),
         })
+        env.setdefault("PREFECT_CLIENT_MAX_RETRIES", str(self.api_retries))  # a user's own value wins
         if self.database_url:
             env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self.database_url
         return env

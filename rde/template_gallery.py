@@ -242,6 +242,7 @@ class Gallery:
 
     templates: list[Template]
     rejected: list[RejectedTemplate]
+    candidates: int = 0  # seeds + lines the generator returned + failed calls: the input, counted as offered
 
     @property
     def version(self) -> str:
@@ -272,6 +273,7 @@ class GalleryBuilder:
         return len(self.gallery.templates) >= self.max_templates
 
     def add(self, text: str, origin: str, round_: int) -> bool:
+        self.gallery.candidates += 1
         bad = validate_template(text, self.allowed_slots, self.min_words, self.max_words)
         if bad is None and self.pattern_check is not None:
             bad = self.pattern_check(text)
@@ -309,6 +311,7 @@ def build_gallery(generate: GenerateFn, captions: Sequence[str], prompt: PromptF
     def run(requests: list[GenerationRequest], origin: str, round_: int) -> None:
         for result in generate(requests):
             if not result.ok:
+                builder.gallery.candidates += 1
                 builder.gallery.rejected.append(RejectedTemplate("", "generation_failed", result.error or "",
                                                                  origin, round_))
                 continue

@@ -54,15 +54,18 @@ class TierOutputs:
     captions: list[dict[str, Any]] = field(default_factory=list)
     qa: list[dict[str, Any]] = field(default_factory=list)
     rejects: list[dict[str, Any]] = field(default_factory=list)
+    requested: int = 0  # (image, tier) captions asked for: the input, counted before any call
     generator_calls: int = 0
     generated_tokens: int = 0
     generator_seconds: float = 0.0
 
     def stats(self, images: int) -> dict[str, Any]:
+        """Counts of a shard: input is the (image, tier) captions asked for, so a caption neither
+        accepted nor rejected shows as a gap (the runner's balance check)."""
         rejected: dict[str, int] = {}
         for row in self.rejects:
             rejected[row["reason"]] = rejected.get(row["reason"], 0) + 1
-        return {"input_rows": len(self.captions) + len(self.rejects), "accepted": len(self.captions),
+        return {"input_rows": self.requested, "accepted": len(self.captions),
                 "rejected": rejected, "images": images, "generator_calls": self.generator_calls,
                 "generated_tokens": self.generated_tokens, "generator_seconds": round(self.generator_seconds, 3)}
 
@@ -145,6 +148,7 @@ class TierCaptioner:
         if tier not in ("base", "inter"):
             raise ValueError(f"qa_tier handles base and inter, not {tier!r}")
         s = self.spec
+        out.requested += len(items)
         runnable: list[TierImage] = []
         for item in items:
             if tier == "inter" and (item.negative_id is None or item.negative_image is None):
@@ -182,6 +186,7 @@ class TierCaptioner:
                       gallery: Gallery, out: TierOutputs) -> None:
         """T_adv from a randomly drawn template (seeded per image) and the image's T_base + T_inter."""
         jobs, chosen = [], {}
+        out.requested += len(items)
         for item in items:
             missing = [name for name, texts in (("base", base), ("inter", inter)) if item.image_id not in texts]
             if missing:

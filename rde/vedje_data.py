@@ -57,7 +57,7 @@ def _clips(path: str) -> ItemSet:
     kept = [r for r in rows if r["split"] in ("train", "test")]
     items = ItemSet([r["clip_id"] for r in kept], [r["clip_id"] for r in kept], [r["split"] for r in kept],
                     [[f"{name}:{i}" for i in r["frame_indices"]] for r in kept], [], [], lambda keys: {},
-                    {"split_gap": len(rows) - len(kept)} if len(rows) > len(kept) else {}, len(rows))
+                    {"split_gap": gap} if (gap := sum(r["split"] == "gap" for r in rows)) else {}, len(rows))
     for k, r in enumerate(kept):
         items.query_texts += r["captions"]
         items.query_items += [k] * len(r["captions"])

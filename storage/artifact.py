@@ -36,6 +36,7 @@ MANIFEST_NAME = "_manifest.json"
 SHARD_PATTERN = re.compile(r"^part-(\d{5})\.parquet$")
 KEY_FIELD = b"rde.stage_key"
 SHARD_FIELD = b"rde.shard"
+STATS_FIELD = b"rde.stats"  # the stage's own counts for this shard (JSON), read back on resume
 FORMAT_VERSION = 1
 
 
@@ -108,11 +109,15 @@ class Manifest:
         }
 
 
-def serialize_table(table: pa.Table, stage_key: str, index: int) -> bytes:
-    """Parquet bytes of ``table`` with the stage key and shard index in the footer."""
+def serialize_table(table: pa.Table, stage_key: str, index: int, stats: dict[str, Any] | None = None) -> bytes:
+    """Parquet bytes of ``table`` with the stage key, shard index and (optionally) the stage's
+    stats for this shard in the footer."""
     meta = dict(table.schema.metadata or {})
     meta[KEY_FIELD] = stage_key.encode()
     meta[SHARD_FIELD] = str(index).encode()
+    meta.pop(STATS_FIELD, None)  # a table read from another shard must not carry that shard's stats
+    if stats is not None:
+        meta[STATS_FIELD] = json.dumps(stats, sort_keys=True, default=str).encode()
     table = table.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     if table.num_rows:
@@ -179,6 +184,18 @@ class Artifact:
             raise ArtifactError(f"artifact {self.url} is damaged: " + "; ".join(problems))
         return [join(self.path, s.file) for s in manifest.shards]
 
+    def _footer(self, path: str) -> dict[bytes, bytes]:
+        try:
+            with self.fs.open(path, "rb") as handle:
+                return dict(pq.ParquetFile(handle).schema_arrow.metadata or {})
+        except (OSError, pa.ArrowInvalid):
+            return {}
+
+    def shard_stats(self, index: int) -> dict[str, Any] | None:
+        """The stats the stage recorded in shard ``index``'s footer (None: none recorded)."""
+        value = self._footer(join(self.path, shard_name(index))).get(STATS_FIELD)
+        return json.loads(value) if value else None
+
     def read_shard(self, index: int, columns: Sequence[str] | None = None) -> pa.Table:
         """One shard as a table (shards are sized to fit memory)."""
         path = join(self.path, shard_name(index))
@@ -235,12 +252,7 @@ class ArtifactWriter(Artifact):
                 self.fs.rm(entry)
 
     def _footer_key(self, path: str) -> str | None:
-        try:
-            with self.fs.open(path, "rb") as handle:
-                meta = pq.ParquetFile(handle).schema_arrow.metadata or {}
-        except (OSError, pa.ArrowInvalid):
-            return None
-        value = meta.get(KEY_FIELD)
+        value = self._footer(path).get(KEY_FIELD)
         return value.decode() if value else None
 
     def existing_shard(self, index: int) -> ShardInfo | None:
@@ -253,10 +265,11 @@ class ArtifactWriter(Artifact):
         rows = pq.ParquetFile(pa.BufferReader(data)).metadata.num_rows
         return ShardInfo(index=index, file=shard_name(index), rows=rows, bytes=len(data), sha256=sha256_bytes(data))
 
-    def write_shard(self, index: int, table: pa.Table) -> ShardInfo:
-        """Validate ``table`` against the schema and write it atomically as shard ``index``."""
+    def write_shard(self, index: int, table: pa.Table, stats: dict[str, Any] | None = None) -> ShardInfo:
+        """Validate ``table`` against the schema and write it atomically as shard ``index`` (with
+        the stage's ``stats`` for it in the footer)."""
         table = conform(table, self.schema, self.url)
-        data = serialize_table(table, self.stage_key, index)
+        data = serialize_table(table, self.stage_key, index, stats)
         atomic_write_bytes(self.fs, join(self.path, shard_name(index)), data, uuid.uuid4().hex[:8])
         return ShardInfo(
             index=index, file=shard_name(index), rows=table.num_rows, bytes=len(data), sha256=sha256_bytes(data)

@@ -27,12 +27,17 @@ def measure_shard_task(outs: list[sharded.Output], stage_key: str, images_url: s
     """Laplacian variance and target detections for one images shard (detector loaded once per process)."""
     done = sharded.existing_shards(outs, stage_key, index)
     if done is not None:
-        return {"shards": done, "resumed": True}
+        stats = Artifact(outs[0].url).shard_stats(index) or {"input_rows": done["measurements"].rows,
+                                                             "accepted": done["measurements"].rows}
+        return {"shards": done, "resumed": True, "stats": stats}
     images = Artifact(images_url).read_shard(index, ["input_id", "image_id", "domain", "image_bytes"])
     detector = load_detector(profile.models.detector, str(state_dir()))
     domains = {d.name: d for d in profile.domains}
     table = measure_table(images, detector, domains, profile.models.detector.batch_size, profile.ingest.max_pixels)
-    return {"shards": sharded.write_shards(outs, stage_key, index, {"measurements": table}), "resumed": False}
+    stats = {"input_rows": images.num_rows, "accepted": table.num_rows, "rejected": {}}  # one row per image read
+    sharded.check_balance("measure", stats, f" shard {index}")
+    return {"shards": sharded.write_shards(outs, stage_key, index, {"measurements": table}, stats), "resumed": False,
+            "stats": stats}
 
 
 def run_measure(ctx: RunContext, images_url: str) -> sharded.StageResult:
@@ -55,15 +60,16 @@ def run_measure(ctx: RunContext, images_url: str) -> sharded.StageResult:
         with Progress(f"{ctx.flow_name}-measure-progress", f"measure: shards done of {len(futures)}", stage="measure",
                       total=len(futures), unit="shards") as progress:
             results = sharded.gather(futures, progress)
-        stats = {"input_rows": manifest.total_rows, "accepted": manifest.total_rows, "rejected": {}}
+        stats = sharded.sum_stats([r["stats"] for r in results])
+        stats["balanced"] = sharded.check_balance("measure", stats)
         sharded.finalize(outs, key, [r["shards"] for r in results], ctx, upstream=[images],
                          config={"detector": spec.model_dump()}, models={"detector": spec.weights or spec.backend},
                          stats=stats)
     resumed = sum(r["resumed"] for r in results)
-    log(f"measure: {manifest.total_rows} images measured with {spec.backend}, "
+    log(f"measure: {stats['accepted']} images measured with {spec.backend}, "
         f"{resumed}/{len(results)} shards reused, {timer.seconds:.1f}s")
-    return sharded.StageResult("measure", False, {"measurements": outs[0].url}, manifest.total_rows,
-                               manifest.total_rows, {}, len(results), resumed, timer.seconds)
+    return sharded.StageResult("measure", False, {"measurements": outs[0].url}, stats["input_rows"],
+                               stats["accepted"], {}, len(results), resumed, timer.seconds, balanced=True)
 
 
 @task(name="denoise-decide", cache_policy=NO_CACHE)
@@ -86,11 +92,12 @@ def decide_task(ctx: RunContext, images_url: str, measurements_url: str) -> shar
         shards = [sharded.write_shards(outs, key, i, {"accepted": acc, "rejects": rej})
                   for i, (acc, rej) in enumerate(decide_shards(pairs, profile.denoise, counts))]
         stats = {"input_rows": counts.input, "accepted": counts.accepted, "rejected": counts.rejected}
+        stats["balanced"] = sharded.check_balance("denoise", stats)
         sharded.finalize(outs, key, shards, ctx, upstream=[images, measurements],
                          config={"denoise": profile.denoise.model_dump()}, stats=stats)
     log(f"denoise: accepted {counts.accepted}/{counts.input}, rejected {counts.rejected}, {timer.seconds:.1f}s")
     return sharded.StageResult("denoise", False, {o.name: o.url for o in outs}, counts.input, counts.accepted,
-                               counts.rejected, len(shards), 0, timer.seconds)
+                               counts.rejected, len(shards), 0, timer.seconds, balanced=True)
 
 
 def publish(result: sharded.StageResult, flow_name: str) -> None:

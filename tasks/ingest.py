@@ -77,6 +77,7 @@ def run_ingest(ctx: RunContext) -> sharded.StageResult:
         rejected = sharded.merge_counts([r["rejected"] for r in results])
         accepted = sum(r["shards"]["images"].rows for r in results)
         stats = {"input_rows": len(refs), "accepted": accepted, "rejected": rejected}
+        stats["balanced"] = sharded.check_balance(STAGE, stats)  # every listed file: one image or one reject
         upstream = []
         if pool_url:
             from storage import Artifact
@@ -87,7 +88,7 @@ def run_ingest(ctx: RunContext) -> sharded.StageResult:
                          stats=stats)
     result = sharded.StageResult(STAGE, False, {o.name: o.url for o in outs}, len(refs), accepted, rejected,
                                  shards=len(chunks), shards_resumed=sum(r["resumed"] for r in results),
-                                 seconds=timer.seconds)
+                                 seconds=timer.seconds, balanced=True)
     log(f"ingest: {accepted}/{len(refs)} images readable, rejected {rejected}, "
         f"{result.shards_resumed}/{result.shards} shards reused, {timer.seconds:.1f}s")
     return result

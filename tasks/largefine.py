@@ -98,12 +98,13 @@ def neighbours_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
         stats = {"input_rows": len(rows), "accepted": len(chosen),
                  "rejected": dict(Counter(r["reason"] for r in rejects)), "embedded": cache.embedded,
                  "without_hard_negative": sum(nb.hard_negative_id is None for nb in found)}
+        stats["balanced"] = sharded.check_balance("hard-negatives", stats)
         sharded.finalize(outs, key, shards, ctx, upstream=[accepted], config={"largefine": lf.model_dump()},
                          models={"image_embedder": cache.identity}, stats=stats)
     log(f"hard-negatives: {len(chosen)}/{len(rows)} images chosen, top-{lf.neighbours_k} neighbours, "
         f"{cache.embedded} embedded (rest cached), {n_shards} shards, {timer.seconds:.1f}s")
     return sharded.StageResult("hard-negatives", False, {o.name: o.url for o in outs}, len(rows), len(chosen),
-                               stats["rejected"], n_shards, 0, timer.seconds)
+                               stats["rejected"], n_shards, 0, timer.seconds, balanced=True)
 
 
 def _select(rows: list[dict[str, Any]], domains: list[str], max_images: int | None, seed: int
@@ -183,7 +184,7 @@ def run_qa_tiers(ctx: RunContext, accepted_url: str, neighbours_url: str) -> sha
         return _tables(out, len(items))
 
     return sharded.run_sharded(ctx, "qa-tiers", outs, key, _shard_count(neighbours_url), compute,
-                               sharded.count_accepted_rejected("captions", "rejects"),
+                               sharded.count_accepted_rejected("captions", "rejects"), balance=True,
                                tags=[p.prefect.gpu_concurrency_limit],
                                concurrency_limit=p.prefect.gpu_concurrency_limit,
                                upstream=[Artifact(neighbours_url)],
@@ -225,13 +226,14 @@ def gallery_task(ctx: RunContext, tier12_url: str) -> sharded.StageResult:
                  "round": t.round} for t in gallery.templates]
         rejects = [{"source_id": f"round-{r.round}", "domain": "template", "stage": f"template-{r.origin}",
                     "reason": r.reason, "text": r.text, "detail": r.detail} for r in gallery.rejected]
-        stats = {"input_rows": len(rows) + len(rejects), "accepted": len(rows),
+        stats = {"input_rows": gallery.candidates, "accepted": len(rows),
                  "rejected": dict(Counter(r["reason"] for r in rejects)), "gallery_version": gallery.version,
                  "sampled_captions": len(sample), "by_origin": dict(Counter(t.origin for t in gallery.templates))}
         return {"templates": pa.Table.from_pylist(rows, schema=TEMPLATES),
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
 
-    result = sharded.run_single(ctx, "template-gallery", outs, key, compute, upstream=[Artifact(tier12_url)],
+    result = sharded.run_single(ctx, "template-gallery", outs, key, compute, balance=True,
+                                upstream=[Artifact(tier12_url)],
                                 models={"template_generator": spec_lineage(gen_spec)},
                                 prompt_versions={GALLERY_PROMPT: prompt.identity})
     gallery = load_gallery(outs[0].url)
@@ -273,7 +275,7 @@ def run_advanced_tier(ctx: RunContext, accepted_url: str, neighbours_url: str, t
         return {"captions": tables["captions"], "rejects": tables["rejects"]}, stats
 
     return sharded.run_sharded(ctx, "adv-tier", outs, key, _shard_count(neighbours_url), compute,
-                               sharded.count_accepted_rejected("captions", "rejects"),
+                               sharded.count_accepted_rejected("captions", "rejects"), balance=True,
                                tags=[p.prefect.gpu_concurrency_limit],
                                concurrency_limit=p.prefect.gpu_concurrency_limit,
                                upstream=[Artifact(neighbours_url), Artifact(tier12_url), Artifact(gallery_url)],
@@ -283,10 +285,11 @@ def run_advanced_tier(ctx: RunContext, accepted_url: str, neighbours_url: str, t
 # -- export + card ----------------------------------------------------------------------------------
 
 @task(name="export-largefine", cache_policy=NO_CACHE)
-def export_task(ctx: RunContext, tier12_url: str, tier12_rejects_url: str, adv_url: str,
+def export_task(ctx: RunContext, neighbours_url: str, tier12_url: str, tier12_rejects_url: str, adv_url: str,
                 adv_rejects_url: str) -> sharded.StageResult:
     """The LargeFine-style shards (one row per image and tier, aligned with the captioning
-    shards) and all caption rejects in one artifact; then the dataset card."""
+    shards) and all caption rejects in one artifact; then the dataset card. Its input is counted
+    from the chosen images (``neighbours``): each ends as one caption or one reject per tier."""
     key = content_key(stage="export-largefine", version=VERSION,
                       parts=[_fingerprint(u) for u in (tier12_url, tier12_rejects_url, adv_url, adv_rejects_url)])
     outs = [sharded.Output("captions", ctx.artifact_url("largefine"), "tier_captions", TIER_CAPTIONS),
@@ -299,12 +302,14 @@ def export_task(ctx: RunContext, tier12_url: str, tier12_rejects_url: str, adv_u
         rejects = pa.concat_tables([Artifact(tier12_rejects_url).read_shard(index),
                                     Artifact(adv_rejects_url).read_shard(index)])
         tables = {"captions": pa.Table.from_pylist(rows, schema=TIER_CAPTIONS), "rejects": rejects}
-        return tables, sharded.count_accepted_rejected("captions", "rejects")(tables)
+        images = Artifact(neighbours_url).read_shard(index, ["image_id"]).num_rows
+        return tables, {**sharded.count_accepted_rejected("captions", "rejects")(tables),
+                        "input_rows": images * len(TIERS), "images": images}
 
     result = sharded.run_sharded(ctx, "export-largefine", outs, key, _shard_count(tier12_url), compute,
-                                 sharded.count_accepted_rejected("captions", "rejects"),
-                                 upstream=[Artifact(u) for u in (tier12_url, tier12_rejects_url, adv_url,
-                                                                 adv_rejects_url)])
+                                 sharded.count_accepted_rejected("captions", "rejects"), balance=True,
+                                 upstream=[Artifact(u) for u in (neighbours_url, tier12_url, tier12_rejects_url,
+                                                                 adv_url, adv_rejects_url)])
     card, stats = dataset_card(ctx)
     if "://" not in ctx.root:
         write_card(Path(ctx.root), card, stats)

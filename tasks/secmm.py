@@ -43,6 +43,7 @@ from tasks.context import RunContext
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 
 VERSION = "3"  # bump when a stage here changes what it writes
+DAP_VERSION = "4"  # the DAP stage alone (4: grammar complements must co-occur in one pool caption)
 
 
 def _query_generator_spec(ctx: RunContext) -> ModelSpec:
@@ -124,7 +125,8 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
         return {"captions": pa.Table.from_pylist(captions, schema=CAPTIONS),
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
 
-    result = sharded.run_single(ctx, "caption-pool", outs, key, compute, upstream=[Artifact(accepted_url)],
+    result = sharded.run_single(ctx, "caption-pool", outs, key, compute, balance=True,
+                                upstream=[Artifact(accepted_url)],
                                 models={"generator": spec_lineage(gen_spec)},
                                 prompt_versions={"caption_pool": prompt.identity})
     log(f"caption-pool: {'skipped, ' if result.skipped else ''}{result.accepted}/{result.input_rows} captions kept")
@@ -174,7 +176,7 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
     gen_spec = _query_generator_spec(ctx)
     prompts = {d.name: load_prompt(f"dap_{d.name}") for d in p.domains}
     safety = load_prompt("query_safety")
-    key = content_key(stage="dap", version=VERSION, stats=Artifact(stats_out[0].url).manifest().fingerprint,
+    key = content_key(stage="dap", version=DAP_VERSION, stats=Artifact(stats_out[0].url).manifest().fingerprint,
                       captions=captions.manifest().fingerprint, queries=p.queries.model_dump(),
                       generator=spec_lineage(gen_spec),
                       encoder=spec_lineage(p.models.text_encoder), prompts={k: v.identity for k, v in prompts.items()},
@@ -187,6 +189,7 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
         encoder = registry.text_encoder()
         caption_rows = Artifact(captions_url).rows(["domain", "text"])
         queries, rejects, requests_seen = [], [], []
+        lines_in = 0  # the stage's input, counted as read: each line returned, each failed request
         for domain, prompt in prompts.items():
             mine = stats_rows[stats_rows.domain == domain]
             stats = {pos: Counter(dict(zip(g.word, g["count"], strict=True))) for pos, g in mine.groupby("pos")}
@@ -212,10 +215,13 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
                 [res] = generator.generate([dap.dap_request(prompt, keywords, p.queries, rid,
                                                             seed=p.queries.seed * 1000 + round_, grammar=grammar)])
                 if not res.ok:
+                    lines_in += 1
                     rejects.append({"source_id": rid, "domain": domain, "stage": "dap", "reason": "generation_failed",
                                     "text": None, "detail": res.error})
                     continue
-                verdicts = dap.postprocess_queries([(t, rid) for t in dap.split_queries(res.text)], domain_words,
+                lines = dap.split_queries(res.text)
+                lines_in += len(lines)
+                verdicts = dap.postprocess_queries([(t, rid) for t in lines], domain_words,
                                                    p.queries, safety.extras["blocked"], encoder, accepted, line_ctx)
                 for v in verdicts:
                     if v.reason is None and len(accepted) < p.queries.per_domain:
@@ -227,13 +233,14 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
                         rejects.append({"source_id": v.source, "domain": domain, "stage": "dap",
                                         "reason": v.reason or "over_target", "text": v.text, "detail": v.detail})
         mean_keywords = sum(len(q["keywords"]) for q in queries) / len(queries) if queries else 0.0
-        stats_out_ = {"input_rows": len(queries) + len(rejects), "accepted": len(queries),
+        stats_out_ = {"input_rows": lines_in, "accepted": len(queries),
                       "rejected": dict(Counter(r["reason"] for r in rejects)),
                       "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen}
         return {"queries": pa.Table.from_pylist(queries, schema=QUERIES),
                 "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats_out_
 
-    result = sharded.run_single(ctx, "dap", outs, key, compute, upstream=[Artifact(stats_out[0].url), captions],
+    result = sharded.run_single(ctx, "dap", outs, key, compute, balance=True,
+                                upstream=[Artifact(stats_out[0].url), captions],
                                 models={"generator": spec_lineage(gen_spec)},
                                 prompt_versions={**{f"dap_{k}": v.identity for k, v in prompts.items()},
                                                  "query_safety": safety.identity})

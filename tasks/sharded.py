@@ -3,6 +3,12 @@
 A stage writes one or more artifacts with aligned shard indices under one stage key. If all of
 them are complete for the key, the stage is skipped. Otherwise shards already written for the
 key are kept and only missing ones are computed; manifests are written last.
+
+Accounting: a stage counts its input itself (images read, lines the generator returned, tiers
+asked for), never as accepted + rejected. A stage that declares ``balance=True`` must then end
+every input as one accepted or one rejected row: the runner checks it per shard and in total and
+raises ``AccountingError`` before anything is written as complete. Each shard's stats travel in
+its Parquet footer, so a shard reused after a crash brings its own counts back.
 """
 
 from __future__ import annotations
@@ -55,6 +61,29 @@ class StageResult:
     seconds: float = 0.0
     splits: dict[str, int] = field(default_factory=dict)  # accepted rows by split (train, held_out...)
     rejects_from_upstream: bool = False  # its rejected rows were gathered from earlier stages (counted there)
+    balanced: bool | None = None  # input == accepted + rejected, checked by the runner; None: not a 1:1 stage
+
+    def summary_row(self) -> dict[str, Any]:
+        """This stage's line in a run summary."""
+        return {"stage": self.stage, "skipped": self.skipped, "input": self.input_rows, "accepted": self.accepted,
+                "rejected": sum(self.rejected.values()), "shards": self.shards, "shards_reused": self.shards_resumed,
+                "seconds": round(self.seconds, 2), "balanced": self.balanced}
+
+
+class AccountingError(RuntimeError):
+    """A stage lost (or invented) rows: its own input count differs from accepted + rejected."""
+
+
+def check_balance(stage: str, stats: dict[str, Any], where: str = "") -> bool:
+    """Raise ``AccountingError`` unless ``input_rows == accepted + sum(rejected)``; True otherwise."""
+    counted = int(stats.get("input_rows", 0))
+    accepted, rejected = int(stats.get("accepted", 0)), sum(int(v) for v in stats.get("rejected", {}).values())
+    if counted != accepted + rejected:
+        gap = counted - accepted - rejected
+        what = f"{gap} rows lost" if gap > 0 else f"{-gap} rows more than its input"
+        raise AccountingError(f"{stage}{where}: {counted} inputs counted, but {accepted} accepted + {rejected} "
+                              f"rejected = {accepted + rejected} ({what}); nothing was marked complete")
+    return True
 
 
 def all_complete(outputs: Sequence[Output], stage_key: str) -> bool:
@@ -75,8 +104,9 @@ def existing_shards(outputs: Sequence[Output], stage_key: str, index: int) -> di
 
 
 def write_shards(outputs: Sequence[Output], stage_key: str, index: int,
-                 tables: dict[str, pa.Table]) -> dict[str, ShardInfo]:
-    return {o.name: o.writer(stage_key).write_shard(index, tables[o.name]) for o in outputs}
+                 tables: dict[str, pa.Table], stats: dict[str, Any] | None = None) -> dict[str, ShardInfo]:
+    """Write shard ``index`` of every output; ``stats`` (the shard's own counts) go in each footer."""
+    return {o.name: o.writer(stage_key).write_shard(index, tables[o.name], stats) for o in outputs}
 
 
 def finalize(outputs: Sequence[Output], stage_key: str, shards: Sequence[dict[str, ShardInfo]], ctx: RunContext,
@@ -94,13 +124,14 @@ def run_single(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key
                compute: Callable[[], tuple[dict[str, pa.Table], dict[str, Any]]], *,
                upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
                models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None,
-               main_output: str | None = None) -> StageResult:
+               main_output: str | None = None, balance: bool = False) -> StageResult:
     """A stage that writes its outputs as one shard each (small results: queries, candidates...).
 
-    ``compute`` returns the tables by output name and stats with ``input_rows``, ``accepted``,
-    ``rejected`` (reason → count) and optionally ``splits`` (split → accepted rows); skipped when
-    every output is complete for ``stage_key``. While it runs the stage shows as running (a progress
-    that ``compute`` opens takes that display over).
+    ``compute`` returns the tables by output name and stats with ``input_rows`` (counted by the
+    stage from what it read), ``accepted``, ``rejected`` (reason → count) and optionally ``splits``
+    (split → accepted rows); skipped when every output is complete for ``stage_key``. With
+    ``balance`` every input must end as one accepted or rejected row (``check_balance``). While it
+    runs the stage shows as running (a progress that ``compute`` opens takes that display over).
     """
     main = main_output or outputs[0].name
     if all_complete(outputs, stage_key):
@@ -108,12 +139,13 @@ def run_single(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key
     with Timer() as timer, StageProgress(stage):
         begin(outputs, stage_key)
         tables, stats = compute()
+        balanced = check_balance(stage, stats) if balance else None
         shards = write_shards(outputs, stage_key, 0, tables)
-        finalize(outputs, stage_key, [shards], ctx, upstream=upstream, config=config, models=models, stats=stats,
-                 prompt_versions=prompt_versions)
+        finalize(outputs, stage_key, [shards], ctx, upstream=upstream, config=config, models=models,
+                 stats={**stats, "balanced": balanced}, prompt_versions=prompt_versions)
     return StageResult(stage, False, {o.name: o.url for o in outputs}, int(stats.get("input_rows", 0)),
                        int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), 1, 0, timer.seconds,
-                       splits=dict(stats.get("splits", {})))
+                       splits=dict(stats.get("splits", {})), balanced=balanced)
 
 
 def reason_counts(rejects: pa.Table) -> dict[str, int]:
@@ -138,7 +170,7 @@ def skipped_result(stage: str, outputs: Sequence[Output], accepted_output: str) 
     return StageResult(stage=stage, skipped=True, artifacts={o.name: o.url for o in outputs},
                        input_rows=stats.get("input_rows", 0), accepted=stats.get("accepted", 0),
                        rejected=stats.get("rejected", {}), shards=len(manifests[accepted_output].shards),
-                       splits=stats.get("splits", {}))
+                       splits=stats.get("splits", {}), balanced=stats.get("balanced"))
 
 
 def gather(futures: Sequence[Any], progress: Progress) -> list[Any]:
@@ -164,7 +196,8 @@ ShardRecount = Callable[[dict[str, pa.Table]], dict[str, Any]]
 
 
 def count_accepted_rejected(accepted: str, rejects: str | None = None) -> ShardRecount:
-    """Stats of a written shard from its rows: ``accepted`` rows, ``rejects`` rows by reason."""
+    """Stats of a written shard from its rows: ``accepted`` rows, ``rejects`` rows by reason. Only
+    for shards written before stats were kept in the footer: input is then accepted + rejected."""
 
     def recount(tables: dict[str, pa.Table]) -> dict[str, Any]:
         rejected = reason_counts(tables[rejects]) if rejects else {}
@@ -204,23 +237,36 @@ def resolve_concurrency_limit(name: str | None) -> str | None:
     return name if _LIMITS_SEEN[key] else None
 
 
-@task(name="shard", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def _retry_unless_accounting(task: Any, task_run: Any, state: Any) -> bool:
+    """A lost row is a bug, not a flaky device: retrying the shard would only lose it again."""
+    return not isinstance(getattr(state, "data", None), AccountingError)
+
+
+@task(name="shard", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2,
+      retry_condition_fn=_retry_unless_accounting)
 def shard_task(outputs: list[Output], stage_key: str, index: int, compute: ShardCompute,
-               recount: ShardRecount, concurrency_limit: str | None = None) -> dict[str, Any]:
-    """One shard of a sharded stage: reuse what a previous run of the same key wrote, else compute
-    and write it atomically. A retry (or a rerun after a crash) redoes only this shard. With
-    ``concurrency_limit`` the computation holds one slot of that Prefect global concurrency limit
-    (e.g. ``gpu``; created by ``rde stack up``; ``run_sharded`` passes None where it does not exist)."""
+               recount: ShardRecount, concurrency_limit: str | None = None, stage: str = "",
+               balance: bool = False) -> dict[str, Any]:
+    """One shard of a sharded stage: reuse what a previous run of the same key wrote (with the
+    stats in its footer), else compute and write it atomically, its stats in the footer. A retry
+    (or a rerun after a crash) redoes only this shard. With ``balance`` a shard whose rows do not
+    account for its input is not written. With ``concurrency_limit`` the computation holds one slot
+    of that Prefect global concurrency limit (e.g. ``gpu``; created by ``rde stack up``;
+    ``run_sharded`` passes None where it does not exist)."""
     done = existing_shards(outputs, stage_key, index)
     if done is not None:
-        tables = {o.name: Artifact(o.url).read_shard(index) for o in outputs}
-        return {"index": index, "shards": done, "resumed": True, "stats": recount(tables)}
+        stats = Artifact(outputs[0].url).shard_stats(index)
+        if stats is None:  # written before footers held stats
+            stats = recount({o.name: Artifact(o.url).read_shard(index) for o in outputs})
+        return {"index": index, "shards": done, "resumed": True, "stats": stats}
     if concurrency_limit:
         with concurrency(concurrency_limit, occupy=1, strict=False):
             tables, stats = compute(index)
     else:
         tables, stats = compute(index)
-    return {"index": index, "shards": write_shards(outputs, stage_key, index, tables), "resumed": False,
+    if balance:
+        check_balance(stage, stats, f" shard {index}")
+    return {"index": index, "shards": write_shards(outputs, stage_key, index, tables, stats), "resumed": False,
             "stats": stats}
 
 
@@ -228,14 +274,16 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
                 compute: ShardCompute, recount: ShardRecount, *, tags: Sequence[str] = (),
                 concurrency_limit: str | None = None,
                 upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
-                models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None) -> StageResult:
+                models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None,
+                balance: bool = False) -> StageResult:
     """Map ``compute`` over shard indices as Prefect tasks (tagged, and holding a slot of
     ``concurrency_limit`` while computing), with a progress artifact updated per finished shard;
     skipped when complete for ``stage_key``.
 
     Per-shard stats (``input_rows``, ``accepted``, ``rejected`` and numeric extras such as tokens)
-    are summed into the manifest. A shard reused from an interrupted run is recounted from its rows
-    by ``recount``; its numeric extras (time, tokens) are not known and count as 0.
+    are summed into the manifest; with ``balance`` they are checked per shard and in total. A shard
+    reused from an interrupted run brings its stats back from its footer (``recount`` from its rows
+    only for shards written before footers held stats).
     """
     if all_complete(outputs, stage_key):
         result = skipped_result(stage, outputs, outputs[0].name)
@@ -247,21 +295,23 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
         concurrency_limit = resolve_concurrency_limit(concurrency_limit)
         with Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}", stage=stage,
                       total=n_shards, unit="shards") as progress:
-            futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit)
-                       for index in range(n_shards)]
+            futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit,
+                                      stage, balance) for index in range(n_shards)]
             done: list[dict[str, Any]] = gather(futures, progress)
-        stats = _sum_stats([r["stats"] for r in done])
+        stats = sum_stats([r["stats"] for r in done])
+        balanced = check_balance(stage, stats) if balance else None
         finalize(outputs, stage_key, [r["shards"] for r in done], ctx, upstream=upstream, config=config,
-                 models=models, stats=stats, prompt_versions=prompt_versions)
+                 models=models, stats={**stats, "balanced": balanced}, prompt_versions=prompt_versions)
     resumed = sum(r["resumed"] for r in done)
     log(f"{stage}: {stats.get('accepted', 0)}/{stats.get('input_rows', 0)} accepted over {n_shards} shards "
         f"({resumed} reused), {timer.seconds:.1f}s")
     return StageResult(stage, False, {o.name: o.url for o in outputs}, int(stats.get("input_rows", 0)),
                        int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), n_shards, resumed,
-                       timer.seconds)
+                       timer.seconds, balanced=balanced)
 
 
-def _sum_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def sum_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per-shard stats summed: counts and numeric extras added, rejected reasons merged."""
     total: dict[str, Any] = {"input_rows": 0, "accepted": 0, "rejected": {}}
     for part in parts:
         for key, value in part.items():

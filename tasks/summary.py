@@ -35,23 +35,26 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
         "gallery": gallery.accepted if gallery else None,
         "queries": by_name["dap"].accepted if "dap" in by_name else None,
         "flow": ctx.flow_name, "profile": ctx.profile.name, "output_root": ctx.root,
-        "stages": [{"stage": s.stage, "skipped": s.skipped, "input": s.input_rows, "accepted": s.accepted,
-                    "rejected": sum(s.rejected.values()), "shards": s.shards, "shards_reused": s.shards_resumed,
-                    "seconds": round(s.seconds, 2)} for s in stages],
+        "stages": [s.summary_row() for s in stages],
         "inputs": inputs, "accepted": accepted, "rejected": rejected, "total_rejected": total_rejected,
         "balanced": accepted + total_rejected == inputs, "artifacts": artifacts,
     }
+
+
+def balance_mark(balanced: bool | None) -> str:
+    """A stage's balance check as shown: checked and true, or not a one-row-per-input stage."""
+    return "checked" if balanced else ("FAILED" if balanced is False else "–")
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
     lines = [f"# {summary['flow']} ({summary['profile']})", "",
              f"Inputs **{summary['inputs']}**, accepted **{summary['accepted']}**, "
              f"rejected **{summary['total_rejected']}**, balanced: **{summary['balanced']}**", "",
-             "| stage | skipped | input | accepted | rejected | shards | reused | seconds |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| stage | skipped | input | accepted | rejected | shards | reused | seconds | balance |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in summary["stages"]:
         lines.append(f"| {s['stage']} | {s['skipped']} | {s['input']} | {s['accepted']} | {s['rejected']} | "
-                     f"{s['shards']} | {s['shards_reused']} | {s['seconds']} |")
+                     f"{s['shards']} | {s['shards_reused']} | {s['seconds']} | {balance_mark(s.get('balanced'))} |")
     lines += ["", "| rejected rows by stage:reason | count |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(summary["rejected"].items(), key=lambda kv: -kv[1])]
     lines += ["", "| artifact | rows | location |", "|---|---|---|"]

@@ -79,7 +79,7 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
                      for i in q["relevant_identities"]}
         every = captions.rows(["image_id", "text", "q_txt"])
         caps = [r for r in every if identity.get(r["image_id"]) not in check_ids]
-        rejected = {CHECK_SET_IDENTITY: len(every) - len(caps)}
+        rejected = {CHECK_SET_IDENTITY: sum(identity.get(r["image_id"]) in check_ids for r in every)}
         if t.max_pairs is not None and len(caps) > t.max_pairs:
             rejected[OVER_MAX_PAIRS] = len(caps) - t.max_pairs
             caps = sorted(caps, key=lambda r: draw_seed(t.seed, r["image_id"] + r["text"]))[:t.max_pairs]
@@ -117,12 +117,12 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
                       "vector": v.tolist(), "teacher": None} for k, v in enumerate(bridge.encode_text(check.queries))]
         splits = {"train": sum(r["kind"] == "pair" for r in rows),
                   "held_out": sum(r["kind"] == "heldout" for r in rows)}
-        stats = {"input_rows": len(every), "accepted": len(caps), "splits": splits,
+        stats = {"input_rows": len(every), "accepted": splits["train"] + splits["held_out"], "splits": splits,
                  "rejected": {k: v for k, v in rejected.items() if v}, "images": len(image_ids), "views": t.views,
                  "held_out_identities": len(held)}
         return {"features": pa.Table.from_pylist(rows, schema=FEATURES)}, stats
 
-    result = sharded.run_single(ctx, "training-features", outs, key, compute, upstream=[captions],
+    result = sharded.run_single(ctx, "training-features", outs, key, compute, upstream=[captions], balance=True,
                                 models={"bridge": p.models.experts[0].model_dump(mode="json"),
                                         "teacher": (p.models.teacher or p.models.experts[-1]).model_dump(mode="json")})
     log(f"training-features: {'skipped, ' if result.skipped else ''}{result.splits.get('train', 0)} training pairs, "
@@ -390,9 +390,7 @@ def training_summary(ctx: RunContext, results: list[sharded.StageResult],
     balanced = (inputs == kept + total_rejected and kept == first.accepted
                 and all(r.input_rows == r.accepted + sum(r.rejected.values()) for r in results))
     summary = {"flow": ctx.flow_name, "profile": ctx.profile.name, "output_root": ctx.root,
-               "stages": [{"stage": r.stage, "skipped": r.skipped, "input": r.input_rows, "accepted": r.accepted,
-                           "rejected": sum(r.rejected.values()), "shards": r.shards, "shards_reused": r.shards_resumed,
-                           "seconds": round(r.seconds, 2)} for r in results],
+               "stages": [r.summary_row() for r in results],
                "artifacts": {f"{r.stage}.{n}": {"url": u} for r in results for n, u in r.artifacts.items()},
                "balanced": balanced, "inputs": inputs, "accepted": first.accepted, "splits": splits,
                "rejected": {f"{r.stage}:{k}": v for r in results for k, v in r.rejected.items()},

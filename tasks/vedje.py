@@ -109,7 +109,7 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
                  "frames": frames.num_rows, "queries": query_tb.num_rows}
         return {"frames": frames, "items": item_tb, "queries": query_tb, "rejects": _rejects(items)}, stats
 
-    result = sharded.run_single(ctx, "vedje-features", outs, key, compute, upstream=upstream,
+    result = sharded.run_single(ctx, "vedje-features", outs, key, compute, upstream=upstream, balance=True,
                                 models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)},
                                 main_output="items")
     publish_table(f"{ctx.flow_name}-features", stage_table("vedje-features", result.input_rows, result.accepted,

@@ -10,6 +10,7 @@ import pytest
 from rde import caption_stats
 from rde.dap import (
     LineContext,
+    attested_uses,
     build_grammar,
     dap_request,
     output_examples,
@@ -21,7 +22,8 @@ from rde.profiles import QueriesSpec
 from rde.prompt_files import load_prompt
 from rde.sentence_checks import clean_caption
 
-SPEC = QueriesSpec(min_words=5, max_words=15, per_request=7, keywords_per_pos=3, near_duplicate_cosine=0.9)
+SPEC = QueriesSpec(min_words=5, max_words=15, per_request=7, keywords_per_pos=3, near_duplicate_cosine=0.9,
+                   grammar_min_pair_count=1)  # the toy pools below say each pair once
 DOMAIN = {"man", "woman", "person"}
 BLOCKED = load_prompt("query_safety").extras["blocked"]
 
@@ -206,6 +208,43 @@ def test_grammar_offers_only_pool_phrases_for_the_sampled_keywords() -> None:
     assert "handbag" not in grammar  # not sampled
     assert build_grammar(PED, {"noun": ["handbag"], "verb": [], "adj": []}, uses, PED_WORDS, SPEC) is None  # used once
     assert '"person"' in grammar and '"man"' not in grammar  # the pool's subject, not an unmeasured gender
+
+
+def test_grammar_complements_are_only_combinations_one_pool_caption_states() -> None:
+    """"white bottoms and a red top": each pair occurs in the pool, but on no single person. A line
+    about a black top may add only what a caption with a black top also says (blue bottoms)."""
+    pool = ["The person is wearing a black top and blue bottoms.", "The person is wearing a red top and gray bottoms.",
+            "The person is wearing a white top and white bottoms.", "The person is wearing a red top.",
+            "The person is wearing a black top.", "The person is wearing white bottoms."]
+    uses = caption_stats.noun_uses(pool)
+    together = uses["top"].together
+    assert together[("black", "bottom", "blue")] == 1 and ("black", "bottom", "white") not in together
+    assert uses["bottom"].adjectives == {"gray": 1, "blue": 1, "white": 2}  # not "top" (a mis-parse)
+    sampled = {"noun": ["top", "bottom"], "verb": [], "adj": ["black", "red", "white"]}
+    grammar = build_grammar(PED, sampled, uses, PED_WORDS, SPEC)
+    assert grammar is not None
+    rules = {r.split(" ::= ")[0]: r for r in grammar.splitlines()}
+    black_line = next(r for r in rules.values() if '"wearing a black top"' in r)
+    assert '"blue bottoms"' in black_line
+    assert '"white bottoms"' not in black_line and '"gray bottoms"' not in black_line
+    red_line = next(r for r in rules.values() if '"wearing a red top"' in r)
+    assert '"gray bottoms"' in red_line and '"blue bottoms"' not in red_line and '"white bottoms"' not in red_line
+
+
+def test_grammar_leaves_out_pairs_too_few_pool_captions_state() -> None:
+    """A colour said of a garment by fewer than ``grammar_min_pair_count`` captions (a measurement
+    slip on the demo: "red bottoms" from a red jacket's hem) offers no phrase, alone or as complement."""
+    pool = ["The person is wearing a black top and blue bottoms."] * 3 + ["The person is wearing a black top and "
+                                                                         "red bottoms."]
+    uses = caption_stats.noun_uses(pool)
+    spec = SPEC.model_copy(update={"grammar_min_pair_count": 2})
+    kept = attested_uses(uses, 2)
+    assert kept["bottom"].adjectives == {"blue": 3} and kept["top"].together == {("black", "bottom", "blue"): 3}
+    grammar = build_grammar(PED, {"noun": ["top", "bottom"], "verb": [], "adj": ["red", "blue", "black"]}, uses,
+                            PED_WORDS, spec)
+    assert grammar is not None and '"blue bottoms"' in grammar and "red" not in grammar
+    assert "red" in build_grammar(PED, {"noun": ["top", "bottom"], "verb": [], "adj": ["red", "blue", "black"]},
+                                  uses, PED_WORDS, SPEC)  # with a threshold of 1 the slip is offered
 
 
 @pytest.mark.slow
