@@ -263,12 +263,13 @@ def index_task(ctx: RunContext) -> sharded.StageResult:
         item_emb = item_embeddings([items.frames[r] for r in rows], emb)
         index_rows = [{"item_id": items.item_ids[r], "group": items.groups[r], "split": items.splits[r],
                        "embedding": e.tolist()} for r, e in zip(rows, item_emb, strict=True)]
-        return {"cache": cache_rows(ids, caches, model.shape.frames, model.shape.tokens_per_frame, spec.precision),
-                "index": pa.Table.from_pylist(index_rows, schema=STAGE1_INDEX)}, \
-            {"input_rows": len(ids), "accepted": len(ids), "rejected": {}, "index_seconds": seconds}
+        cache_tb = cache_rows(ids, caches, model.shape.frames, model.shape.tokens_per_frame, spec.precision)
+        # input: the items of this shard; accepted: the cache rows written for them
+        return {"cache": cache_tb, "index": pa.Table.from_pylist(index_rows, schema=STAGE1_INDEX)}, \
+            {"input_rows": len(rows), "accepted": cache_tb.num_rows, "rejected": {}, "index_seconds": seconds}
 
     result = sharded.run_sharded(ctx, "index-cache", outs, key, n_shards, compute,
-                                 sharded.count_accepted_rejected("cache"), tags=["gpu"],
+                                 sharded.count_accepted_rejected("cache"), balance=True, tags=["gpu"],
                                  concurrency_limit=ctx.profile.prefect.gpu_concurrency_limit, upstream=upstream,
                                  config={"cache_lineage": lineage, "precision": spec.precision},
                                  models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)})
@@ -340,13 +341,15 @@ def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.St
         evaluation = []
         if labelled and texts:
             evaluation = _recall_rows(out, len(texts), len(ids), spec.candidates)
-        stats = {"input_rows": len(texts), "accepted": len(texts), "rejected": {},
+        # input: the queries asked; accepted: the queries that got a ranked list
+        stats = {"input_rows": len(texts), "accepted": len({r["query_id"] for r in out}), "rejected": {},
                  "median_query_ms": round(1000 * float(np.median(latencies)), 2) if latencies else None,
                  "cache_bytes_per_query": cache.stats.bytes // max(len(texts), 1)}
         return {"reranked": pa.Table.from_pylist(out, schema=RERANKED),
                 "evaluation": pa.Table.from_pylist(evaluation, schema=RECALL)}, stats
 
     result = sharded.run_single(ctx, "rerank", outs, key, compute, upstream=[index_art], main_output="reranked",
+                                balance=True,
                                 config={"candidates": spec.candidates, "cache_lineage": meta["cache_lineage"]})
     evaluation = Artifact(outs[1].url).rows()
     if evaluation:

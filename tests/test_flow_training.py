@@ -114,3 +114,25 @@ def test_a_clip_like_student_trains_end_to_end_on_the_images(captions_root: str,
     assert {r["expert"] for r in rows} == {"zero-shot", "saft"} and {"R@1", "mAP"} <= {r["metric"] for r in rows}
     weights = __import__("torch").load(folder / "model.pt", weights_only=True)
     assert any(k.startswith("model.vision_model") for k in weights)
+
+
+@pytest.mark.parametrize("flow_fn", [train_saft, train_gtr], ids=["train-saft", "train-gtr"])
+def test_a_caption_lost_between_read_and_features_unbalances_the_summary(
+        captions_root: str, flow_fn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One caption of ``largefine`` dropped on purpose where training-features reads them: the stage
+    stays self-consistent, but the flow's summary compares the captions' manifest (counted when
+    they were written) with train + held-out + rejected, and says it is not balanced."""
+    real = Artifact.rows
+
+    def loses_one(self: Artifact, columns=None):
+        rows = real(self, columns)
+        reading_captions = self.url.rstrip("/").endswith("/largefine") and columns == ["image_id", "text", "q_txt"]
+        return rows[:-1] if reading_captions else rows
+
+    monkeypatch.setattr(Artifact, "rows", loses_one)
+    overrides = {**TRAINING, "training": {**TRAINING["training"], "seed": 7}}  # its own stage key: not reused
+    summary = flow_fn(profile="demo", output_root=captions_root, until="features", overrides=overrides)
+    captions = Artifact(str(Path(captions_root, "build-largefine", "demo", "largefine"))).count_rows()
+    assert summary["inputs"] == captions
+    assert sum(summary["splits"].values()) + summary["total_rejected"] == captions - 1
+    assert summary["balanced"] is False

@@ -183,3 +183,29 @@ def test_cli_rerank_without_a_model_exits_with_a_message(tmp_path: Path, overrid
                                       f"vedje.clips_path={overrides['vedje']['clips_path']}"])
     assert result.exit_code == 2 and "run `rde train-vedje" in result.output
     assert "Traceback" not in result.output
+
+
+def test_index_cache_and_rerank_fail_when_they_lose_a_row(tmp_path: Path, overrides: dict,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row dropped on purpose in each flow: a cache row that is never written, a query whose
+    scoring returns nothing. Each run fails naming the stage instead of finishing short."""
+    import tasks.vedje
+
+    out = str(tmp_path)
+    train_vedje(profile="demo", output_root=out, overrides=overrides)
+    real_rows, real_scores = tasks.vedje.cache_rows, tasks.vedje.joint_scores
+    monkeypatch.setattr(tasks.vedje, "cache_rows", lambda *a, **k: real_rows(*a, **k).slice(1))
+    with pytest.raises(Exception, match=r"index-cache shard 0: 12 inputs counted, but 11 accepted"):
+        index_cache(profile="demo", output_root=out, overrides=overrides)
+    monkeypatch.setattr(tasks.vedje, "cache_rows", real_rows)
+    index_cache(profile="demo", output_root=out, overrides=overrides)
+    calls: list[int] = []
+
+    def nothing_for_the_first_query(*args, **kwargs):
+        calls.append(1)
+        scores = real_scores(*args, **kwargs)
+        return scores[:0] if len(calls) == 1 else scores
+
+    monkeypatch.setattr(tasks.vedje, "joint_scores", nothing_for_the_first_query)
+    with pytest.raises(Exception, match=r"rerank: \d+ inputs counted, but \d+ accepted .*\(1 rows lost"):
+        rerank(profile="demo", output_root=out, overrides=overrides)
