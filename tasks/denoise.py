@@ -27,8 +27,7 @@ def measure_shard_task(outs: list[sharded.Output], stage_key: str, images_url: s
     """Laplacian variance and target detections for one images shard (detector loaded once per process)."""
     done = sharded.existing_shards(outs, stage_key, index)
     if done is not None:
-        stats = Artifact(outs[0].url).shard_stats(index) or {"input_rows": done["measurements"].rows,
-                                                             "accepted": done["measurements"].rows}
+        stats = sharded.reused_shard_stats(outs, index, sharded.count_accepted_rejected("measurements"))
         return {"shards": done, "resumed": True, "stats": stats}
     images = Artifact(images_url).read_shard(index, ["input_id", "image_id", "domain", "image_bytes"])
     detector = load_detector(profile.models.detector, str(state_dir()))

@@ -207,6 +207,13 @@ def count_accepted_rejected(accepted: str, rejects: str | None = None) -> ShardR
     return recount
 
 
+def reused_shard_stats(outputs: Sequence[Output], index: int, recount: ShardRecount) -> dict[str, Any]:
+    """The stats a previous run recorded in shard ``index``'s footer; ``recount`` from its rows
+    only for a shard written before footers held stats."""
+    stats = Artifact(outputs[0].url).shard_stats(index)
+    return stats if stats is not None else recount({o.name: Artifact(o.url).read_shard(index) for o in outputs})
+
+
 _LIMITS_SEEN: dict[tuple[str, str], bool] = {}  # (flow run id, limit name) → the limit exists
 
 
@@ -255,10 +262,7 @@ def shard_task(outputs: list[Output], stage_key: str, index: int, compute: Shard
     ``run_sharded`` passes None where it does not exist)."""
     done = existing_shards(outputs, stage_key, index)
     if done is not None:
-        stats = Artifact(outputs[0].url).shard_stats(index)
-        if stats is None:  # written before footers held stats
-            stats = recount({o.name: Artifact(o.url).read_shard(index) for o in outputs})
-        return {"index": index, "shards": done, "resumed": True, "stats": stats}
+        return {"index": index, "shards": done, "resumed": True, "stats": reused_shard_stats(outputs, index, recount)}
     if concurrency_limit:
         with concurrency(concurrency_limit, occupy=1, strict=False):
             tables, stats = compute(index)
