@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint ui clean-artifacts browser
+.PHONY: setup demo test test-fast lint ui clean-artifacts browser postgres
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,15 @@ browser:
 		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; \
 	else echo "note: chromium/chromedriver missing; the review-page browser test will be skipped"; fi
 
-test: lint browser
+# PostgreSQL server binaries for the stack's --postgres tests (Debian's package, as for the browser;
+# elsewhere those tests are skipped with a message).
+postgres:
+	@if command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; \
+	else echo "note: PostgreSQL server binaries missing; the stack's --postgres tests will be skipped"; fi
+
+test: lint browser postgres
 	$(BIN)/pytest
 
 test-fast: setup

@@ -32,6 +32,10 @@ from rde.image_decoding import decode_rgb
 from rde.profiles import ModelSpec, load_profile
 from storage import Artifact
 
+# the wrapper with the network as the bare call runs it and no reuse of earlier results, so both
+# sides do the same work (folding, channels-last and reuse are measured in benchmarks/batch_size.py)
+PLAIN = {"fold_batch_norm": False, "channels_last": False, "memo_items": 0}
+
 
 def interleaved(ours: Callable[[], object], bare: Callable[[], object], repeats: int) -> tuple[float, float]:
     """Median seconds of each, measured alternately after one warm-up call of each."""
@@ -76,7 +80,7 @@ def print_batch_curve(results: list[tuple[str, int, float, float]], registry: Mo
         os.environ[auto_batch.CACHE_ENV] = str(Path(tmp) / "auto_batch.json")
         auto_batch.forget()
         emb = registry.image_embedder(ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0",
-                                                batch_size="auto"))
+                                                batch_size="auto", options=PLAIN))
         emb.embed(images)
         del os.environ[auto_batch.CACHE_ENV]
     last = emb.batch.last or {}
@@ -98,7 +102,7 @@ def main() -> None:
 
     for batch in (1, 8, 32):
         emb = registry.image_embedder(ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0",
-                                                batch_size=batch))
+                                                batch_size=batch, options=PLAIN))
         ours, bare = interleaved(lambda emb=emb: emb.embed(images),
                                  lambda emb=emb, b=batch: bare_effnet(emb.model, images, b), args.repeats)
         results.append(("efficientnet-lite0 embed", batch, ours, bare))
@@ -109,7 +113,7 @@ def main() -> None:
     graph, config = bundled_ssd_files()
     raw_net = cv2.dnn.readNetFromTensorflow(str(graph), str(config))
     for batch in (1, 8, 32):
-        det = SsdMobileNetDetector(DetectorSpec(batch_size=batch))
+        det = SsdMobileNetDetector(DetectorSpec(batch_size=batch, memo_items=0))
 
         def ours_det(det=det, b=batch) -> None:
             for i in range(0, len(images), b):

@@ -1,4 +1,4 @@
-"""Batch size of the embedding stages: the old fixed batch 16 against ``batch_size: auto``, one run.
+"""Speed of the embedding stages: the old fixed batch 16 against ``batch_size: auto`` and the rest, one run.
 
 What is timed is the stages' own model work on real demo-pool crops, called directly (no flow,
 no Parquet I/O, no embedding cache):
@@ -10,12 +10,22 @@ no Parquet I/O, no embedding cache):
 * ``vedje-features``: ``rde.vedje_features.frame_feature_rows`` (backbone feature maps + stage-1
   expert embeddings).
 
-Arm ``fixed``: the demo profile as it was (embedder and experts at 16, text encoder at 64). Arm
-``auto``: the demo profile now (``auto``). The detector is at the profile's number in both. Each
-arm runs once untimed (``auto`` measures then; its cost is printed), then the arms alternate ABBA
-and the median of each is compared. With ``--formats`` it also compares EfficientNet-Lite0's
-forward at the chosen batch in contiguous vs ``channels_last`` memory format (and ``torch.compile``
-with ``--compile``), interleaved the same way.
+Three arms, each a models section of the demo profile:
+
+* ``before``: the demo as it was: embedder and experts at batch 16, text encoder at 64, batch norms
+  unfolded, no reuse (each backend runs its own forward and detector pass);
+* ``batch-only``: ``batch_size: auto``, the rest as before (the effect of the batch size alone);
+* ``now``: the demo profile now: ``auto``, batch norms folded into the convs, channels-last
+  memory, forwards and detections reused between the backends of a stage
+  (``models/backends/content_memo.py``).
+
+The detector runs at the profile's number in all arms. Each arm runs once untimed (``auto``
+measures then; its cost is printed), then the arms alternate A B C C B A and the median of each is
+compared. Memos are emptied before every timed call: what is timed is one pass of a stage over
+images it has not seen. With ``--formats`` it also compares EfficientNet-Lite0's forward at the
+chosen batch in three memory layouts: NCHW throughout, as before (the permuted, NHWC-strided input
+into NCHW weights) and ``channels_last``; with ``--compile`` also ``torch.compile`` (its first call
+is timed apart), interleaved the same way.
 
     .venv/bin/python benchmarks/batch_size.py [--images 48] [--repeats 2] [--formats] [--compile]
 """
@@ -29,30 +39,45 @@ import statistics
 import time
 from collections.abc import Callable
 
+import cv2
 import numpy as np
 import torch
 
-from models.backends import auto_batch
+from models.backends import auto_batch, content_memo
 from models.backends.registry import ModelRegistry
 from rde.image_decoding import decode_rgb
-from rde.profiles import ModelsSection, load_profile
+from rde.profiles import ModelSpec, ModelsSection, load_profile
 from rde.retrieval_features import image_features
 from rde.vedje_features import frame_feature_rows
 from storage import Artifact
 
 OLD_BATCH = {"image_embedder": 16, "experts": 16, "text_encoder": 64}  # the demo profile before auto
+# EfficientNet-Lite0 as it was: batch norms unfolded, contiguous memory, no reuse between backends
+SLOW_PATH = {"fold_batch_norm": False, "channels_last": False, "memo_items": 0}
 
 
-def fixed_models(models: ModelsSection) -> ModelsSection:
-    """The models section with the old fixed batch sizes."""
+def arm_models(models: ModelsSection, old_batch: bool, old_code: bool) -> ModelsSection:
+    """The models section of one arm: the old fixed batch sizes and/or the old code path (no batch
+    norm folding, no reuse of forwards and detections between the backends of a stage)."""
+    def spec(s: ModelSpec, role: str) -> ModelSpec:
+        update: dict = {"batch_size": OLD_BATCH[role]} if old_batch else {}
+        if old_code and role == "image_embedder":  # the bridge's network is this one, with its options
+            update["options"] = {**s.options, **SLOW_PATH}
+        return s.model_copy(update=update)
+
+    detector = models.detector.model_copy(update={"memo_items": 0}) if old_code else models.detector
     return models.model_copy(update={
-        "image_embedder": models.image_embedder.model_copy(update={"batch_size": OLD_BATCH["image_embedder"]}),
-        "text_encoder": models.text_encoder.model_copy(update={"batch_size": OLD_BATCH["text_encoder"]}),
-        "experts": [s.model_copy(update={"batch_size": OLD_BATCH["experts"]}) for s in models.experts]})
+        "image_embedder": spec(models.image_embedder, "image_embedder"),
+        "text_encoder": spec(models.text_encoder, "text_encoder"),
+        "experts": [spec(s, "experts") for s in models.experts], "detector": detector})
+
+
+ARMS = {"before": (True, True), "batch-only": (False, True), "now": (False, False)}
 
 
 def stage_work(models: ModelsSection, images: list[np.ndarray], views: int) -> dict[str, Callable[[], object]]:
-    """The three stages' model work with these models."""
+    """The three stages' model work with these models, each call starting with empty memos (what
+    one stage pass over new images costs: the reuse measured is the one within the stage)."""
     reg = ModelRegistry(models)
     embedder, bridge, teacher = reg.image_embedder(), reg.expert(models.experts[0]), reg.expert(models.experts[-1])
     ids = [str(i) for i in range(len(images))]
@@ -63,9 +88,15 @@ def stage_work(models: ModelsSection, images: list[np.ndarray], views: int) -> d
         embedder.embed(images)
         bridge.encode_image(images[:2])
 
-    return {"warm-up": warm_up, "cgds-embed": lambda: embedder.embed(images),
-            "training-features": lambda: image_features(images, ids, bridge, embedder, teacher, views=views),
-            "vedje-features": lambda: frame_feature_rows(ids, images, embedder, bridge)}
+    def fresh(work: Callable[[], object]) -> Callable[[], object]:
+        def call() -> object:
+            content_memo.clear_all()
+            return work()
+        return call
+
+    return {"warm-up": warm_up, "cgds-embed": fresh(lambda: embedder.embed(images)),
+            "training-features": fresh(lambda: image_features(images, ids, bridge, embedder, teacher, views=views)),
+            "vedje-features": fresh(lambda: frame_feature_rows(ids, images, embedder, bridge))}
 
 
 def abba(arms: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
@@ -82,18 +113,19 @@ def abba(arms: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[
 def stage_comparison(images: list[np.ndarray], repeats: int, views: int | None) -> None:
     profile = load_profile("demo")
     views = views or profile.training.views
-    work = {"fixed": stage_work(fixed_models(profile.models), images, views),
-            "auto": stage_work(profile.models, images, views)}
-    for arm in ("fixed", "auto"):  # auto measures its batch sizes on first use in the process
+    work = {arm: stage_work(arm_models(profile.models, *flags), images, views) for arm, flags in ARMS.items()}
+    for arm in work:  # auto measures its batch sizes on first use in the process
         start = time.perf_counter()
         work[arm].pop("warm-up")()
         print(f"warm-up {arm}: {time.perf_counter() - start:.1f} s", flush=True)
-    print(f"{'stage':20s} {'fixed 16 s':>10s} {'auto s':>8s} {'speed-up':>9s}  (training views: {views})")
-    for stage in work["fixed"]:
+    print(f"{'stage':18s} {'before s':>9s} {'batch-only s':>12s} {'now s':>7s} {'batch-only':>10s} {'now':>6s}"
+          f"  (speed-ups against before; training views: {views})")
+    for stage in work["before"]:
         times = abba({arm: work[arm][stage] for arm in work}, repeats)
-        fixed, auto = statistics.median(times["fixed"]), statistics.median(times["auto"])
+        med = {arm: statistics.median(t) for arm, t in times.items()}
         runs = " ".join(f"{a[0]}{t:.1f}" for a in times for t in times[a])
-        print(f"{stage:20s} {fixed:10.2f} {auto:8.2f} {fixed / auto:8.2f}x  [{runs}]", flush=True)
+        print(f"{stage:18s} {med['before']:9.2f} {med['batch-only']:12.2f} {med['now']:7.2f} "
+              f"{med['before'] / med['batch-only']:9.2f}x {med['before'] / med['now']:5.2f}x  [{runs}]", flush=True)
     reg = ModelRegistry(profile.models)
     chosen = {name: b.batch.last["batch_size"] for name, b in
               (("image_embedder", reg.image_embedder()), ("text_encoder", reg.text_encoder())) if b.batch.last}
@@ -101,12 +133,15 @@ def stage_comparison(images: list[np.ndarray], repeats: int, views: int | None) 
 
 
 def format_comparison(images: list[np.ndarray], repeats: int, with_compile: bool) -> None:
-    """EfficientNet-Lite0 forward at the auto batch: contiguous vs channels_last (vs compiled)."""
+    """EfficientNet-Lite0 forward at the auto batch (batch norms folded, as the profile loads it):
+    NCHW vs as before vs channels_last (vs compiled)."""
     reg = ModelRegistry(load_profile("demo").models)
     emb = reg.image_embedder()
     batch = emb.batch.resolve("image", images, lambda b: emb._features(list(b)))
-    x = emb._tensor(images[:batch])
-    plain = emb.model
+    plain = copy.deepcopy(emb.model).to(memory_format=torch.contiguous_format)
+    x = emb._tensor(images[:batch]).contiguous()  # NCHW throughout
+    permuted = torch.from_numpy(np.stack([cv2.resize(im, (224, 224)) for im in images[:batch]])).permute(0, 3, 1, 2)
+    x_as_before = (permuted.float() - 127.0) / 128.0  # the old input: NHWC strides, NCHW weights
     last = copy.deepcopy(plain).to(memory_format=torch.channels_last)
     x_last = x.contiguous(memory_format=torch.channels_last)
     n = len(images) // batch
@@ -118,7 +153,7 @@ def format_comparison(images: list[np.ndarray], repeats: int, with_compile: bool
                     model.extract_features(t)
         return call
 
-    arms = {"contiguous": run(plain, x), "channels_last": run(last, x_last)}
+    arms = {"contiguous": run(plain, x), "as-before": run(plain, x_as_before), "channels_last": run(last, x_last)}
     if with_compile:
         compiled = copy.deepcopy(plain)
         compiled.extract_features = torch.compile(compiled.extract_features)

@@ -502,6 +502,8 @@ def stack_up(
     port: Annotated[int, typer.Option(help="Server port (UI and API).")] = 4200,
     database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL, e.g. postgresql+asyncpg://... "
                                                      "(default: SQLite in .rde/stack).")] = None,
+    postgres: Annotated[bool, typer.Option("--postgres", help="Run the server on a PostgreSQL cluster of the "
+                                           "stack's own (initdb in .rde/stack/postgres, loopback only).")] = False,
     gpu_slots: Annotated[int, typer.Option(help="Slots of the `gpu` global concurrency limit.")] = 1,
     workers: Annotated[int, typer.Option(help="Workers per pool.")] = 1,
 ) -> None:
@@ -509,22 +511,26 @@ def stack_up(
     from rde.stack import StackConfig, StackError, up
 
     try:
-        cfg = up(StackConfig(host=host, port=port, database_url=database_url, gpu_slots=gpu_slots,
-                             workers_per_pool=workers))
+        cfg = up(StackConfig(host=host, port=port, database_url=database_url, postgres=postgres,
+                             gpu_slots=gpu_slots, workers_per_pool=workers))
     except StackError as exc:
         _fail(str(exc))
         return
-    console.print(f"stack up: API {cfg.api_url}, UI http://{cfg.host}:{cfg.port}/ ; logs in {cfg.folder}")
+    database = cfg.local_postgres().redacted_url if postgres else ("the given URL" if database_url else "SQLite")
+    console.print(f"stack up: API {cfg.api_url}, UI http://{cfg.host}:{cfg.port}/ ; database {database}; "
+                  f"logs in {cfg.folder}")
     console.print(f"run: PREFECT_API_URL={cfg.api_url} .venv/bin/prefect deployment run 'build-secmm/demo'")
 
 
 @stack_app.command("down")
-def stack_down(port: Annotated[int, typer.Option(help="Server port.")] = 4200) -> None:
-    """Stop the workers (first), then the server."""
+def stack_down(port: Annotated[int, typer.Option(help="Server port.")] = 4200,
+               remove_postgres: Annotated[bool, typer.Option("--remove-postgres", help="Also delete the stack's "
+                                                             "own PostgreSQL cluster (its data).")] = False) -> None:
+    """Stop the workers (first), then the server, then the stack's own PostgreSQL cluster."""
     from rde.stack import StackConfig, down
 
-    down(StackConfig(port=port))
-    console.print("stack down")
+    down(StackConfig(port=port), remove_postgres=remove_postgres)
+    console.print("stack down" + (" (PostgreSQL cluster removed)" if remove_postgres else ""))
 
 
 @stack_app.command("status")

@@ -43,6 +43,7 @@ class DetectorSpec(Strict):
     input_size: int = Field(300, ge=32)
     batch_size: int = Field(8, ge=1)
     device: str = "cpu"
+    memo_items: int = Field(8192, ge=0)  # detections of this many recent images kept per process (speed only)
 
     @model_validator(mode="after")
     def _yolo_needs_weights(self) -> DetectorSpec:
@@ -92,6 +93,10 @@ BACKENDS: dict[str, set[str]] = {
 }
 # Backends whose batch size only changes speed (within float tolerance), so it may be ``auto``.
 MEASURED_BACKENDS = BACKENDS["image_embedder"] | BACKENDS["text_encoder"] | BACKENDS["experts"]
+# Model options that change speed only (results equal within float tolerance): left out of stage keys.
+SPEED_ONLY_OPTIONS = frozenset({"auto_batch", "fold_batch_norm", "channels_last", "memo_items"})
+# Detector fields of the same kind.
+SPEED_ONLY_DETECTOR_FIELDS = frozenset({"memo_items"})
 
 
 class ModelsSection(Strict):

@@ -1,9 +1,11 @@
 """A local Prefect stack for the deployment path: server, work pools, workers, deployments.
 
-``up`` starts ``prefect server`` on 127.0.0.1 (SQLite in the stack folder unless a database URL
-is given, e.g. PostgreSQL), creates the ``cpu`` and ``gpu`` process work pools and the ``gpu``
+``up`` starts ``prefect server`` on 127.0.0.1 (SQLite in the stack folder; with ``postgres`` a
+throwaway PostgreSQL cluster of its own in the stack folder, see ``rde.local_postgres``; or any
+database URL given), creates the ``cpu`` and ``gpu`` process work pools and the ``gpu``
 global concurrency limit, deploys everything in ``prefect.yaml`` and starts one worker per pool.
-``down`` stops the workers first (SIGINT twice, as Prefect workers expect), then the server.
+``down`` stops the workers first (SIGINT twice, as Prefect workers expect), then the server, then
+the stack's own PostgreSQL cluster (kept on disk unless ``remove_postgres``).
 Process ids and logs live in the stack folder (``.rde/stack`` by default), so ``down`` works
 from another shell.
 """
@@ -14,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from rde.local_postgres import LocalPostgres, PostgresError
 from rde.runtime import project_root, state_dir
 
 POOLS = ("cpu", "gpu")
@@ -38,6 +42,8 @@ class StackConfig:
     port: int = 4200
     folder: Path = field(default_factory=lambda: state_dir() / "stack")
     database_url: str | None = None  # e.g. postgresql+asyncpg://user:pass@host/db; None = SQLite
+    postgres: bool = False  # a PostgreSQL cluster of the stack's own in <folder>/postgres (database_url unset)
+    postgres_port: int = 0  # its loopback port; 0 = a free one, chosen at ``up``
     gpu_slots: int = 1
     pools: Sequence[str] = POOLS
     workers_per_pool: int = 1
@@ -47,6 +53,9 @@ class StackConfig:
     # default of 5 retries gives up after about 62 s, shorter than a server restart on a busy
     # machine; 7 lets a flow-run process wait about 4 minutes for its server (2 + 4 + … + 128 s).
     api_retries: int = 7
+
+    def local_postgres(self) -> LocalPostgres:
+        return LocalPostgres(self.folder / "postgres", self.postgres_port)
 
     @property
     def api_url(self) -> str:
@@ -122,7 +131,22 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
     if cfg.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding the Prefect server to {cfg.host}: anyone who can reach it can run flows; "
               "enable basic auth (PREFECT_SERVER_API_AUTH_STRING) first", file=sys.stderr)
-    start_server(cfg)
+    if cfg.postgres:
+        if cfg.database_url:
+            raise StackError("give either a database URL or postgres, not both")
+        cfg.postgres_port = cfg.postgres_port or _free_port(cfg.host)
+        pg = cfg.local_postgres()
+        try:
+            pg.start()
+        except PostgresError as err:
+            raise StackError(f"PostgreSQL for the stack: {err}") from err
+        cfg.database_url = pg.url
+    _write_state(cfg)  # before anything else starts: ``down`` from another shell finds every part
+    try:
+        start_server(cfg)
+    except StackError:
+        _stop_postgres(cfg)
+        raise
     existing = _cli(cfg, "work-pool", "ls", check=False).stdout
     for pool in cfg.pools:
         if pool not in existing:
@@ -135,9 +159,39 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
         for i in range(cfg.workers_per_pool):
             name = f"worker-{pool}-{i}"
             _start(cfg, name, [*_prefect(), "worker", "start", "--pool", pool, "--name", name])
-    (cfg.folder / "stack.json").write_text(json.dumps({"api_url": cfg.api_url, "pools": list(cfg.pools),
-                                                       "workers_per_pool": cfg.workers_per_pool}))
     return cfg
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _write_state(cfg: StackConfig) -> None:
+    """``stack.json``: what ``down``/``status`` need from another shell (never the database password)."""
+    database = "postgres (stack)" if cfg.postgres else ("url" if cfg.database_url else "sqlite")
+    state = {"api_url": cfg.api_url, "pools": list(cfg.pools), "workers_per_pool": cfg.workers_per_pool,
+             "database": database}
+    if cfg.postgres:
+        state["postgres"] = {"folder": str(cfg.local_postgres().folder), "port": cfg.postgres_port}
+    (cfg.folder / "stack.json").write_text(json.dumps(state))
+
+
+def _stop_postgres(cfg: StackConfig, remove: bool = False) -> None:
+    """Stop (and with ``remove`` delete) the stack's own cluster, as recorded in ``stack.json``."""
+    path = cfg.folder / "stack.json"
+    try:
+        recorded = json.loads(path.read_text()).get("postgres") if path.exists() else None
+    except ValueError:
+        recorded = None
+    if recorded is None and not cfg.postgres:
+        return
+    pg = LocalPostgres(Path(recorded["folder"]), int(recorded["port"])) if recorded else cfg.local_postgres()
+    if remove:
+        pg.remove()
+    else:
+        pg.stop()
 
 
 def start_server(cfg: StackConfig) -> None:
@@ -182,12 +236,13 @@ def _stop(cfg: StackConfig, name: str, signals: Sequence[signal.Signals], wait_s
     path.unlink(missing_ok=True)
 
 
-def down(cfg: StackConfig | None = None) -> None:
-    """Workers first (SIGINT, SIGINT, then SIGTERM), then the server."""
+def down(cfg: StackConfig | None = None, remove_postgres: bool = False) -> None:
+    """Workers first (SIGINT, SIGINT, then SIGTERM), then the server, then the stack's PostgreSQL."""
     cfg = cfg or StackConfig()
     for path in sorted(cfg.folder.glob("worker-*.pid")):
         _stop(cfg, path.stem, [signal.SIGINT, signal.SIGINT, signal.SIGTERM], 10.0)
     stop_server(cfg)
+    _stop_postgres(cfg, remove=remove_postgres)
 
 
 def status(cfg: StackConfig | None = None) -> dict[str, object]:
@@ -195,4 +250,11 @@ def status(cfg: StackConfig | None = None) -> dict[str, object]:
     procs = {}
     for path in sorted(cfg.folder.glob("*.pid")):
         procs[path.stem] = _alive(int(path.read_text()))
-    return {"api_url": cfg.api_url, "healthy": healthy(cfg), "processes": procs}
+    path = cfg.folder / "stack.json"
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    out: dict[str, object] = {"api_url": cfg.api_url, "healthy": healthy(cfg), "processes": procs,
+                              "database": recorded.get("database", "sqlite")}
+    if recorded.get("postgres"):
+        pg = LocalPostgres(Path(recorded["postgres"]["folder"]), int(recorded["postgres"]["port"]))
+        out["processes"] = {**procs, "postgres": pg.running()}
+    return out

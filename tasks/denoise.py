@@ -8,6 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.backends.detectors import load_detector
+from models.backends.registry import detector_lineage
 from rde.denoise import DenoiseCounts, decide_shards, measure_table
 from rde.profiles import Profile
 from rde.runtime import state_dir
@@ -45,7 +46,7 @@ def run_measure(ctx: RunContext, images_url: str) -> sharded.StageResult:
     manifest = images.manifest()
     spec = profile.models.detector
     key = content_key(stage="measure", version=MEASURE_VERSION, images=manifest.fingerprint,
-                      detector=spec.model_dump(), domains=[d.model_dump() for d in profile.domains],
+                      detector=detector_lineage(spec), domains=[d.model_dump() for d in profile.domains],
                       max_pixels=profile.ingest.max_pixels)
     outs = [sharded.Output("measurements", ctx.artifact_url("measurements"), "measurements", MEASUREMENTS)]
     if sharded.all_complete(outs, key):
@@ -62,7 +63,7 @@ def run_measure(ctx: RunContext, images_url: str) -> sharded.StageResult:
         stats = sharded.sum_stats([r["stats"] for r in results])
         stats["balanced"] = sharded.check_balance("measure", stats)
         sharded.finalize(outs, key, [r["shards"] for r in results], ctx, upstream=[images],
-                         config={"detector": spec.model_dump()}, models={"detector": spec.weights or spec.backend},
+                         config={"detector": detector_lineage(spec)}, models={"detector": spec.weights or spec.backend},
                          stats=stats)
     resumed = sum(r["resumed"] for r in results)
     log(f"measure: {stats['accepted']} images measured with {spec.backend}, "

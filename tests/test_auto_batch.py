@@ -124,7 +124,8 @@ def test_auto_embeddings_equal_fixed_batch_embeddings(pool_rows: dict[str, dict]
     monkeypatch.setenv(auto_batch.CACHE_ENV, str(tmp_path / "auto_batch.json"))
     images = [decode_rgb(r["image_bytes"]) for r in pool_rows.values() if r["variant"] == "crop"][:20]
     registry = ModelRegistry(load_profile("demo").models)
-    fast = {"auto_batch": {"cpu_candidates": [2, 8], "repeats": 1}}  # keep the measuring short in a test
+    # keep the measuring short in a test; memo off, or the second size would reuse the first's vectors
+    fast = {"auto_batch": {"cpu_candidates": [2, 8], "repeats": 1}, "memo_items": 0}
     vectors = {}
     for batch in (1, 16, "auto"):
         spec = ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0", batch_size=batch, options=fast)

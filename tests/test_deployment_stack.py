@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +41,27 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         down(cfg)
 
 
+@pytest.fixture(scope="module")
+def pg_stack():
+    """A stack on a PostgreSQL cluster of its own. Its folder is outside pytest's 0700 temporary
+    root (the ``postgres`` OS user must reach the data folder when the tests run as root)."""
+    from rde.local_postgres import PostgresError, server_binaries
+
+    try:
+        server_binaries()
+    except PostgresError as err:
+        pytest.skip(str(err))
+    folder = Path(tempfile.mkdtemp(prefix="rde-pg-stack-"))
+    folder.chmod(0o755)
+    cfg = StackConfig(port=_free_port(), folder=folder, postgres=True)
+    try:
+        up(cfg)
+        yield cfg
+    finally:
+        down(cfg, remove_postgres=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _api(cfg: StackConfig, path: str, body: dict) -> list[dict]:
     response = httpx.post(f"{cfg.api_url}{path}", json=body, timeout=30)
     response.raise_for_status()
@@ -57,25 +79,33 @@ def test_stack_is_up_on_loopback_with_pools_limit_and_deployments(stack: StackCo
     assert {("demo", "cpu"), ("demo", "gpu")} <= names
 
 
-def test_deployment_run_through_the_worker_publishes_artifacts(stack: StackConfig, tmp_path: Path,
-                                                                test_artifacts_dir: Path, small_pool_url: str) -> None:
-    out = tmp_path / "out"
+def _run_build_secmm(cfg: StackConfig, out: Path, small_pool_url: str) -> tuple[dict, list[dict], float]:
+    """``prefect deployment run 'build-secmm/demo'`` through the cpu worker up to denoise; the flow
+    run, its artifacts (read back over the API) and the seconds it took."""
     params = {"until": "denoise", "output_root": str(out),
               "overrides": {"input": {"kind": "pool", "path": small_pool_url}, "ingest": {"shard_size": 16}}}
     start = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "build-secmm/demo",
                           "--params", json.dumps(params), "--watch",
-                          "--watch-timeout", "600"], env=stack.env(), capture_output=True, text=True, timeout=660)
+                          "--watch-timeout", "600"], env=cfg.env(), capture_output=True, text=True, timeout=660)
     elapsed = time.monotonic() - start
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    [flow_run] = _api(stack, "/flow_runs/filter", {"sort": "START_TIME_DESC", "limit": 1})
+    [flow_run] = _api(cfg, "/flow_runs/filter", {"sort": "START_TIME_DESC", "limit": 1})
     assert flow_run["state_type"] == "COMPLETED"
     assert (out / "build-secmm" / "demo" / "accepted" / "_manifest.json").exists()
-    artifacts = _api(stack, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
+    artifacts = _api(cfg, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
     keys = {a["key"] for a in artifacts if a.get("key")}
     assert {"build-secmm-ingest", "build-secmm-denoise", "build-secmm-summary"} <= keys
     summary = next(a for a in artifacts if a.get("key") == "build-secmm-summary")
     assert "balanced: **True**" in summary["data"]
+    return flow_run, artifacts, elapsed
+
+
+def test_deployment_run_through_the_worker_publishes_artifacts(stack: StackConfig, tmp_path: Path,
+                                                                test_artifacts_dir: Path, small_pool_url: str) -> None:
+    flow_run, artifacts, elapsed = _run_build_secmm(stack, tmp_path / "out", small_pool_url)
+    keys = {a["key"] for a in artifacts if a.get("key")}
+    summary = next(a for a in artifacts if a.get("key") == "build-secmm-summary")
     (test_artifacts_dir / "deployment-run.json").write_text(json.dumps(
         {"flow_run": flow_run["id"], "seconds_through_worker": round(elapsed, 1), "artifacts": sorted(keys)},
         indent=1))
@@ -245,6 +275,73 @@ def _wait_engine_gone(seconds: float) -> bool:
     return False
 
 
+def _postgres_rows(cfg: StackConfig, sql: str, *args: object) -> list:
+    import asyncio
+
+    import asyncpg
+
+    pg = cfg.local_postgres()
+
+    async def query() -> list:
+        conn = await asyncpg.connect(host=pg.host, port=pg.port, user=pg.role, password=pg.password,
+                                     database=pg.database, timeout=30)
+        try:
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+
+    return asyncio.run(query())
+
+
+def test_postgres_stack_runs_the_build_secmm_deployment(pg_stack: StackConfig, tmp_path: Path,
+                                                        small_pool_url: str, test_artifacts_dir: Path) -> None:
+    """``rde stack up --postgres``: the server's rows are in the stack's own PostgreSQL (loopback
+    only), the deployment runs through the worker, and the password is in no log or state file."""
+    pg = pg_stack.local_postgres()
+    assert pg.running() and pg_stack.database_url == pg.url
+    assert status(pg_stack)["processes"]["postgres"] and status(pg_stack)["database"] == "postgres (stack)"
+    flow_run, artifacts, elapsed = _run_build_secmm(pg_stack, tmp_path / "out", small_pool_url)
+    [row] = _postgres_rows(pg_stack, "SELECT state_type FROM flow_run WHERE id = $1::uuid", flow_run["id"])
+    assert row["state_type"] == "COMPLETED"
+    assert _postgres_rows(pg_stack, "SELECT count(*) AS n FROM artifact WHERE flow_run_id = $1::uuid",
+                          flow_run["id"])[0]["n"] == len(artifacts)
+    listen = _postgres_rows(pg_stack, "SELECT setting FROM pg_settings WHERE name = 'listen_addresses'")
+    assert listen[0]["setting"] == "127.0.0.1"
+    secret = pg.password
+    for path in [*pg_stack.folder.glob("*.log"), pg_stack.folder / "stack.json", pg.folder / "server.log"]:
+        assert secret not in path.read_text(errors="replace"), f"the database password is in {path}"
+    assert oct(pg.password_file.stat().st_mode & 0o777) == "0o600"
+    (test_artifacts_dir / "deployment-run-postgres.json").write_text(json.dumps(
+        {"flow_run": flow_run["id"], "seconds_through_worker": round(elapsed, 1),
+         "artifacts": sorted(a["key"] for a in artifacts if a.get("key"))}, indent=1))
+
+
+def test_concurrent_probe_runs_complete_on_sqlite_and_postgres(stack: StackConfig, pg_stack: StackConfig,
+                                                               test_artifacts_dir: Path) -> None:
+    """The bounded version of benchmarks/orchestration_load.py: 6 concurrent runs of the probe
+    deployment, 20 shard tasks each, on each database; all complete, no database errors."""
+    from rde.orchestration_load import submit_and_wait
+
+    rows = []
+    for cfg in (stack, pg_stack):
+        result = submit_and_wait(cfg, concurrent=6, shards=20, work_ms=10, timeout_s=600, label="ci-")
+        rows.append(result.row())
+        assert result.completed == 6 and result.failed == 0, result.row()
+        assert result.task_runs_completed == 6 * 20, result.row()
+        assert result.db_errors["database is locked"] == 0, result.row()
+        assert result.server_peak_rss_mb > 0 and result.start_p95_s >= result.start_p50_s > 0
+    assert [r["database"] for r in rows] == ["sqlite", "postgres"]
+    (test_artifacts_dir / "orchestration-load.json").write_text(json.dumps(rows, indent=1))
+
+
 def test_stack_down_stops_workers_then_server(stack: StackConfig) -> None:
     down(stack)  # the fixture's own down afterwards is a no-op
     assert not healthy(stack) and not list(stack.folder.glob("*.pid"))
+
+
+def test_postgres_stack_down_stops_and_removes_its_cluster(pg_stack: StackConfig) -> None:
+    pg = pg_stack.local_postgres()
+    down(pg_stack)
+    assert not healthy(pg_stack) and not pg.running() and (pg.data_dir / "PG_VERSION").exists()
+    down(pg_stack, remove_postgres=True)
+    assert not pg.folder.exists()

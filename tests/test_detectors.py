@@ -43,10 +43,11 @@ def test_yolo_missing_weights_is_a_clear_error() -> None:
 
 def test_detector_chunks_large_inputs_by_batch_size(person_crop: np.ndarray) -> None:
     """A caller may pass a whole gallery: the detector must process it batch_size images at a time."""
-    detector = SsdMobileNetDetector(DetectorSpec(batch_size=4))
+    detector = SsdMobileNetDetector(DetectorSpec(batch_size=4, memo_items=0))
     seen: list[int] = []
     original = detector._detect_chunk
     detector._detect_chunk = lambda chunk: (seen.append(len(chunk)), original(chunk))[1]
-    results = detector.detect([person_crop] * 10)
+    gallery = [np.clip(person_crop.astype(np.int16) + k, 0, 255).astype(np.uint8) for k in range(10)]  # 10 distinct
+    results = detector.detect(gallery)
     assert seen == [4, 4, 2] and len(results) == 10
     assert all(len(r.of_classes({"person"})) == 1 for r in results)

@@ -38,6 +38,8 @@ T = TypeVar("T")
 AUTO = "auto"
 CACHE_ENV = "RDE_AUTO_BATCH_CACHE"
 logger = logging.getLogger(__name__)
+# model options that change how fast each batch size runs, so they are part of a choice's identity
+SPEED_SHAPING_OPTIONS = frozenset({"fold_batch_norm", "channels_last"})
 _clock = time.perf_counter  # a module attribute so tests can drive measurement with a fake clock
 
 
@@ -274,4 +276,7 @@ def for_spec(spec: Any, device: torch.device | str) -> BatchSize:
     """A backend's batch size from its model spec (``backend``, ``model_id``, ``revision``, ``dtype``,
     ``batch_size``, ``options``); duck-typed so this module needs nothing from the layers above."""
     identity = f"{spec.backend}:{spec.model_id}@{spec.revision or 'main'}:{spec.dtype}"
+    shaping = {k: v for k, v in sorted(spec.options.items()) if k in SPEED_SHAPING_OPTIONS}
+    if shaping:  # a folded or channels-last network has its own curve
+        identity += ":" + json.dumps(shaping, sort_keys=True)
     return BatchSize(spec.batch_size, identity, device, AutoBatchSettings.from_options(spec.options))

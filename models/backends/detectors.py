@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Protocol
 import cv2
 import numpy as np
 
+from models.backends.content_memo import shared_memo
 from models.backends.model_errors import ModelLoadError
 from rde.profiles import DetectorSpec
 
@@ -46,6 +48,16 @@ class Detector(Protocol):
     model_id: str
 
     def detect(self, images: list[np.ndarray]) -> list[Detections]: ...
+
+
+def remembered_detections(spec: DetectorSpec, model_id: str, images: list[np.ndarray],
+                          detect: Callable[[list[np.ndarray]], list[Detections]]) -> list[Detections]:
+    """``detect`` on the images not seen before by a detector with these settings in this process
+    (the semantic-bridge and attribute experts both detect the same unaugmented images); the
+    ``spec.memo_items`` most recent results are kept. Returned ``Detections`` are shared: do not
+    modify them in place."""
+    namespace = (spec.backend, model_id, spec.input_size, spec.score_threshold, spec.nms_iou)
+    return shared_memo("detections", spec.memo_items).get_or_compute(namespace, images, detect)
 
 
 def _tf_label_map() -> dict[int, str]:
@@ -83,8 +95,12 @@ class SsdMobileNetDetector:
         self._lock = threading.Lock()  # a cv2.dnn Net is not safe to run from two threads at once
 
     def detect(self, images: list[np.ndarray]) -> list[Detections]:
-        """Detections per image, run in chunks of ``batch_size`` (one OpenCV blob holds a whole
-        chunk: passing a gallery at once would allocate gigabytes)."""
+        """Detections per image (remembered ones are not run again, see ``remembered_detections``)."""
+        return remembered_detections(self.spec, self.model_id, images, self._detect_all)
+
+    def _detect_all(self, images: list[np.ndarray]) -> list[Detections]:
+        """Run in chunks of ``batch_size`` (one OpenCV blob holds a whole chunk: passing a gallery at
+        once would allocate gigabytes)."""
         out: list[Detections] = []
         for start in range(0, len(images), self.spec.batch_size):
             out.extend(self._detect_chunk(images[start : start + self.spec.batch_size]))
@@ -128,7 +144,11 @@ class YoloDetector:
         self.model_id = Path(weights).name
 
     def detect(self, images: list[np.ndarray]) -> list[Detections]:
-        """Detections per image, predicted in chunks of ``batch_size``."""
+        """Detections per image (remembered ones are not run again, see ``remembered_detections``)."""
+        return remembered_detections(self.spec, self.model_id, images, self._detect_all)
+
+    def _detect_all(self, images: list[np.ndarray]) -> list[Detections]:
+        """Predicted in chunks of ``batch_size``."""
         out: list[Detections] = []
         for start in range(0, len(images), self.spec.batch_size):
             out.extend(self._detect_chunk(images[start : start + self.spec.batch_size]))

@@ -21,7 +21,15 @@ from models.backends import auto_batch
 from models.backends.detectors import Detector, load_detector
 from models.backends.interfaces import Generator, ImageEmbedder, TextEncoder, TextImageExpert
 from models.backends.model_errors import ModelLoadError
-from rde.profiles import BACKENDS, MEASURED_BACKENDS, ModelSpec, ModelsSection
+from rde.profiles import (
+    BACKENDS,
+    MEASURED_BACKENDS,
+    SPEED_ONLY_DETECTOR_FIELDS,
+    SPEED_ONLY_OPTIONS,
+    DetectorSpec,
+    ModelSpec,
+    ModelsSection,
+)
 from rde.runtime import state_dir
 
 BUNDLED_IMAGE_EMBEDDER = ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0", batch_size="auto")
@@ -34,8 +42,10 @@ _cache: dict[tuple[str, str], Any] = {}
 _lock = threading.RLock()  # composite backends load their parts through _cached too
 
 
-def _cached(role: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
-    key = (role, spec.cache_key())
+def _cached(role: str, spec: ModelSpec, build: Callable[[], Any], parts: tuple[str, ...] = ()) -> Any:
+    """The backend for ``spec``, built once per process; ``parts`` names what a composed backend is
+    built from (its embedder, detector), so the same spec composed of other parts is another one."""
+    key = (role, spec.cache_key(), *parts)
     with _lock:
         if key not in _cache:
             if spec.backend not in BACKENDS[role]:
@@ -47,18 +57,25 @@ def _cached(role: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
 def spec_lineage(spec: ModelSpec | None) -> dict[str, Any]:
     """A model spec as it enters stage keys and manifests: the spec (empty when unset), plus the
     identity of the prompt file a composed backend renders internally (editing it re-runs the stage).
-    The batch size of a measured backend is left out: it changes speed, not results (beyond float
-    tolerance), so ``auto`` choosing differently on another machine does not re-run a stage."""
+    The batch size of a measured backend and the speed-only options (``SPEED_ONLY_OPTIONS``) are
+    left out: they change speed, not results (beyond float tolerance), so ``auto`` choosing
+    differently on another machine does not re-run a stage."""
     if spec is None:
         return {}
     out: dict[str, Any] = spec.model_dump(mode="json")
     if spec.backend in MEASURED_BACKENDS:
         out.pop("batch_size", None)
+    out["options"] = {k: v for k, v in out.get("options", {}).items() if k not in SPEED_ONLY_OPTIONS}
     if spec.backend == "grounded":
         from rde.prompt_files import load_prompt
 
         out["internal_prompt"] = load_prompt("grounded_captioner").identity
     return out
+
+
+def detector_lineage(spec: DetectorSpec) -> dict[str, Any]:
+    """A detector spec as it enters stage keys: without its speed-only fields."""
+    return spec.model_dump(mode="json", exclude=set(SPEED_ONLY_DETECTOR_FIELDS))
 
 
 def models_lineage(models: ModelsSection) -> dict[str, Any]:
@@ -68,6 +85,8 @@ def models_lineage(models: ModelsSection) -> dict[str, Any]:
         value = getattr(models, role)
         if isinstance(value, ModelSpec):
             out[role] = spec_lineage(value)
+        elif isinstance(value, DetectorSpec):
+            out[role] = detector_lineage(value)
         elif isinstance(value, list):
             out[role] = [spec_lineage(s) if isinstance(s, ModelSpec) else d for s, d in zip(value, out[role],
                                                                                             strict=True)]
@@ -106,12 +125,32 @@ class ModelRegistry:
         return _cached("text_encoder", spec, build)
 
     def _bundled_embedder(self, batch_size: int | str = "auto"):
-        """The bundled EfficientNet-Lite0 inside a composed backend, at that backend's batch size."""
+        """The bundled EfficientNet-Lite0 inside a composed backend, at that backend's batch size, with
+        the options of the profile's image embedder when that is EfficientNet-Lite0 too (one set of
+        speed settings, and at the same batch size one shared instance)."""
         from models.backends.image_embedders import EfficientNetLiteEmbedder
 
-        embedder = self.image_embedder(BUNDLED_IMAGE_EMBEDDER.model_copy(update={"batch_size": batch_size}))
+        embedder = self.image_embedder(self._bundled_embedder_spec(batch_size))
         assert isinstance(embedder, EfficientNetLiteEmbedder)
         return embedder
+
+    def _bundled_embedder_spec(self, batch_size: int | str) -> ModelSpec:
+        base = self.models.image_embedder
+        if base is None or base.backend != BUNDLED_IMAGE_EMBEDDER.backend:
+            base = BUNDLED_IMAGE_EMBEDDER
+        return base.model_copy(update={"batch_size": batch_size})
+
+    def _parts(self, spec: ModelSpec) -> tuple[str, ...]:
+        """The specs a composed backend is built from (see ``_cached``)."""
+        detector = self.models.detector.model_dump_json()
+        if spec.backend == "semantic-bridge":
+            return (self._bundled_embedder_spec(spec.batch_size).cache_key(), detector,
+                    (self.models.text_encoder or BUNDLED_TEXT_ENCODER).cache_key())
+        if spec.backend == "attributes":
+            return (detector,)
+        if spec.backend == "grounded":
+            return (self._bundled_embedder_spec("auto").cache_key(), detector)
+        return ()
 
     def expert(self, spec: ModelSpec) -> TextImageExpert:
         def build() -> TextImageExpert:
@@ -126,7 +165,7 @@ class ModelRegistry:
                 return experts.TransformersClipExpert(spec)
             return experts.VlmEmbeddingExpert(spec)
 
-        return _cached("experts", spec, build)
+        return _cached("experts", spec, build, self._parts(spec))
 
     def experts(self) -> list[TextImageExpert]:
         return [self.expert(spec) for spec in self.models.experts]
@@ -144,7 +183,7 @@ class ModelRegistry:
                     "vllm": generators.VllmGenerator, "transformers-vlm": generators.TransformersVlmGenerator,
                     }[spec.backend](spec)
 
-        return _cached("generators", spec, build)
+        return _cached("generators", spec, build, self._parts(spec))
 
     def generators(self) -> list[Generator]:
         return [self.generator(spec) for spec in self.models.generators]
