@@ -49,11 +49,12 @@ def main() -> None:
                 print(json.dumps(result.row()), flush=True)
         finally:
             down(cfg, remove_postgres=True)
-    head = (f"{'database':9s} {'runs':>4s} {'ok':>3s} {'failed':>6s} {'left':>4s} {'task runs/s':>11s} "
+    head = (f"{'database':9s} {'runs':>4s} {'ok':>3s} {'failed':>6s} {'left':>4s} {'retries':>7s} {'task runs/s':>11s} "
             f"{'start p50 s':>11s} {'p95 s':>6s} {'server MB':>9s} {'wall s':>7s}  db errors")
     print(head)
     for r in rows:
         print(f"{r['database']:9s} {r['concurrent']:4d} {r['completed']:3d} {r['failed']:6d} {r['unfinished']:4d} "
+              f"{r['submit_retries']:7d} "
               f"{r['task_runs_per_s']:11.2f} {r['start_p50_s']:11.2f} {r['start_p95_s']:6.2f} "
               f"{r['server_peak_rss_mb']:9.1f} {r['seconds']:7.1f}  {r['db_errors']}")
     if args.json:

@@ -36,6 +36,8 @@ class LoadResult:
     completed: int = 0
     failed: int = 0
     unfinished: int = 0
+    submit_retries: int = 0  # create_flow_run answers of 5xx / lost connections, retried
+    submit_failed: int = 0  # runs never created after all retries
     task_runs_completed: int = 0
     seconds: float = 0.0
     task_runs_per_s: float = 0.0
@@ -53,6 +55,22 @@ def _api(cfg: StackConfig, method: str, path: str, body: dict | None = None) -> 
     response = httpx.request(method, f"{cfg.api_url}{path}", json=body, timeout=60)
     response.raise_for_status()
     return response.json()
+
+
+def _read(cfg: StackConfig, path: str, body: dict, attempts: int = 8) -> Any:
+    """A filter / count call that waits out an overloaded server (5xx, lost connection) instead of
+    ending the measurement: the busy server is what is measured."""
+    for attempt in range(attempts):
+        try:
+            return _api(cfg, "POST", path, body)
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code < 500 or attempt + 1 == attempts:
+                raise
+        except httpx.TransportError:
+            if attempt + 1 == attempts:
+                raise
+        time.sleep(min(2.0 ** attempt, 30.0))
+    raise AssertionError("unreachable")
 
 
 def _time(value: str | None) -> datetime | None:
@@ -97,6 +115,25 @@ class TreeMemory:
         self._thread.join(timeout=5)
 
 
+def _submit(cfg: StackConfig, deployment_id: str, parameters: dict, result: LoadResult,
+            attempts: int = 6) -> dict | None:
+    """Create one flow run, retrying a 5xx answer with a doubling back-off (1, 2, 4, … s) as
+    Prefect's own client does; retries and runs never created are counted in ``result``."""
+    for attempt in range(attempts):
+        try:
+            return _api(cfg, "POST", f"/deployments/{deployment_id}/create_flow_run", {"parameters": parameters})
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code < 500:
+                raise
+        except httpx.TransportError:
+            pass
+        result.submit_retries += 1
+        if attempt + 1 < attempts:
+            time.sleep(2.0 ** attempt)
+    result.submit_failed += 1
+    return None
+
+
 def _log_errors(text: str) -> dict[str, int]:
     return {name: len(pattern.findall(text)) for name, pattern in DB_ERRORS.items()}
 
@@ -113,12 +150,14 @@ def submit_and_wait(cfg: StackConfig, concurrent: int, shards: int = 50, work_ms
     server_pid = int((cfg.folder / "server.pid").read_text())
     with TreeMemory(server_pid) as memory:
         start = time.monotonic()
-        runs = [_api(cfg, "POST", f"/deployments/{deployment['id']}/create_flow_run",
-                     {"parameters": {"shards": shards, "work_ms": work_ms, "label": f"{label}{i}"}})
-                for i in range(concurrent)]
-        ids = [r["id"] for r in runs]
+        ids = []
+        for i in range(concurrent):
+            run = _submit(cfg, deployment["id"], {"shards": shards, "work_ms": work_ms, "label": f"{label}{i}"},
+                          result)
+            if run is not None:
+                ids.append(run["id"])
         while True:
-            found = _api(cfg, "POST", "/flow_runs/filter", {"flow_runs": {"id": {"any_": ids}}})
+            found = _read(cfg, "/flow_runs/filter", {"flow_runs": {"id": {"any_": ids}}}) if ids else []
             if all(r["state_type"] in TERMINAL for r in found) or time.monotonic() - start > timeout_s:
                 break
             time.sleep(1.0)
@@ -128,14 +167,14 @@ def submit_and_wait(cfg: StackConfig, concurrent: int, shards: int = 50, work_ms
         result.states[r["state_type"]] = result.states.get(r["state_type"], 0) + 1
     result.completed = result.states.get("COMPLETED", 0)
     result.unfinished = sum(n for s, n in result.states.items() if s not in TERMINAL)
-    result.failed = len(found) - result.completed - result.unfinished
+    result.failed = len(found) - result.completed - result.unfinished + result.submit_failed
     waits = [(_time(r["start_time"]) - _time(r["created"])).total_seconds() for r in found if r.get("start_time")]
     result.start_p50_s = round(statistics.median(waits), 2) if waits else 0.0
     result.start_p95_s = round(percentile(waits, 95), 2)
     # task-run states reach the database through the server's event pipeline: wait for it to settle
     expected, settle = result.completed * shards, time.monotonic() + 60
     while True:
-        result.task_runs_completed = int(_api(cfg, "POST", "/task_runs/count", {
+        result.task_runs_completed = int(_read(cfg, "/task_runs/count", {
             "flow_runs": {"id": {"any_": ids}}, "task_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}))
         if result.task_runs_completed >= expected or time.monotonic() > settle:
             break
