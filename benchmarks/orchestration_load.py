@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import tempfile
 from pathlib import Path
 
 from rde.orchestration_load import submit_and_wait
-from rde.stack import StackConfig, down, up
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from rde.stack import StackConfig, down, free_port, up
 
 
 def main() -> None:
@@ -40,7 +33,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="rde-load-"))
     base.chmod(0o755)  # the postgres OS user must reach its cluster folder
     for database in args.databases:
-        cfg = StackConfig(port=_free_port(), folder=base / database, postgres=database == "postgres")
+        cfg = StackConfig(port=free_port(), folder=base / database, postgres=database == "postgres")
         up(cfg)
         try:
             for level in args.levels:

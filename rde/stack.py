@@ -134,7 +134,7 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
     if cfg.postgres:
         if cfg.database_url:
             raise StackError("give either a database URL or postgres, not both")
-        cfg.postgres_port = cfg.postgres_port or _free_port(cfg.host)
+        cfg.postgres_port = cfg.postgres_port or free_port(cfg.host)
         pg = cfg.local_postgres()
         try:
             pg.start()
@@ -162,7 +162,7 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
     return cfg
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

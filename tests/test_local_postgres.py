@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +13,7 @@ from pathlib import Path
 import pytest
 
 from rde.local_postgres import LocalPostgres, PostgresError, server_binaries
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from rde.stack import free_port
 
 
 @pytest.fixture()
@@ -49,7 +43,7 @@ def _query(pg: LocalPostgres, sql: str, host: str = "127.0.0.1") -> object:
 
 
 def test_cluster_starts_on_loopback_restarts_on_its_data_and_is_removed(reachable_dir: Path) -> None:
-    pg = LocalPostgres(reachable_dir / "postgres", _free_port())
+    pg = LocalPostgres(reachable_dir / "postgres", free_port())
     try:
         pg.start()
         assert pg.running()
@@ -77,6 +71,6 @@ def test_cluster_starts_on_loopback_restarts_on_its_data_and_is_removed(reachabl
 def test_a_folder_the_postgres_user_cannot_reach_is_refused_with_a_message(reachable_dir: Path) -> None:
     closed = reachable_dir / "closed"
     closed.mkdir(mode=0o700)
-    pg = LocalPostgres(closed / "postgres", _free_port())
+    pg = LocalPostgres(closed / "postgres", free_port())
     with pytest.raises(PostgresError, match="cannot reach"):
         pg.start()
