@@ -135,8 +135,8 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
         if cfg.database_url:
             raise StackError("give either a database URL or postgres, not both")
         cfg.postgres_port = cfg.postgres_port or free_port(cfg.host)
-        pg = cfg.local_postgres()
         try:
+            pg = cfg.local_postgres()  # as root, refuses when the package's `postgres` user is missing
             pg.start()
         except PostgresError as err:
             raise StackError(f"PostgreSQL for the stack: {err}") from err
