@@ -41,6 +41,13 @@ def server_binaries() -> Path:
                         "`postgresql` (apt-get install postgresql) or put its bin folder on PATH")
 
 
+def _write_private(path: Path, text: str) -> None:
+    """``text`` and a newline into ``path``, created with mode 0600 (never readable by others, not even briefly)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+
+
 @dataclass
 class LocalPostgres:
     folder: Path  # <stack folder>/postgres
@@ -112,13 +119,9 @@ class LocalPostgres:
                 raise PostgresError(f"the user {self.os_user!r} that runs PostgreSQL cannot reach {self.folder}: "
                                     "choose a stack folder whose parents it may enter (e.g. under the project)")
         password = secrets.token_urlsafe(24)
-        fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(password + "\n")
+        _write_private(self.password_file, password)
         pwfile = self.folder / ".initdb-password"
-        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(password + "\n")
+        _write_private(pwfile, password)
         self._own(pwfile)
         try:
             self._run("initdb", "-D", str(self.data_dir), "-U", self.role, "--pwfile", str(pwfile),

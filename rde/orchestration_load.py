@@ -13,6 +13,7 @@ import re
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -57,20 +58,31 @@ def _api(cfg: StackConfig, method: str, path: str, body: dict | None = None) -> 
     return response.json()
 
 
-def _read(cfg: StackConfig, path: str, body: dict, attempts: int = 8) -> Any:
-    """A filter / count call that waits out an overloaded server (5xx, lost connection) instead of
-    ending the measurement: the busy server is what is measured."""
+def _retrying(call: Callable[[], Any], attempts: int, max_sleep: float,
+              on_failure: Callable[[], None] = lambda: None) -> Any:
+    """``call()``; a 5xx answer or a lost connection is retried with a doubling back-off (1, 2, 4, …
+    s, at most ``max_sleep``), as Prefect's own client does, and counted by ``on_failure``; the last
+    failure is raised. A 4xx answer is raised at once."""
     for attempt in range(attempts):
         try:
-            return _api(cfg, "POST", path, body)
+            return call()
         except httpx.HTTPStatusError as err:
-            if err.response.status_code < 500 or attempt + 1 == attempts:
+            if err.response.status_code < 500:
                 raise
-        except httpx.TransportError:
-            if attempt + 1 == attempts:
-                raise
-        time.sleep(min(2.0 ** attempt, 30.0))
+            failure: Exception = err
+        except httpx.TransportError as err:
+            failure = err
+        on_failure()
+        if attempt + 1 == attempts:
+            raise failure
+        time.sleep(min(2.0 ** attempt, max_sleep))
     raise AssertionError("unreachable")
+
+
+def _read(cfg: StackConfig, path: str, body: dict) -> Any:
+    """A filter / count call that waits out an overloaded server instead of ending the
+    measurement: the busy server is what is measured."""
+    return _retrying(lambda: _api(cfg, "POST", path, body), attempts=8, max_sleep=30.0)
 
 
 def _time(value: str | None) -> datetime | None:
@@ -115,21 +127,21 @@ class TreeMemory:
         self._thread.join(timeout=5)
 
 
-def _submit(cfg: StackConfig, deployment_id: str, parameters: dict, result: LoadResult,
-            attempts: int = 6) -> dict | None:
-    """Create one flow run, retrying a 5xx answer with a doubling back-off (1, 2, 4, … s) as
-    Prefect's own client does; retries and runs never created are counted in ``result``."""
-    for attempt in range(attempts):
-        try:
-            return _api(cfg, "POST", f"/deployments/{deployment_id}/create_flow_run", {"parameters": parameters})
-        except httpx.HTTPStatusError as err:
-            if err.response.status_code < 500:
-                raise
-        except httpx.TransportError:
-            pass
+def _submit(cfg: StackConfig, deployment_id: str, parameters: dict, result: LoadResult) -> dict | None:
+    """Create one flow run (6 tries); failed answers and runs never created are counted in ``result``."""
+
+    def failed() -> None:
         result.submit_retries += 1
-        if attempt + 1 < attempts:
-            time.sleep(2.0 ** attempt)
+
+    try:
+        return _retrying(lambda: _api(cfg, "POST", f"/deployments/{deployment_id}/create_flow_run",
+                                      {"parameters": parameters}), attempts=6, max_sleep=float("inf"),
+                         on_failure=failed)
+    except httpx.TransportError:
+        pass
+    except httpx.HTTPStatusError as err:
+        if err.response.status_code < 500:
+            raise
     result.submit_failed += 1
     return None
 

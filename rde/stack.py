@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -178,16 +179,29 @@ def _write_state(cfg: StackConfig) -> None:
     (cfg.folder / "stack.json").write_text(json.dumps(state))
 
 
-def _stop_postgres(cfg: StackConfig, remove: bool = False) -> None:
-    """Stop (and with ``remove`` delete) the stack's own cluster, as recorded in ``stack.json``."""
+def _recorded_state(cfg: StackConfig) -> dict[str, Any]:
+    """``stack.json`` as ``up`` wrote it (empty when absent or unreadable)."""
     path = cfg.folder / "stack.json"
     try:
-        recorded = json.loads(path.read_text()).get("postgres") if path.exists() else None
+        return json.loads(path.read_text()) if path.exists() else {}
     except ValueError:
-        recorded = None
-    if recorded is None and not cfg.postgres:
+        return {}
+
+
+def _recorded_postgres(cfg: StackConfig) -> LocalPostgres | None:
+    """The stack's own cluster as ``stack.json`` records it (another shell's ``up``), else this
+    config's when it asks for one, else None."""
+    recorded = _recorded_state(cfg).get("postgres")
+    if recorded:
+        return LocalPostgres(Path(recorded["folder"]), int(recorded["port"]))
+    return cfg.local_postgres() if cfg.postgres else None
+
+
+def _stop_postgres(cfg: StackConfig, remove: bool = False) -> None:
+    """Stop (and with ``remove`` delete) the stack's own cluster."""
+    pg = _recorded_postgres(cfg)
+    if pg is None:
         return
-    pg = LocalPostgres(Path(recorded["folder"]), int(recorded["port"])) if recorded else cfg.local_postgres()
     if remove:
         pg.remove()
     else:
@@ -250,11 +264,9 @@ def status(cfg: StackConfig | None = None) -> dict[str, object]:
     procs = {}
     for path in sorted(cfg.folder.glob("*.pid")):
         procs[path.stem] = _alive(int(path.read_text()))
-    path = cfg.folder / "stack.json"
-    recorded = json.loads(path.read_text()) if path.exists() else {}
     out: dict[str, object] = {"api_url": cfg.api_url, "healthy": healthy(cfg), "processes": procs,
-                              "database": recorded.get("database", "sqlite")}
-    if recorded.get("postgres"):
-        pg = LocalPostgres(Path(recorded["postgres"]["folder"]), int(recorded["postgres"]["port"]))
+                              "database": _recorded_state(cfg).get("database", "sqlite")}
+    pg = _recorded_postgres(cfg)
+    if pg is not None:
         out["processes"] = {**procs, "postgres": pg.running()}
     return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,22 +17,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rde.stack import StackConfig, down, healthy, start_server, status, stop_server, up
+from rde.stack import StackConfig, down, free_port, healthy, start_server, status, stop_server, up
 
 pytestmark = pytest.mark.slow
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-dev-shm-usage", "--window-size=1440,1000", "--virtual-time-budget=20000"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    cfg = StackConfig(port=_free_port(), folder=tmp_path_factory.mktemp("stack"))
+    cfg = StackConfig(port=free_port(), folder=tmp_path_factory.mktemp("stack"))
     up(cfg)
     try:
         yield cfg
@@ -53,7 +46,7 @@ def pg_stack():
         pytest.skip(str(err))
     folder = Path(tempfile.mkdtemp(prefix="rde-pg-stack-"))
     folder.chmod(0o755)
-    cfg = StackConfig(port=_free_port(), folder=folder, postgres=True)
+    cfg = StackConfig(port=free_port(), folder=folder, postgres=True)
     try:
         up(cfg)
         yield cfg

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -63,12 +63,7 @@ class ContentMemo(Generic[V]):
             if len(computed) != len(missing):
                 raise ValueError(f"compute returned {len(computed)} results for {len(missing)} images")
             found.update(zip(missing, computed, strict=True))
-            with self._lock:
-                for key in missing:
-                    self._items[key] = found[key]
-                    self._items.move_to_end(key)
-                while len(self._items) > self.capacity:
-                    self._items.popitem(last=False)
+            self._store((key, found[key]) for key in missing)
         with self._lock:
             self.hits += len(keys) - len(missing)
             self.misses += len(missing)
@@ -78,9 +73,13 @@ class ContentMemo(Generic[V]):
         """Keep results computed elsewhere (e.g. pooled rows of feature maps) for later callers."""
         if len(images) != len(values):
             raise ValueError(f"{len(values)} results for {len(images)} images")
+        self._store(((namespace, image_digest(image)), value) for image, value in zip(images, values, strict=True))
+
+    def _store(self, pairs: Iterable[tuple[tuple[Hashable, bytes], V]]) -> None:
+        """Keep these (key, result) pairs as the most recent, then drop the least recent over capacity."""
+        pairs = list(pairs)  # digests computed outside the lock
         with self._lock:
-            for image, value in zip(images, values, strict=True):
-                key = (namespace, image_digest(image))
+            for key, value in pairs:
                 self._items[key] = value
                 self._items.move_to_end(key)
             while len(self._items) > self.capacity:

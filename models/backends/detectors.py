@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -50,14 +49,32 @@ class Detector(Protocol):
     def detect(self, images: list[np.ndarray]) -> list[Detections]: ...
 
 
-def remembered_detections(spec: DetectorSpec, model_id: str, images: list[np.ndarray],
-                          detect: Callable[[list[np.ndarray]], list[Detections]]) -> list[Detections]:
-    """``detect`` on the images not seen before by a detector with these settings in this process
-    (the semantic-bridge and attribute experts both detect the same unaugmented images); the
-    ``spec.memo_items`` most recent results are kept. Returned ``Detections`` are shared: do not
-    modify them in place."""
-    namespace = (spec.backend, model_id, spec.input_size, spec.score_threshold, spec.nms_iou)
-    return shared_memo("detections", spec.memo_items).get_or_compute(namespace, images, detect)
+class ChunkedDetector:
+    """What every detector backend shares: results remembered per image, the rest detected in
+    chunks of ``batch_size`` (one OpenCV blob or YOLO batch holds a whole chunk: passing a gallery
+    at once would allocate gigabytes). Subclasses set ``spec`` and ``model_id`` and implement
+    ``_detect_chunk``."""
+
+    spec: DetectorSpec
+    model_id: str
+
+    def detect(self, images: list[np.ndarray]) -> list[Detections]:
+        """Detections per image. Images already seen by a detector with these settings in this
+        process are not run again (the semantic-bridge and attribute experts both detect the same
+        unaugmented images); the ``spec.memo_items`` most recent results are kept. Returned
+        ``Detections`` are shared: do not modify them in place."""
+        spec = self.spec
+        namespace = (spec.backend, self.model_id, spec.input_size, spec.score_threshold, spec.nms_iou)
+        return shared_memo("detections", spec.memo_items).get_or_compute(namespace, images, self._detect_all)
+
+    def _detect_all(self, images: list[np.ndarray]) -> list[Detections]:
+        out: list[Detections] = []
+        for start in range(0, len(images), self.spec.batch_size):
+            out.extend(self._detect_chunk(images[start : start + self.spec.batch_size]))
+        return out
+
+    def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
+        raise NotImplementedError
 
 
 def _tf_label_map() -> dict[int, str]:
@@ -82,7 +99,7 @@ def bundled_ssd_files() -> tuple[Path, Path]:
     return base / "frozen_inference_graph.pb", base / "ssd_mobilenet_v2_coco_2018_03_29.pbtxt"
 
 
-class SsdMobileNetDetector:
+class SsdMobileNetDetector(ChunkedDetector):
     """SSD-MobileNet-v2 trained on COCO, via ``cv2.dnn`` (CPU)."""
 
     model_id = "ssd_mobilenet_v2_coco_2018_03_29"
@@ -93,18 +110,6 @@ class SsdMobileNetDetector:
         self.net = cv2.dnn.readNetFromTensorflow(str(graph), str(config))
         self.labels = _tf_label_map()
         self._lock = threading.Lock()  # a cv2.dnn Net is not safe to run from two threads at once
-
-    def detect(self, images: list[np.ndarray]) -> list[Detections]:
-        """Detections per image (remembered ones are not run again, see ``remembered_detections``)."""
-        return remembered_detections(self.spec, self.model_id, images, self._detect_all)
-
-    def _detect_all(self, images: list[np.ndarray]) -> list[Detections]:
-        """Run in chunks of ``batch_size`` (one OpenCV blob holds a whole chunk: passing a gallery at
-        once would allocate gigabytes)."""
-        out: list[Detections] = []
-        for start in range(0, len(images), self.spec.batch_size):
-            out.extend(self._detect_chunk(images[start : start + self.spec.batch_size]))
-        return out
 
     def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
         size = self.spec.input_size
@@ -124,7 +129,7 @@ class SsdMobileNetDetector:
         return results
 
 
-class YoloDetector:
+class YoloDetector(ChunkedDetector):
     """ultralytics YOLO from a local weights file (``.pt``) or an architecture file (``.yaml``)."""
 
     def __init__(self, spec: DetectorSpec, state_dir: str = ".rde") -> None:
@@ -142,17 +147,6 @@ class YoloDetector:
         self.spec = spec
         self.model = YOLO(weights)
         self.model_id = Path(weights).name
-
-    def detect(self, images: list[np.ndarray]) -> list[Detections]:
-        """Detections per image (remembered ones are not run again, see ``remembered_detections``)."""
-        return remembered_detections(self.spec, self.model_id, images, self._detect_all)
-
-    def _detect_all(self, images: list[np.ndarray]) -> list[Detections]:
-        """Predicted in chunks of ``batch_size``."""
-        out: list[Detections] = []
-        for start in range(0, len(images), self.spec.batch_size):
-            out.extend(self._detect_chunk(images[start : start + self.spec.batch_size]))
-        return out
 
     def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
         # ultralytics treats numpy input as BGR (OpenCV convention); ours is RGB.

@@ -116,7 +116,7 @@ class EfficientNetLiteEmbedder:
         return np.stack(self._pooled_memo.get_or_compute(self._memo_namespace, images, self._compute_pooled))
 
     def embed(self, images: list[np.ndarray]) -> np.ndarray:
-        return l2_normalize(self.pooled(images)) if images else np.zeros((0, self.dim), np.float32)
+        return l2_normalize(self.pooled(images))
 
     def feature_maps(self, images: list[np.ndarray]) -> np.ndarray:
         """N×49×1280 feature maps; their pooled rows are remembered for ``embed``/``class_probabilities``."""
