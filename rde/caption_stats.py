@@ -130,8 +130,8 @@ def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
             if t.dep_ in {"nsubj", "nsubjpass"} or t.dep_ == "ROOT":
                 use.subject += 1
                 for child in t.head.children if t.dep_ != "ROOT" else []:
-                    if child.dep_ == "acomp" and child.pos_ == "ADJ":  # "The car is white."
-                        use.adjectives[child.lower_] += 1
+                    if child.dep_ == "acomp" and child.pos_ == "ADJ":  # "The car is white (and gray)."
+                        use.adjectives.update(a.lower_ for a in [child, *child.conjuncts] if a.pos_ == "ADJ")
                 for child in t.head.children if t.dep_ != "ROOT" else []:
                     if child.dep_ == "attr" and child.pos_ == "NOUN":  # "The vehicle is a white car."
                         other = uses.setdefault(child.lemma_.lower(), NounUse())

@@ -6,7 +6,7 @@ outside [min, max]), ``not_a_query`` (a question, a label such as "Query:", meta
 "Here is", or first-person speech: a search query describes a scene), ``degenerate`` (fewer than
 60 % distinct words: a repetition loop), ``off_domain`` (no domain word), ``unsafe`` (safety word list),
 ``duplicate`` (same normalised text), ``near_duplicate`` (text-embedding cosine ≥ threshold
-with an earlier accepted query).
+with an earlier accepted query that states the same attribute values, ``stated_attributes``).
 
 Distribution checks (on when the stage passes a ``LineContext``): ``echoes_example`` (an exact or
 near copy of a line of the prompt's own ``[Output Examples]``: same normalised text, cosine ≥ the
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from models.backends.attributes import SLOTS, parse_text_attributes
 from models.backends.interfaces import ChatMessage, GenerationRequest, TextEncoder
 from rde.caption_stats import NounUse
 from rde.profiles import QueriesSpec
@@ -217,6 +218,15 @@ def echo_of(text: str, vec: np.ndarray | None, ctx: LineContext, spec: QueriesSp
     return None
 
 
+def stated_attributes(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The attribute values a query states (colour per garment, carried objects, vehicle type and
+    colour: ``parse_text_attributes``), order-free. Two queries that state different values ask
+    for different images however close their embeddings: MiniLM puts "A person wearing black
+    bottoms and a red top." at cosine 0.924 to "A person wearing a black top and black bottoms."."""
+    attrs = parse_text_attributes(text)
+    return tuple((slot, tuple(sorted(attrs.top(slot)))) for slot in SLOTS if slot != "domain")
+
+
 def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str], spec: QueriesSpec,
                         blocked: list[str], encoder: TextEncoder | None,
                         accepted_before: list[str] | None = None,
@@ -270,8 +280,12 @@ def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str
             vec = cand_vecs[i : i + 1]
             if kept_vecs is not None and len(kept_vecs):
                 sims = kept_vecs @ vec[0]
-                j = int(np.argmax(sims))
-                if sims[j] >= spec.near_duplicate_cosine:
+                close = [j for j in np.argsort(-sims) if sims[j] >= spec.near_duplicate_cosine]
+                if spec.near_duplicate_attributes:
+                    mine = stated_attributes(text)
+                    close = [j for j in close if stated_attributes(kept_texts[j]) == mine]
+                if close:
+                    j = int(close[0])
                     reason, detail = "near_duplicate", f"cosine {sims[j]:.3f} with {kept_texts[j]!r}"
             if reason is None:
                 kept_vecs = vec if kept_vecs is None else np.vstack([kept_vecs, vec])
@@ -291,6 +305,11 @@ def _gbnf(text: str) -> str:
 
 def _article(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def _adjective_runs(adjectives: list[str]) -> list[str]:
+    """Each adjective alone, then each ordered pair as "x and y"."""
+    return adjectives + [f"{a} and {b}" for a in adjectives for b in adjectives if a != b]
 
 
 def _alternatives(options: list[str]) -> str:
@@ -352,7 +371,7 @@ def attested_uses(uses: dict[str, NounUse], min_count: int) -> dict[str, NounUse
     for lemma, use in uses.items():
         adjectives = Counter({a: c for a, c in use.adjectives.items() if c >= min_count})
         together = Counter({(own, n, a): c for (own, n, a), c in use.together.items()
-                            if (not own or own in adjectives)
+                            if c >= min_count and (not own or own in adjectives)
                             and (not a or uses.get(n, NounUse()).adjectives[a] >= min_count)})
         kept[lemma] = replace(use, adjectives=adjectives, together=together,
                               subject=use.subject if use.subject >= min_count else 0)
@@ -363,7 +382,9 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
                   domain_words: set[str], spec: QueriesSpec) -> str | None:
     """A GBNF grammar for one request: the prompt file's ``grammar`` template (the domain's
     template structure, "[subject] + [descriptor] + optional complement") filled with phrases the
-    caption pool attests for the request's sampled keywords. Every line it allows uses a sampled
+    caption pool attests for the request's sampled keywords. ``{described_subjects}`` is each
+    subject with the sampled adjectives the pool attests on that subject (``grammar_predicate``
+    in the prompt file): "bus that is gray" only if pool captions call a bus gray. Every line it allows uses a sampled
     noun or adjective and only pool words plus the template's function words. A template whose
     ``line`` rule has ``{first}``/``{others}`` gets one line rule per query: ``{first}`` is the
     line's (noun, adjective) keyword slot, ``{others}`` a complement about another sampled noun
@@ -383,9 +404,12 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
     subject_phrases = [p for s in subjects if s in nouns or set(adjs) & set(uses[s].adjectives)
                        for p in noun_phrases(s, uses[s], [a for a in adjs if a in uses[s].adjectives][:limit])]
     subject_adjs = [a for a in adjs if any(a in uses[s].adjectives for s in subjects)][:limit]
-    colours = subject_adjs + [f"{a} and {b}" for a in subject_adjs for b in subject_adjs if a != b]
+    predicate = prompt.extras.get("grammar_predicate", "{subject} that is {adjectives}")
+    described = [predicate.format(subject=word, adjectives=c) for s, word in zip(subjects, subject_words, strict=True)
+                 for c in _adjective_runs([a for a in adjs if a in uses[s].adjectives][:limit])]
     fills = {"{subjects}": _alternatives(subject_words), "{subject_phrases}": _alternatives(subject_phrases),
-             "{subject_adjectives}": _alternatives(colours)}
+             "{subject_adjectives}": _alternatives(_adjective_runs(subject_adjs)),
+             "{described_subjects}": _alternatives(described)}
     if any(name in template and not value for name, value in fills.items()):
         return None  # a slot the template needs has no phrase for these keywords
     for name, value in fills.items():

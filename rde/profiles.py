@@ -207,6 +207,8 @@ class QueriesSpec(Strict):
     temperature: float = Field(0.8, ge=0.0)
     max_tokens: int = Field(256, ge=16)
     near_duplicate_cosine: float = Field(0.92, gt=0.0, le=1.0)  # text-embedding cosine ≥ this → near duplicate
+    # ... and only when both state the same attribute values ("red top" vs "black top" are two queries)
+    near_duplicate_attributes: bool = True
     echo_max_word_edits: int = Field(1, ge=0)  # ≤ this many words changed from an output example → echoes_example
     echo_span_content_words: int = Field(3, ge=1)  # a copied run of words with this many content words → echo
     vocabulary_check: bool = True  # off_vocabulary: content words must occur in the domain's caption pool
@@ -220,6 +222,7 @@ class QueriesSpec(Strict):
     # pool captions say it (fewer is often a measurement slip: "red bottoms" from a red jacket's hem)
     grammar_min_pair_count: int = Field(3, ge=1)
     caption_sample_per_domain: int = Field(40, ge=1)  # images captioned for the caption pool
+    caption_max_tokens: int = Field(80, ge=8)  # token budget of one pool caption ("one or two sentences")
     caption_file: str | None = None  # CUHK-PEDES-style JSON captions instead of captioning the pool
     seed: int = 0
 

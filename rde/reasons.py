@@ -35,6 +35,7 @@ class Reason(StrEnum):
     # caption pool (tasks/secmm.py, rde/sentence_checks.py): one dropped sentence of a pool caption
     FRAGMENT = "fragment"  # not a complete sentence: no subject/verb, a dangling last word, a restart
     UNGROUNDED_ATTRIBUTE = "ungrounded_attribute"  # states an attribute nothing measured (eyes, age, ...)
+    REPEATED_SENTENCE = "repeated_sentence"  # the same sentence again in one caption (a generation loop)
     # DAP queries (rde/dap.py): a generated line that is not kept
     EMPTY = "empty"
     TOO_SHORT = "too_short"

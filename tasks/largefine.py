@@ -30,7 +30,8 @@ from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 
-VERSION = "2"  # bump when a stage here changes what it writes
+# Each stage's own version: bump one when that stage changes what it writes (it and its readers rerun).
+VERSIONS = {"hard-negatives": "2", "qa-tiers": "2", "template-gallery": "2", "adv-tier": "2", "export-largefine": "2"}
 GALLERY_PROMPT = "gtr_template_gallery"
 
 
@@ -52,7 +53,7 @@ def neighbours_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
     p, lf = ctx.profile, ctx.profile.largefine
     registry = ModelRegistry(p.models)
     embedder_spec = p.models.image_embedder
-    key = content_key(stage="hard-negatives", version=VERSION, accepted=_fingerprint(accepted_url),
+    key = content_key(stage="hard-negatives", version=VERSIONS["hard-negatives"], accepted=_fingerprint(accepted_url),
                       embedder=spec_lineage(embedder_spec), domains=lf.domains, max_images=lf.max_images,
                       k=lf.neighbours_k, seed=lf.seed, shard_size=lf.shard_size,
                       generators=[g.model_dump(mode="json") for g in p.models.generators])
@@ -168,7 +169,7 @@ def run_qa_tiers(ctx: RunContext, accepted_url: str, neighbours_url: str) -> sha
     """Base and intermediate tiers, one ``gpu``-tagged task per neighbours shard."""
     p, lf = ctx.profile, ctx.profile.largefine
     prompt = load_prompt(lf.tier_prompt)
-    key = content_key(stage="qa-tiers", version=VERSION, neighbours=_fingerprint(neighbours_url),
+    key = content_key(stage="qa-tiers", version=VERSIONS["qa-tiers"], neighbours=_fingerprint(neighbours_url),
                       prompt=prompt.identity, generation=_generation_settings(ctx), **_generator_lineage(ctx))
     outs = [sharded.Output("captions", ctx.artifact_url("tier12_captions"), "tier_captions", TIER_CAPTIONS),
             sharded.Output("qa", ctx.artifact_url("qa_pairs"), "qa_pairs", QA_PAIRS),
@@ -207,7 +208,7 @@ def gallery_task(ctx: RunContext, tier12_url: str) -> sharded.StageResult:
     p, spec = ctx.profile, ctx.profile.largefine.templates
     prompt = load_prompt(GALLERY_PROMPT)
     gen_spec = p.models.template_generator or ModelSpec(**BUNDLED_LLM)
-    key = content_key(stage="template-gallery", version=VERSION, captions=_fingerprint(tier12_url),
+    key = content_key(stage="template-gallery", version=VERSIONS["template-gallery"], captions=_fingerprint(tier12_url),
                       prompt=prompt.identity, generator=spec_lineage(gen_spec), spec=spec.model_dump())
     outs = [sharded.Output("templates", ctx.artifact_url("template_gallery"), "templates", TEMPLATES),
             sharded.Output("rejects", ctx.artifact_url("template_rejects"), "text_rejects", TEXT_REJECTS)]
@@ -255,7 +256,7 @@ def run_advanced_tier(ctx: RunContext, accepted_url: str, neighbours_url: str, t
     """T_adv per image from a drawn template and its T_base + T_inter; one task per shard."""
     p, lf = ctx.profile, ctx.profile.largefine
     prompt = load_prompt(lf.tier_prompt)
-    key = content_key(stage="adv-tier", version=VERSION, neighbours=_fingerprint(neighbours_url),
+    key = content_key(stage="adv-tier", version=VERSIONS["adv-tier"], neighbours=_fingerprint(neighbours_url),
                       tier12=_fingerprint(tier12_url), gallery=_fingerprint(gallery_url), prompt=prompt.identity,
                       generation=_generation_settings(ctx), **_generator_lineage(ctx))
     outs = [sharded.Output("captions", ctx.artifact_url("adv_captions"), "tier_captions", TIER_CAPTIONS),
@@ -290,7 +291,7 @@ def export_task(ctx: RunContext, neighbours_url: str, tier12_url: str, tier12_re
     """The LargeFine-style shards (one row per image and tier, aligned with the captioning
     shards) and all caption rejects in one artifact; then the dataset card. Its input is counted
     from the chosen images (``neighbours``): each ends as one caption or one reject per tier."""
-    key = content_key(stage="export-largefine", version=VERSION,
+    key = content_key(stage="export-largefine", version=VERSIONS["export-largefine"],
                       parts=[_fingerprint(u) for u in (tier12_url, tier12_rejects_url, adv_url, adv_rejects_url)])
     outs = [sharded.Output("captions", ctx.artifact_url("largefine"), "tier_captions", TIER_CAPTIONS),
             sharded.Output("rejects", ctx.artifact_url("caption_rejects"), "text_rejects", TEXT_REJECTS)]

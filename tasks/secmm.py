@@ -16,14 +16,13 @@ from prefect.cache_policies import NO_CACHE
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import BUNDLED_LLM, ModelRegistry, spec_lineage
 from rde import caption_stats, cgds, dap, labels, mecf, sentence_checks
+from rde.caption_pool import IMAGE_STAGE, SENTENCE_STAGE, pool_caption
 from rde.embedding_cache import EmbeddingCache
 from rde.evaluation import evaluate_expert
 from rde.expert_check import load_check_set, load_check_yaml
-from rde.generation_retries import error_reason
 from rde.image_decoding import decode_rgb
 from rde.profiles import ModelSpec
 from rde.prompt_files import load_prompt
-from rde.reasons import Reason
 from rde.runtime import resolve_location
 from storage import Artifact, content_key
 from storage.hashing import sha256_json
@@ -42,8 +41,12 @@ from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 
-VERSION = "3"  # bump when a stage here changes what it writes
-DAP_VERSION = "4"  # the DAP stage alone (4: grammar complements must co-occur in one pool caption)
+# Each stage's own version: bump one when that stage changes what it writes; it reruns with what
+# reads its output, and nothing upstream (caption-pool 4: repeated sentences, verbs without object
+# and colours without noun dropped; dap 5: a combination needs grammar_min_pair_count captions;
+# mecf 4: the attribute expert measures garment colours on the GrabCut person mask).
+VERSIONS = {"caption-pool": "4", "caption-stats": "3", "dap": "5", "cgds": "3", "mecf": "4", "export": "3",
+            "evaluate": "3"}
 
 
 def _query_generator_spec(ctx: RunContext) -> ModelSpec:
@@ -60,9 +63,11 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
     prompt = load_prompt("caption_pool")
     gen_spec = p.models.generators[0] if p.models.generators else None
     caption_file = resolve_location(p.queries.caption_file) if p.queries.caption_file else None
-    key = content_key(stage="caption-pool", version=VERSION, accepted=Artifact(accepted_url).manifest().fingerprint,
+    key = content_key(stage="caption-pool", version=VERSIONS["caption-pool"],
+                      accepted=Artifact(accepted_url).manifest().fingerprint,
                       generator=spec_lineage(gen_spec), prompt=prompt.identity, file=caption_file,
-                      sample=p.queries.caption_sample_per_domain, seed=p.queries.seed)
+                      sample=p.queries.caption_sample_per_domain, max_tokens=p.queries.caption_max_tokens,
+                      seed=p.queries.seed)
     outs = [sharded.Output("captions", ctx.artifact_url("caption_pool"), "captions", CAPTIONS),
             sharded.Output("rejects", ctx.artifact_url("caption_pool_rejects"), "text_rejects", TEXT_REJECTS)]
 
@@ -87,37 +92,25 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
             images = {r["image_id"]: decode_rgb(r["image_bytes"]) for r in chosen}
             requests = [GenerationRequest(r["image_id"], [ChatMessage("user", prompt.templates[domain],
                                                                       [images[r["image_id"]]])],
-                                          max_tokens=80, temperature=0.0) for r in chosen]
+                                          max_tokens=p.queries.caption_max_tokens, temperature=0.0)
+                        for r in chosen]
             generated += len(requests)
             results = generator.generate(requests)
             # complete sentences only, and (where the generator measured facts) only what was measured
-            facts = [measured([images[r.request_id]])[0] if measured and r.ok else None for r in results]
+            facts = [measured([images[r.request_id]])[0] if measured else None for r in results]
             checks = sentence_checks.check_captions([r.text if r.ok else "" for r in results],
                                                     [f.allowed if f else None for f in facts], generic,
-                                                    int(prompt.extras.get("restart_ngram", 3)))
+                                                    int(prompt.extras.get("restart_ngram", 3)),
+                                                    needs_object=prompt.extras.get("needs_object", []))
             from_facts = prompt.extras.get("from_facts", {}).get(domain, {})
             for res, check, fact in zip(results, checks, facts, strict=True):
-                if not res.ok:  # the image's one row: a failed generation is not papered over
-                    rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
-                                    "reason": error_reason(res.error), "text": None, "detail": res.error})
-                    continue
-                clean_before += check.clean
-                for dropped in check.dropped:  # detail rows: the image itself still ends as one row below
-                    rejects.append({"source_id": res.request_id, "domain": domain, "stage": SENTENCE_STAGE,
-                                    "reason": dropped.reason, "text": dropped.text, "detail": dropped.detail})
-                text, q_txt, source = check.kept, res.mean_token_probability, res.model_id
-                if not text and fact is not None and from_facts:  # nothing usable: say what was measured
-                    text, q_txt, source = sentence_checks.facts_caption(fact.values, from_facts), None, \
-                        f"{res.model_id}+facts"
-                    rendered += bool(text)
-                if text:
-                    captions.append({"image_id": res.request_id, "domain": domain, "text": text, "q_txt": q_txt,
-                                     "generator": source, "prompt": prompt.identity})
-                else:
-                    reason = check.dropped[0].reason if check.dropped else str(Reason.EMPTY)
-                    rejects.append({"source_id": res.request_id, "domain": domain, "stage": "caption-pool",
-                                    "reason": reason, "text": res.text, "detail": "no complete, grounded sentence"})
-        image_rows = [r for r in rejects if r["stage"] == "caption-pool"]
+                decided = pool_caption(res, check, fact.values if fact else None, from_facts, domain,
+                                       prompt.identity)
+                captions += [decided.caption] if decided.caption else []
+                rejects += decided.rejects
+                clean_before += decided.clean
+                rendered += decided.rendered
+        image_rows = [r for r in rejects if r["stage"] == IMAGE_STAGE]
         stats = {"input_rows": generated, "accepted": len(captions),
                  "rejected": dict(Counter(r["reason"] for r in image_rows)),
                  "dropped_sentences": dict(Counter(r["reason"] for r in rejects if r["stage"] == SENTENCE_STAGE)),
@@ -133,7 +126,6 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
     return result
 
 
-SENTENCE_STAGE = "caption-pool-sentence"  # a dropped sentence of a kept (or rejected) pool caption
 
 
 def _captions_from_file(path: Path, domain: str) -> list[dict[str, Any]]:
@@ -155,7 +147,8 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
     """POS statistics of the caption pool, then Distribution-Aware Prompting per domain."""
     p = ctx.profile
     captions = Artifact(captions_url)
-    stats_key = content_key(stage="caption-stats", version=VERSION, captions=captions.manifest().fingerprint)
+    stats_key = content_key(stage="caption-stats", version=VERSIONS["caption-stats"],
+                            captions=captions.manifest().fingerprint)
     stats_out = [sharded.Output("stats", ctx.artifact_url("caption_stats"), "caption_stats", CAPTION_STATS)]
 
     def compute_stats() -> tuple[dict[str, pa.Table], dict[str, Any]]:
@@ -176,7 +169,7 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
     gen_spec = _query_generator_spec(ctx)
     prompts = {d.name: load_prompt(f"dap_{d.name}") for d in p.domains}
     safety = load_prompt("query_safety")
-    key = content_key(stage="dap", version=DAP_VERSION, stats=Artifact(stats_out[0].url).manifest().fingerprint,
+    key = content_key(stage="dap", version=VERSIONS["dap"], stats=Artifact(stats_out[0].url).manifest().fingerprint,
                       captions=captions.manifest().fingerprint, queries=p.queries.model_dump(),
                       generator=spec_lineage(gen_spec),
                       encoder=spec_lineage(p.models.text_encoder), prompts={k: v.identity for k, v in prompts.items()},
@@ -259,7 +252,7 @@ def cgds_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
     registry = ModelRegistry(p.models)
     embedder = registry.image_embedder()
     cache = EmbeddingCache(resolve_location(p.artifacts_root), embedder)
-    key = content_key(stage="cgds", version=VERSION, accepted=Artifact(accepted_url).manifest().fingerprint,
+    key = content_key(stage="cgds", version=VERSIONS["cgds"], accepted=Artifact(accepted_url).manifest().fingerprint,
                       sampling=p.sampling.model_dump(), embedder=cache.identity)
     outs = [sharded.Output("gallery", ctx.artifact_url("gallery"), "gallery", GALLERY),
             sharded.Output("sampling", ctx.artifact_url("sampling"), "sampling", SAMPLING)]
@@ -312,7 +305,7 @@ def cgds_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
 def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.StageResult:
     """Every expert retrieves its top-K per query within the query's domain; keep the union (Eq. 1)."""
     p = ctx.profile
-    key = content_key(stage="mecf", version=VERSION, queries=Artifact(queries_url).manifest().fingerprint,
+    key = content_key(stage="mecf", version=VERSIONS["mecf"], queries=Artifact(queries_url).manifest().fingerprint,
                       gallery=Artifact(gallery_url).manifest().fingerprint, retrieval=p.retrieval.model_dump(),
                       experts=[spec_lineage(s) for s in p.models.experts])
     outs = [sharded.Output("candidates", ctx.artifact_url("candidates"), "candidates", CANDIDATES)]
@@ -367,7 +360,7 @@ def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_
     the others stay ``verified = false`` (the "unverified" benchmark)."""
     decisions = Artifact(ctx.artifact_url("decisions"))
     decided = decisions.manifest().fingerprint if decisions.is_complete() else None
-    key = content_key(stage="export", version=VERSION, queries=Artifact(queries_url).manifest().fingerprint,
+    key = content_key(stage="export", version=VERSIONS["export"], queries=Artifact(queries_url).manifest().fingerprint,
                       gallery=Artifact(gallery_url).manifest().fingerprint,
                       candidates=Artifact(candidates_url).manifest().fingerprint, decisions=decided)
     bench = ctx.artifact_url("benchmark")
@@ -454,7 +447,8 @@ def evaluate_task(ctx: RunContext, bench_url: str) -> sharded.StageResult:
     profile's hand-labelled check sets."""
     p = ctx.profile
     check_files = [resolve_location(f) for f in p.evaluation.check_sets]
-    key = content_key(stage="evaluate", version=VERSION, qrels=Artifact(f"{bench_url}/qrels").manifest().fingerprint,
+    key = content_key(stage="evaluate", version=VERSIONS["evaluate"],
+                      qrels=Artifact(f"{bench_url}/qrels").manifest().fingerprint,
                       experts=[spec_lineage(s) for s in p.models.experts], check_sets=[
                           sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files],
                       pool=p.evaluation.check_set_pool)

@@ -30,7 +30,9 @@ from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import Progress, accounting_line, inline_png, log, publish_markdown, publish_table, split_name
 
-VERSION = "2"  # 2: features stats hold the splits (train, held_out) and rejects by reason
+# Each stage's own version: bump one when that stage changes what it writes (it and its readers rerun).
+# training-features 2: stats hold the splits (train, held_out) and rejects by reason.
+VERSIONS = {"training-features": "2", "train": "2"}
 VEC = pa.list_(pa.float32())
 FEATURES = pa.schema([pa.field("kind", pa.string(), nullable=False),  # pair | image | gallery | query
                       pa.field("key", pa.string(), nullable=False), pa.field("index", pa.int32(), nullable=False),
@@ -64,7 +66,8 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
     if not captions.is_complete():
         raise ValueError(f"no finished captions at {captions.url}: run `rde build-largefine` (profile {p.name}) "
                          "first; its captions are the training pairs")
-    key = content_key(stage="training-features", version=VERSION, captions=captions.manifest().fingerprint,
+    key = content_key(stage="training-features", version=VERSIONS["training-features"],
+                      captions=captions.manifest().fingerprint,
                       models=models_lineage(p.models), views=t.views, max_pairs=t.max_pairs,
                       student=t.model.model_dump(mode="json") if t.model else None,
                       held_out=t.held_out_share, seed=t.seed, check_sets=p.evaluation.check_sets)
@@ -279,7 +282,8 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
     """Train (resuming from the last checkpoint of the same configuration), evaluate zero-shot and
     trained, write the step log, the evaluation rows, the final weights and the loss plot."""
     p = ctx.profile
-    key = content_key(stage=f"train-{method}", version=VERSION, features=Artifact(features_url).manifest().fingerprint,
+    key = content_key(stage=f"train-{method}", version=VERSIONS["train"],
+                      features=Artifact(features_url).manifest().fingerprint,
                       cfg=cfg.__dict__, train_text=p.training.train_text,
                       student=p.training.model.model_dump(mode="json") if p.training.model else None)
     name = f"train_{method}"

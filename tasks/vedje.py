@@ -38,7 +38,8 @@ from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import Progress, log, publish_markdown, publish_table, stage_table
 
-VERSION = "1"
+# Each stage's own version: bump one when that stage changes what it writes (it and its readers rerun).
+VERSIONS = {"vedje-features": "1", "vedje-train": "1", "index-cache": "1", "rerank": "1"}
 REJECTS = pa.schema([pa.field("item_id", pa.string(), nullable=False), pa.field("reason", pa.string(), nullable=False),
                      pa.field("detail", pa.string())])
 LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
@@ -90,7 +91,8 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
     """Frozen backbone patch features per frame, stage-1 item and query embeddings."""
     items, upstream = _source(ctx)
     backbone, stage1 = _backbone_spec(ctx), _stage1_spec(ctx)
-    key = content_key(stage="vedje-features", version=VERSION, source=[a.manifest().fingerprint for a in upstream],
+    key = content_key(stage="vedje-features", version=VERSIONS["vedje-features"],
+                      source=[a.manifest().fingerprint for a in upstream],
                       vedje={k: getattr(ctx.profile.vedje, k) for k in ("source", "clips_path", "test_share", "seed")},
                       backbone=spec_lineage(backbone), stage1=spec_lineage(stage1))
     outs = [sharded.Output("frames", ctx.artifact_url("vedje_frames"), "vedje_frames", FRAME_FEATURES),
@@ -178,7 +180,8 @@ def train_task(ctx: RunContext, urls: dict[str, str]) -> sharded.StageResult:
             raise FileNotFoundError(f"vedje.train_compressor=false keeps the previous compressor, but there is no "
                                     f"trained model at {meta_file.parent}: run `rde train-vedje` once first")
         frozen = json.loads(meta_file.read_text())["cache_lineage"]["compressor"]
-    key = content_key(stage="vedje-train", version=VERSION, features=Artifact(urls["items"]).manifest().fingerprint,
+    key = content_key(stage="vedje-train", version=VERSIONS["vedje-train"],
+                      features=Artifact(urls["items"]).manifest().fingerprint,
                       vedje=spec.model_dump(mode="json"), frozen_compressor=frozen)
     outs = [sharded.Output("log", ctx.artifact_url("vedje_log"), "training_log", LOG),
             sharded.Output("evaluation", ctx.artifact_url("vedje_evaluation"), "evaluation", RECALL)]
@@ -241,7 +244,8 @@ def index_task(ctx: RunContext) -> sharded.StageResult:
     items, upstream = _source(ctx)
     backbone, stage1 = _backbone_spec(ctx), _stage1_spec(ctx)
     n_shards = max(1, -(-len(items.item_ids) // spec.shard_size))
-    key = content_key(stage="index-cache", version=VERSION, source=[a.manifest().fingerprint for a in upstream],
+    key = content_key(stage="index-cache", version=VERSIONS["index-cache"],
+                      source=[a.manifest().fingerprint for a in upstream],
                       lineage=lineage, stage1=spec_lineage(stage1), precision=spec.precision,
                       shard_size=spec.shard_size)
     outs = [sharded.Output("cache", ctx.artifact_url("cache"), "vedje_cache", CACHE),
@@ -300,7 +304,7 @@ def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.St
                          f"({(indexed_with or {}).get('model_id')!r}, profile now "
                          f"{_stage1_spec(ctx).model_id!r}): run `rde index-cache` again")
     n_max = max(spec.candidates)
-    key = content_key(stage="rerank", version=VERSION, cache=cache.fingerprint, model=meta, queries=queries,
+    key = content_key(stage="rerank", version=VERSIONS["rerank"], cache=cache.fingerprint, model=meta, queries=queries,
                       n=spec.candidates, batch=spec.score_batch)
     outs = [sharded.Output("reranked", ctx.artifact_url("reranked"), "reranked", RERANKED),
             sharded.Output("evaluation", ctx.artifact_url("rerank_evaluation"), "evaluation", RECALL)]

@@ -11,9 +11,21 @@ import numpy as np
 import pytest
 from tiny_models import build_tiny_clip, build_tiny_dinov2, build_tiny_qwen2vl, random_images
 
-from models.backends.attributes import COLOURS, colour_distribution, measure_attributes, parse_text_attributes
+from models.backends.attributes import (
+    COLOURS,
+    colour_distribution,
+    measure_attributes,
+    parse_text_attributes,
+    person_mask,
+)
 from models.backends.detectors import Detections
-from models.backends.grounded_captioner import GroundedCaptionGenerator, keep_grounded, ungrounded_words
+from models.backends.grounded_captioner import (
+    GroundedCaptionGenerator,
+    describe_image,
+    keep_grounded,
+    ungrounded_words,
+    vehicle_type_agrees,
+)
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
 from models.backends.model_errors import ModelLoadError
 from models.backends.registry import ModelRegistry
@@ -113,6 +125,58 @@ def test_measured_attributes_follow_the_person_box() -> None:
     text = parse_text_attributes("a woman in a red jacket and blue jeans carrying a bag")
     other = parse_text_attributes("a man in a green shirt and black trousers")
     assert attrs.vector() @ text.vector() > attrs.vector() @ other.vector()
+
+
+def _person_on_pavement() -> tuple[np.ndarray, Detections]:
+    """A thin person (red top, blue trousers) on light pavement, boxed loosely as a detector does:
+    the box's central columns are mostly pavement beside the legs."""
+    rng = np.random.default_rng(0)
+    image = np.clip(rng.normal(225, 6, (200, 120, 3)), 0, 255).astype(np.uint8)  # light pavement
+    image[40:95, 50:70] = (200, 30, 30)  # upper body, 20 px wide
+    image[95:175, 54:58] = (40, 60, 180)  # two thin legs
+    image[95:175, 62:66] = (40, 60, 180)
+    return image, Detections(np.array([[30, 10, 90, 185]], np.float32), ["person"], np.array([0.9], np.float32))
+
+
+def test_person_mask_keeps_pavement_out_of_the_garment_colours() -> None:
+    """In the box's lower band the pavement outnumbers the legs 5:1: without the mask the
+    trousers read white; GrabCut keeps the legs, and the trousers read blue."""
+    image, dets = _person_on_pavement()
+    boxed = measure_attributes(image, dets, mask_iterations=0)
+    assert boxed.top("lower")[0] == "white"  # what the box halves said (the demo's "white bottoms")
+    masked = measure_attributes(image, dets)
+    assert masked.top("lower", 0.2) == ["blue"] and masked.top("upper", 0.2) == ["red"]
+    mask = person_mask(image, dets.boxes[0])
+    assert mask is not None and mask[140, 55] and not mask[140, 35]
+    assert person_mask(image, np.array([0, 0, 120, 200], np.float32)) is None  # nothing outside the box
+
+
+def test_vehicle_type_stands_unless_the_classifier_contradicts_it() -> None:
+    """Evidence = summed probability of a type's ImageNet classes among the top 10 (hand-computed)."""
+    names = ["Model T", "garbage truck", "moped", "horse cart", "tabby", "cab"]
+    probs = lambda *p: np.array(p, np.float32)  # noqa: E731
+    # the demo's 1906 car typed "motorcycle": Model T .33, no moped → motorcycle is not said
+    assert not vehicle_type_agrees("motorcycle", probs(0.33, 0.0, 0.0, 0.0, 0.6, 0.0), names)
+    # the same image typed "car": its own evidence .33 ≥ .05 support
+    assert vehicle_type_agrees("car", probs(0.33, 0.0, 0.0, 0.0, 0.6, 0.0), names)
+    # a car with weak support (.06 cab) beside strong truck evidence still stands: support wins
+    assert vehicle_type_agrees("car", probs(0.0, 0.5, 0.0, 0.0, 0.4, 0.06), names)
+    # a horse cart typed "car": car .04 < .05, "other" .12 ≥ .1 → contradicted
+    assert not vehicle_type_agrees("car", probs(0.02, 0.0, 0.0, 0.12, 0.8, 0.02), names)
+    # no vehicle class above .1: nothing contradicts, the detector stands
+    assert vehicle_type_agrees("bus", probs(0.03, 0.04, 0.0, 0.02, 0.9, 0.01), names)
+
+
+def test_a_contradicted_vehicle_type_is_not_a_fact() -> None:
+    image = np.full((100, 200, 3), 128, np.uint8)
+    image[20:80, 30:170] = (20, 20, 20)
+    dets = Detections(np.array([[30, 20, 170, 80]], np.float32), ["motorcycle"], np.array([0.8], np.float32))
+    names = ["Model T", "moped", "tabby"]
+    facts = describe_image(image, dets, np.array([0.4, 0.0, 0.6], np.float32), names)
+    assert facts.values["vehicle_type"] == [] and "subject: a vehicle" in facts.lines
+    assert "motorcycle" not in facts.allowed and "black" in facts.allowed
+    agreed = describe_image(image, dets, np.array([0.0, 0.4, 0.6], np.float32), names)
+    assert agreed.values["vehicle_type"] == ["motorcycle"] and "motorcycle" in agreed.allowed
 
 
 def test_text_attribute_parsing() -> None:

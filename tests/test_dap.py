@@ -70,6 +70,37 @@ def test_postprocess_rules_in_order() -> None:
     assert verdicts[2].detail.startswith("cosine")
 
 
+class FixedCosine:
+    """A text encoder whose every pair of distinct texts has cosine ``c`` (MiniLM's saturation on
+    short templated queries: the demo's pairs below measured 0.92–0.99)."""
+
+    def __init__(self, c: float) -> None:
+        self.c = c
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        base = np.sqrt(self.c)
+        out = np.zeros((len(texts), 1 + len(texts)), np.float32)
+        out[:, 0] = base
+        out[np.arange(len(texts)), 1 + np.arange(len(texts))] = np.sqrt(1 - self.c)
+        return out
+
+
+def test_near_duplicates_must_state_the_same_attributes() -> None:
+    """At cosine 0.95 a query that states other colours (or another garment) is a new query; one
+    that says the same thing in another order is a near duplicate (the demo's rejects)."""
+    cands = [("A person wearing a black top and black bottoms.", "r0"),
+             ("A person wearing black bottoms and a black top.", "r0"),  # same values, other order
+             ("A person wearing black bottoms and a red top.", "r0"),  # 0.924 in the demo: another query
+             ("A person wearing a black top.", "r1"),  # states no bottoms
+             ("A car that is black.", "r1"), ("A vehicle that is black.", "r1"), ("A car that is gray.", "r1")]
+    verdicts = postprocess_queries(cands, DOMAIN | {"person", "car", "vehicle"}, SPEC, BLOCKED, FixedCosine(0.95))
+    assert [v.reason for v in verdicts] == [None, "near_duplicate", None, None, None, None, None]
+    assert "'A person wearing a black top and black bottoms.'" in verdicts[1].detail
+    off = SPEC.model_copy(update={"near_duplicate_attributes": False})  # cosine alone, as before
+    assert [v.reason for v in postprocess_queries(cands, DOMAIN | {"person", "car", "vehicle"}, off, BLOCKED,
+                                                  FixedCosine(0.95))][1:] == ["near_duplicate"] * 6
+
+
 def test_accepted_before_counts_for_duplicates() -> None:
     v = postprocess_queries([("A man in a red jacket walks past the gate.", "r9")], DOMAIN, SPEC, BLOCKED, None,
                             accepted_before=["a man in a red jacket walks past the gate"])
@@ -165,16 +196,43 @@ def test_a_line_without_its_request_keywords_is_rejected_and_kept_lines_record_t
 # --- caption pool: complete, grounded sentences -----------------------------------------------------
 
 GENERIC = set(load_prompt("caption_pool").extras["generic_words"])
+NEEDS_OBJECT = load_prompt("caption_pool").extras["needs_object"]
 
 
 @pytest.mark.parametrize("caption", [
     "The person is wearing a black with a black The person is wearing a black The person.",  # restarts
     "The person is carrying a.",  # a determiner with nothing after it
     "a dark and dark grey face with a black and gray complexion.",  # no verb
+    "The person is dressed in a black with a black The person.",  # the demo's: no 3-gram repeats
+    "The person is dressed in a black with a bag.",  # "a black" and no noun after the colour
+    "The person is wearing.",  # the demo's: "wear" (prompt file needs_object) with nothing worn
+    "The person is wearing a black and black clothing.",  # the demo's: a colour coordinated with itself
+    "The person is wearing a black top and dark-black.",  # the demo's: a colour joined to a noun
+    "The person carries a black and a black, high-.",  # the demo's: colours without a noun, a cut word
 ])
 def test_fragmentary_captions_are_dropped(caption: str) -> None:
-    check = clean_caption(caption, {"black", "gray", "backpack"}, GENERIC)
+    check = clean_caption(caption, {"black", "gray", "backpack", "bag", "clothing"}, GENERIC,
+                          needs_object=NEEDS_OBJECT)
     assert check.kept == "" and check.sentences[0].reason == "fragment"
+
+
+def test_a_sentence_said_again_in_one_caption_is_dropped() -> None:
+    """The demo's pool had "The person is wearing a black top." six times in one caption."""
+    check = clean_caption("The person is wearing a black top. The person is wearing a black top. "
+                          "The person is dressed in black. the person is wearing a black top", {"black", "top"},
+                          GENERIC, needs_object=NEEDS_OBJECT)
+    assert check.kept == "The person is wearing a black top. The person is dressed in black."
+    assert [v.reason for v in check.sentences] == [None, "repeated_sentence", None, "repeated_sentence"]
+
+
+@pytest.mark.parametrize("caption", [
+    "The person is wearing a black and white top.", "The person is wearing a dark blue top.",
+    "The vehicle is a black car.", "The person is wearing a black top. The person is wearing black bottoms.",
+    "The vehicle is black and gray.", "The person is dressed in black.", "The person is carrying a backpack.",
+])
+def test_complete_colour_sentences_are_kept(caption: str) -> None:
+    assert clean_caption(caption, {"black", "white", "blue", "gray", "car", "top", "bottoms", "backpack"}, GENERIC,
+                         needs_object=NEEDS_OBJECT).clean
 
 
 def test_ungrounded_attribute_sentences_are_dropped_and_grounded_ones_kept() -> None:
@@ -196,6 +254,17 @@ def test_a_caption_with_nothing_left_is_rendered_from_the_measured_values() -> N
     assert clean_caption(text, {"red", "black", "blue"}, GENERIC).clean
     assert facts_caption({"vehicle_type": ["truck"], "vehicle_colour": ["white"]},
                          templates["vehicle"]) == "The vehicle is a white truck."
+    # a type the classifier contradicted is not measured: the colours alone, one sentence
+    assert facts_caption({"vehicle_type": [], "vehicle_colour": ["black", "gray"]},
+                         templates["vehicle"]) == "The vehicle is black and gray."
+
+
+def test_predicative_colours_are_attested_on_their_subject() -> None:
+    """"The vehicle is black and gray." attests both colours on "vehicle" (the conjunct too), so a
+    vehicle of unclear type still gives DAP "A vehicle that is black and gray"."""
+    uses = caption_stats.noun_uses(["The vehicle is black and gray.", "The vehicle is a white car."])
+    assert uses["vehicle"].adjectives == {"black": 1, "gray": 1} and uses["vehicle"].subject == 2
+    assert uses["car"].adjectives == {"white": 1}
 
 
 # --- grammar-constrained generation --------------------------------------------------------------------
@@ -247,6 +316,40 @@ def test_grammar_leaves_out_pairs_too_few_pool_captions_state() -> None:
                                   uses, PED_WORDS, SPEC)  # with a threshold of 1 the slip is offered
 
 
+def test_a_combination_needs_as_many_captions_as_a_single_pair() -> None:
+    """Gray bottoms (4 captions) and a black top (4) are each attested, but one caption puts them
+    together: with a threshold of 3 the black-top line offers blue bottoms only (the demo asked for
+    "a black top and gray bottoms", which nobody in its pool wears)."""
+    pool = (["The person is wearing a black top and blue bottoms."] * 3
+            + ["The person is wearing a red top and gray bottoms."] * 3
+            + ["The person is wearing a black top and gray bottoms."])
+    uses = caption_stats.noun_uses(pool)
+    kept = attested_uses(uses, 3)
+    assert kept["bottom"].adjectives == {"blue": 3, "gray": 4} and kept["top"].adjectives == {"black": 4, "red": 3}
+    assert ("black", "bottom", "gray") not in kept["top"].together
+    spec = SPEC.model_copy(update={"grammar_min_pair_count": 3})
+    grammar = build_grammar(PED, {"noun": ["top", "bottom"], "verb": [], "adj": ["black", "gray"]}, uses,
+                            PED_WORDS, spec)
+    black_line = next(r for r in grammar.splitlines() if '"wearing a black top"' in r)
+    assert '"blue bottoms"' in black_line and '"gray bottoms"' not in black_line
+
+
+def test_vehicle_grammar_offers_only_colours_the_pool_says_of_that_vehicle() -> None:
+    """Buses are said gray, one car black and one truck white: "A truck that is gray" is no
+    pool phrase (v2 of the prompt offered any attested colour after any subject)."""
+    pool = ["The vehicle is a gray bus.", "The vehicle is a black car.", "The vehicle is a white truck.",
+            "The vehicle is black and gray."]
+    uses = caption_stats.noun_uses(pool)
+    words = set(VEH.extras["domain_words"])
+    grammar = build_grammar(VEH, {"noun": ["truck"], "verb": [], "adj": ["gray", "black", "white"]}, uses, words, SPEC)
+    assert grammar is not None
+    described = next(r for r in grammar.splitlines() if r.startswith("described ::="))
+    assert '"bus that is gray"' in described and '"truck that is white"' in described
+    assert '"vehicle that is black and gray"' in described and '"vehicle that is gray and black"' in described
+    assert "truck that is gray" not in described and "bus that is black" not in described
+    assert "car that is gray" not in described and "car that is black" in described
+
+
 @pytest.mark.slow
 def test_constrained_smollm2_writes_only_lines_that_pass_the_checks() -> None:
     from models.backends.generators import LlamaCppGenerator
@@ -265,3 +368,42 @@ def test_constrained_smollm2_writes_only_lines_that_pass_the_checks() -> None:
     content = [v for v in verdicts if v.reason not in {"duplicate", "near_duplicate"}]
     assert [v.reason for v in content] == [None] * len(content), [(v.text, v.reason, v.detail) for v in verdicts]
     assert all(v.keywords for v in content)
+
+
+# --- caption pool: one row per captioned image ------------------------------------------------------
+
+POOL_FACTS = load_prompt("caption_pool").extras["from_facts"]["pedestrian"]
+
+
+def _pool(text: str, error: str | None = None, values: dict | None = None):
+    from models.backends.interfaces import GenerationResult
+    from rde.caption_pool import pool_caption
+
+    res = GenerationResult("img", "" if error else text, [], "cap", "stop", error)
+    check = clean_caption(res.text, {"black", "blue", "top", "bottoms"}, GENERIC, needs_object=NEEDS_OBJECT)
+    return pool_caption(res, check, values, POOL_FACTS, "pedestrian", "caption_pool@3")
+
+
+def test_pool_caption_keeps_the_grounded_sentences_and_details_the_rest() -> None:
+    got = _pool("The person is wearing a black top. Their eyes are auburn.", values={"top": ["black"]})
+    assert got.caption["text"] == "The person is wearing a black top." and got.caption["generator"] == "cap"
+    assert [(r["stage"], r["reason"]) for r in got.rejects] == [("caption-pool-sentence", "ungrounded_attribute")]
+
+
+def test_a_wholly_ungrounded_caption_is_said_from_the_facts() -> None:
+    """The grounded captioner refuses a text whose every sentence states something unmeasured; the
+    image still has measured facts, so its caption is rendered from them (the demo lost 32 of 154
+    pool images to this before), and the refusal stays as a detail row."""
+    values = {"top": ["red"], "bottom": ["blue"], "carried": [], "clothing": []}
+    got = _pool("", error="ungrounded: every sentence stated something not measured ('a man': ['man'])",
+                values=values)
+    assert got.caption["text"] == "The person is wearing a red top. The person is wearing blue bottoms."
+    assert got.caption["generator"] == "cap+facts" and got.rendered and got.caption["q_txt"] is None
+    assert [(r["stage"], r["reason"]) for r in got.rejects] == [("caption-pool-sentence", "ungrounded_attribute")]
+
+
+def test_a_failed_generation_is_the_images_reject_row() -> None:
+    got = _pool("", error="timeout after 30 s", values={"top": ["red"]})
+    assert got.caption is None and [(r["stage"], r["reason"]) for r in got.rejects] == [("caption-pool", "timeout")]
+    nothing = _pool("", error="ungrounded: every sentence ...", values=None)  # no facts to say
+    assert nothing.caption is None and nothing.rejects[0]["reason"] == "ungrounded"

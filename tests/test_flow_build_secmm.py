@@ -16,6 +16,7 @@ from flows.build_secmm import build_secmm
 from rde.cli import app
 from rde.profiles import load_profile
 from storage import Artifact
+from tasks import secmm as secmm_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +123,8 @@ def test_bad_input_folder_through_the_flow(tmp_path: Path, person_crop: np.ndarr
 
 
 @pytest.mark.timeout(1800)  # three demo builds, a label import and every artifact opened three ways
-def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path) -> None:
+def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stage on the demo pool: queries and gallery for both domains, the MECF union with
     provenance, the benchmark folder, and verified check-set metrics for each expert."""
     import pyarrow.dataset as pads
@@ -210,3 +212,7 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path)
     assert set(qrels[qrels.verified].annotator) == {"tester"}
     ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
     assert (ev.benchmark == "build-secmm/demo").any() and set(ev.labels) == {"verified"}
+    # per-stage versions: bumping CGDS's reruns CGDS and what reads its gallery, nothing upstream
+    monkeypatch.setitem(secmm_tasks.VERSIONS, "cgds", secmm_tasks.VERSIONS["cgds"] + "-test")
+    bumped = _stages(build_secmm(profile="demo", output_root=out))
+    assert [name for name, s in bumped.items() if not s["skipped"]] == ["cgds", "mecf", "export", "evaluate"]

@@ -80,7 +80,6 @@ class SemanticBridgeExpert:
 class AttributeExpert:
     """Measured attributes (colours per body region, objects, vehicle type/colour) vs parsed query."""
 
-    preprocessing = "ssd-coco+lab-colour-naming-v1"
     dim = 43
 
     def __init__(self, spec: ModelSpec, detector: Detector) -> None:
@@ -88,6 +87,8 @@ class AttributeExpert:
         self.model_id = spec.model_id
         self.detector = detector
         self.object_min_score = float(spec.options.get("object_min_score", 0.3))
+        self.mask_iterations = int(spec.options.get("mask_iterations", 2))  # GrabCut person mask; 0 = box
+        self.preprocessing = f"ssd-coco+grabcut{self.mask_iterations}+lab-colour-naming-v2"
 
     def encode_text(self, texts: list[str]) -> np.ndarray:
         return np.stack([parse_text_attributes(t).vector() for t in texts]) if texts \
@@ -100,7 +101,7 @@ class AttributeExpert:
         size = max(1, len(images)) if self.spec.batch_size == auto_batch.AUTO else int(self.spec.batch_size)
         for batch in batched(images, size):
             for image, dets in zip(batch, self.detector.detect(list(batch)), strict=True):
-                out.append(measure_attributes(image, dets, self.object_min_score).vector())
+                out.append(measure_attributes(image, dets, self.object_min_score, self.mask_iterations).vector())
         return np.stack(out) if out else np.zeros((0, self.dim), np.float32)
 
 

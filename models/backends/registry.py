@@ -67,9 +67,11 @@ def spec_lineage(spec: ModelSpec | None) -> dict[str, Any]:
         out.pop("batch_size", None)
     out["options"] = {k: v for k, v in out.get("options", {}).items() if k not in SPEED_ONLY_OPTIONS}
     if spec.backend == "grounded":
+        from models.backends.grounded_captioner import FACTS_VERSION
         from rde.prompt_files import load_prompt
 
         out["internal_prompt"] = load_prompt("grounded_captioner").identity
+        out["facts_version"] = FACTS_VERSION
     return out
 
 
