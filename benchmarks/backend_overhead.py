@@ -28,8 +28,9 @@ import torch
 from models.backends import auto_batch
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import ModelRegistry
+from models.specs import ModelSpec
 from rde.image_decoding import decode_rgb
-from rde.profiles import ModelSpec, load_profile
+from rde.profiles import load_profile
 from storage import Artifact
 
 # the wrapper with the network as the bare call runs it and no reuse of earlier results, so both
@@ -108,7 +109,7 @@ def main() -> None:
         results.append(("efficientnet-lite0 embed", batch, ours, bare))
 
     from models.backends.detectors import SsdMobileNetDetector, bundled_ssd_files
-    from rde.profiles import DetectorSpec
+    from models.specs import DetectorSpec
 
     graph, config = bundled_ssd_files()
     raw_net = cv2.dnn.readNetFromTensorflow(str(graph), str(config))

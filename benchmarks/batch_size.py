@@ -45,8 +45,9 @@ import torch
 
 from models.backends import auto_batch, content_memo
 from models.backends.registry import ModelRegistry
+from models.specs import ModelSpec, ModelsSection
 from rde.image_decoding import decode_rgb
-from rde.profiles import ModelSpec, ModelsSection, load_profile
+from rde.profiles import load_profile
 from rde.retrieval_features import image_features
 from rde.vedje_features import frame_feature_rows
 from storage import Artifact

@@ -25,10 +25,10 @@ import numpy as np
 
 from models.backends.interfaces import GenerationRequest, GenerationResult, Generator
 from models.backends.registry import ModelRegistry
+from models.prompt_files import load_prompt
 from rde.hard_negatives import hard_negative_neighbours
 from rde.image_decoding import decode_rgb
 from rde.profiles import load_profile
-from rde.prompt_files import load_prompt
 from rde.template_gallery import GalleryBuilder
 from rde.tiered_captions import TierCaptioner, TierImage, TierOutputs
 from storage import Artifact

@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 
-from rde.runtime import project_root
 from rde.stack import StackConfig, down, up
 from storage import Artifact, ArtifactWriter
+from storage.locations import project_root
 from storage.schemas import POOL
 
 

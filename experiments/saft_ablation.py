@@ -28,8 +28,8 @@ from rde.metrics import mean_ap_at_k
 from rde.profiles import load_profile
 from rde.retrieval_features import image_features
 from rde.retrieval_training import TrainConfig, TrainingPairs, train
-from rde.runtime import state_dir
 from storage import Artifact
+from storage.locations import state_dir
 from tasks.context import RunContext
 
 CONDITIONS = {"ITC": "itc", "ITC+SASS": "itc+sass", "ITC+SASS+ISD (SAFT)": "saft", "CUSA": "cusa"}

@@ -28,8 +28,8 @@ from models.backends.interfaces import l2_normalize
 from models.backends.registry import ModelRegistry
 from rde.metrics import average_precision_at_k
 from rde.profiles import load_profile
-from rde.runtime import resolve_location
 from storage import Artifact
+from storage.locations import resolve_location
 
 TIERS = ("base", "inter", "adv")
 

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from rde.profiles import load_profile
-from rde.runtime import state_dir
 from rde.vedje_features import cached_tensors
 from rde.vedje_training import VedjeTensors, build_model, evaluate_rerank, stored_caches, train_config, train_vedje
+from storage.locations import state_dir
 
 SOURCES = {"images": {"source": "largefine", "stage1": "attributes", "negatives_from": 20},
            "clips": {"source": "clips", "stage1": "semantic-bridge", "negatives_from": 100}}

@@ -7,10 +7,13 @@ cluster's size. Drawing per cluster (not from the whole pool) keeps rare looks r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from sklearn.cluster import KMeans, MiniBatchKMeans
+
+from rde.profiles import SamplingSpec
 
 
 @dataclass
@@ -71,3 +74,43 @@ def sample_per_cluster(labels: np.ndarray, min_n: int, max_n: int, seed: int) ->
         n = min(int(rng.integers(min_n, max_n + 1)), len(members))
         chosen.append(rng.choice(members, size=n, replace=False))
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)
+
+
+GALLERY_FIELDS = ("image_id", "domain", "identity", "source", "width", "height", "image_bytes")
+
+
+@dataclass
+class GallerySample:
+    """CGDS over a whole pool: the gallery rows, one sampling row per input image (sampled, or the
+    reason it is not: ``not_sampled``, ``wrong_category``), and each cluster's size and draw."""
+
+    gallery: list[dict[str, Any]] = field(default_factory=list)
+    sampling: list[dict[str, Any]] = field(default_factory=list)
+    clusters: list[dict[str, Any]] = field(default_factory=list)
+
+
+def sample_gallery(rows: list[dict[str, Any]], vectors: np.ndarray, spec: SamplingSpec) -> GallerySample:
+    """Per domain: k-means on the embeddings, a random draw per cluster, then the category check
+    (the domain's target must have been detected: ``target_count`` ≥ 1, which the paper asks a VLM).
+    ``rows`` need the ``GALLERY_FIELDS`` and ``target_count``; ``vectors`` is one row per input."""
+    out = GallerySample()
+    for domain in sorted({r["domain"] for r in rows}):
+        idx = np.array([i for i, r in enumerate(rows) if r["domain"] == domain])
+        clusters = kmeans_clusters(vectors[idx], spec.clusters_per_domain, spec.seed, spec.kmeans_backend,
+                                   spec.minibatch_above)
+        picked = set(idx[sample_per_cluster(clusters.labels, spec.min_per_cluster, spec.max_per_cluster,
+                                            spec.seed)].tolist())
+        for c in np.unique(clusters.labels):
+            members = idx[clusters.labels == c]
+            out.clusters.append({"domain": domain, "cluster": int(c), "size": len(members),
+                                 "sampled": sum(int(m) in picked for m in members)})
+        for i, label in zip(idx, clusters.labels, strict=True):
+            r = rows[int(i)]
+            reason = None if int(i) in picked else "not_sampled"
+            if reason is None and not (r["target_count"] or 0) >= 1:
+                reason = "wrong_category"
+            out.sampling.append({"image_id": r["image_id"], "domain": domain, "cluster": int(label),
+                                 "sampled": reason is None, "reason": reason})
+            if reason is None:
+                out.gallery.append({**{k: r[k] for k in GALLERY_FIELDS}, "cluster": int(label)})
+    return out

@@ -227,7 +227,7 @@ def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: st
         from rde.ingest import check_input
         from rde.profiles import load_profile
         from rde.run_lock import output_lock
-        from rde.runtime import project_root
+        from storage.locations import project_root
         from tasks.context import RunContext
 
         prof = load_profile(profile, overrides)  # validate before starting Prefect
@@ -473,8 +473,8 @@ def artifacts_cmd(
 ) -> None:
     """List artifacts under a root with their rows, shards and completeness."""
     from rde.profiles import load_profile
-    from rde.runtime import resolve_location
     from storage import Artifact
+    from storage.locations import resolve_location
 
     base = Path(root or resolve_location(load_profile(profile).artifacts_root))
     table = Table(title=str(base))

@@ -23,14 +23,16 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from models.backends.attributes import SLOTS, parse_text_attributes
-from models.backends.interfaces import ChatMessage, GenerationRequest, TextEncoder
+from models.backends.interfaces import ChatMessage, GenerationRequest, Generator, TextEncoder
+from models.prompt_files import PromptFile
+from rde import caption_stats
 from rde.caption_stats import NounUse
 from rde.profiles import QueriesSpec
-from rde.prompt_files import PromptFile
 
 _BULLET = re.compile(r"^\s*(?:[-*•·]+|\d+[.)]|\(?\d+\)|[a-z][.)])\s*", re.IGNORECASE)
 _WORD = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*")
@@ -437,3 +439,61 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
         lines.append(rule)
     rules = [r for r in rules if r != line_rule] + lines
     return "\n".join(rules).replace("{lines}", " ".join(f"line{k}" for k in range(spec.per_request)))
+
+
+@dataclass
+class DomainQueries:
+    """One domain's DAP outcome: kept query rows, rejected line rows, the requests sent (with
+    their sampled keywords) and the lines read back (the stage's input: each line returned and each
+    failed request)."""
+
+    queries: list[dict[str, Any]] = field(default_factory=list)
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    lines_in: int = 0
+
+
+def domain_queries(domain: str, prompt: PromptFile, stats: dict[str, Counter], texts: list[str],
+                   generator: Generator, encoder: TextEncoder, spec: QueriesSpec, blocked: list[str]) -> DomainQueries:
+    """Distribution-Aware Prompting for one domain: up to ``spec.max_rounds`` requests, each with
+    keywords sampled from the caption-pool ``stats`` (and a GBNF grammar of pool phrases when
+    ``constrained_decoding``), until ``spec.per_domain`` lines pass the post-processing. A valid
+    line beyond the quota is rejected as ``over_target``."""
+    out = DomainQueries()
+    domain_words = set(prompt.extras.get("domain_words", []))
+    examples = output_examples(prompt)
+    vocab = (caption_stats.vocabulary(texts) | set(prompt.extras.get("vocabulary_allowed", []))
+             if spec.vocabulary_check else None)
+    uses = caption_stats.noun_uses(texts) if spec.constrained_decoding else {}
+    line_ctx = LineContext(examples, encoder.encode(examples) if examples else None, vocab)
+    rng = np.random.default_rng([spec.seed, len(domain)])
+    accepted: list[str] = []
+    for round_ in range(spec.max_rounds):
+        if len(accepted) >= spec.per_domain:
+            break
+        rid = f"{domain}-r{round_:03d}"
+        keywords = sample_request_keywords(stats, spec, rng)
+        grammar = build_grammar(prompt, keywords, uses, domain_words, spec) if spec.constrained_decoding else None
+        if spec.keyword_check:
+            line_ctx.keywords[rid] = keywords
+        out.requests.append({"request": rid, "domain": domain, **keywords, "grammar": grammar is not None})
+        [res] = generator.generate([dap_request(prompt, keywords, spec, rid, seed=spec.seed * 1000 + round_,
+                                                grammar=grammar)])
+        if not res.ok:
+            out.lines_in += 1
+            out.rejects.append({"source_id": rid, "domain": domain, "stage": "dap", "reason": "generation_failed",
+                                "text": None, "detail": res.error})
+            continue
+        lines = split_queries(res.text)
+        out.lines_in += len(lines)
+        for v in postprocess_queries([(t, rid) for t in lines], domain_words, spec, blocked, encoder, accepted,
+                                     line_ctx):
+            if v.reason is None and len(accepted) < spec.per_domain:
+                accepted.append(v.text)
+                out.queries.append({"query_id": f"{domain}-q{len(accepted):04d}", "domain": domain, "text": v.text,
+                                    "source": v.source, "generator": generator.model_id, "prompt": prompt.identity,
+                                    "keywords": v.keywords})
+            else:
+                out.rejects.append({"source_id": v.source, "domain": domain, "stage": "dap",
+                                    "reason": v.reason or "over_target", "text": v.text, "detail": v.detail})
+    return out

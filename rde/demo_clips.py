@@ -28,8 +28,8 @@ import pyarrow as pa
 
 from models.backends.attributes import COLOURS, _region, colour_distribution
 from models.backends.detectors import load_detector
+from models.specs import DetectorSpec
 from rde.demo_pool import IouTracker, _jpeg, appearance_histogram, read_frames
-from rde.profiles import DetectorSpec
 from storage import ArtifactWriter, content_key
 
 CLIP_FRAMES = pa.schema([pa.field("frame_index", pa.int32(), nullable=False),

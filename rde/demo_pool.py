@@ -25,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 
 from models.backends.detectors import Detections, Detector, box_iou, load_detector
+from models.specs import DetectorSpec
 from rde.denoise import count_targets
-from rde.profiles import DetectorSpec
 from storage import ArtifactWriter, content_key
 from storage.schemas import POOL
 

@@ -17,8 +17,8 @@ from models.backends.interfaces import TextImageExpert
 from rde.image_decoding import decode_rgb
 from rde.mecf import topk_exact
 from rde.metrics import mean_ap_at_k
-from rde.runtime import project_root
 from storage import Artifact
+from storage.locations import project_root
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Process-wide settings: project root, state folder, Prefect environment, code version.
+"""Process-wide settings: the Prefect environment and the code version (the project root and
+state folder are ``storage.locations``).
 
 Prefect reads its settings when it is first imported, so ``configure_prefect_env`` must run
 before that; ``flows`` and ``tasks`` call it on import and the CLI calls it first thing.
@@ -10,30 +11,9 @@ import logging
 import os
 import subprocess
 from functools import lru_cache
-from pathlib import Path
 
 import rde
-
-
-def project_root() -> Path:
-    """The repository root (``RDE_PROJECT_ROOT`` overrides): profile-relative paths resolve here."""
-    env = os.environ.get("RDE_PROJECT_ROOT")
-    return Path(env).resolve() if env else Path(rde.__file__).resolve().parent.parent
-
-
-def state_dir() -> Path:
-    """Folder for Prefect's home, results and logs (``RDE_STATE_DIR`` overrides; default ``.rde``)."""
-    env = os.environ.get("RDE_STATE_DIR")
-    return Path(env).resolve() if env else project_root() / ".rde"
-
-
-def resolve_location(location: str) -> str:
-    """A profile location as an absolute path or an fsspec URL (URLs are left as they are)."""
-    if "://" in location:
-        return location
-    path = Path(location)
-    return str(path if path.is_absolute() else project_root() / path)
-
+from storage.locations import project_root, state_dir
 
 AUTO_BATCH_LOGGER = "models.backends.auto_batch"
 

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from rde.local_postgres import LocalPostgres, PostgresError
-from rde.runtime import project_root, state_dir
+from storage.locations import project_root, state_dir
 
 POOLS = ("cpu", "gpu")
 

@@ -14,7 +14,7 @@ import os
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from rde.runtime import project_root
+from storage.locations import project_root
 
 KINDS = ("threads", "dask")
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult
+from models.prompt_files import PromptFile
 from rde.caption_quality import word_count
-from rde.prompt_files import PromptFile
 from rde.qa_pairs import has_qa_markers
 from rde.reasons import Reason
 from storage.hashing import sha256_json

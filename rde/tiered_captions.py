@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, Generator
+from models.prompt_files import PromptFile
 from rde.caption_quality import gate_caption, word_count
 from rde.generation_retries import error_reason, generate_with_retries
 from rde.hard_negatives import draw_seed
 from rde.profiles import LargeFineSpec
-from rde.prompt_files import PromptFile
 from rde.qa_pairs import QAPair, format_qa_pairs, parse_qa_pairs
 from rde.template_gallery import Gallery
 

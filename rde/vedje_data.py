@@ -19,9 +19,9 @@ import numpy as np
 from rde.hard_negatives import draw_seed
 from rde.image_decoding import decode_rgb
 from rde.profiles import Profile
-from rde.runtime import resolve_location
 from storage import Artifact
 from storage.filesystem import join
+from storage.locations import resolve_location
 
 
 @dataclass

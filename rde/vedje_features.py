@@ -100,9 +100,8 @@ def cached_tensors(source: str, stage1_backend: str | None = None, profile_name:
 
     from models.backends.registry import ModelRegistry
     from rde.profiles import load_profile
-    from rde.runtime import state_dir
     from rde.vedje_data import load_items
-    from tasks.context import RunContext
+    from storage.locations import flow_root, state_dir
 
     names = ("frames", "items", "queries")
     profile = load_profile(profile_name, {"vedje": {"source": source}})
@@ -110,7 +109,8 @@ def cached_tensors(source: str, stage1_backend: str | None = None, profile_name:
     if stage1_backend is not None:
         stage1 = next(s for s in profile.models.experts if s.backend == stage1_backend)
     folder = state_dir() / "cache" / f"vedje_{source}_{stage1.backend}"
-    items = load_items(profile, RunContext(profile, profile.vedje.source_flow).root if source == "largefine" else None)
+    source_root = flow_root(profile.artifacts_root, profile.vedje.source_flow, profile.name)
+    items = load_items(profile, source_root if source == "largefine" else None)
     if not all((folder / f"{n}.parquet").exists() for n in names):
         reg = ModelRegistry(profile.models)
         tables = build_tables(items, reg.image_embedder(), reg.expert(stage1))

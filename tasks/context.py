@@ -8,8 +8,9 @@ from typing import Any, TypeVar
 
 from rde.profiles import Profile, load_profile
 from rde.run_lock import output_lock
-from rde.runtime import code_version, resolve_location
+from rde.runtime import code_version
 from storage.filesystem import join
+from storage.locations import flow_root
 
 T = TypeVar("T")
 
@@ -24,8 +25,7 @@ class RunContext:
 
     @property
     def root(self) -> str:
-        base = self.output_root or resolve_location(self.profile.artifacts_root)
-        return join(resolve_location(base), self.flow_name, self.profile.name)
+        return flow_root(self.profile.artifacts_root, self.flow_name, self.profile.name, self.output_root)
 
     def artifact_url(self, name: str) -> str:
         return join(self.root, name)

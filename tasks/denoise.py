@@ -11,8 +11,8 @@ from models.backends.detectors import load_detector
 from models.backends.registry import detector_lineage
 from rde.denoise import DenoiseCounts, decide_shards, measure_table
 from rde.profiles import Profile
-from rde.runtime import state_dir
 from storage import Artifact, content_key
+from storage.locations import state_dir
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
 from tasks import ingest, sharded
 from tasks.context import RunContext

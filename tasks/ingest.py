@@ -17,8 +17,8 @@ from rde.ingest import (
     shard_refs,
 )
 from rde.profiles import IngestSpec
-from rde.runtime import project_root, resolve_location
 from storage import content_key
+from storage.locations import project_root, resolve_location
 from storage.schemas import IMAGES, REJECTS
 from tasks import sharded
 from tasks.context import RunContext

@@ -16,12 +16,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.backends.registry import BUNDLED_LLM, ModelRegistry, spec_lineage
+from models.prompt_files import load_prompt
+from models.specs import ModelSpec
 from rde import caption_stats
 from rde.embedding_cache import EmbeddingCache
 from rde.hard_negatives import draw_seed, hard_negative_neighbours
 from rde.image_decoding import decode_rgb
-from rde.profiles import ModelSpec
-from rde.prompt_files import load_prompt
 from rde.template_gallery import Gallery, Template, build_gallery
 from rde.tiered_captions import TIERS, TierCaptioner, TierImage, TierOutputs, assign_generator
 from storage import Artifact, content_key

@@ -15,17 +15,17 @@ from prefect.cache_policies import NO_CACHE
 
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import BUNDLED_LLM, ModelRegistry, spec_lineage
+from models.prompt_files import load_prompt
+from models.specs import ModelSpec
 from rde import caption_stats, cgds, dap, labels, mecf, sentence_checks
 from rde.caption_pool import IMAGE_STAGE, SENTENCE_STAGE, pool_caption
 from rde.embedding_cache import EmbeddingCache
 from rde.evaluation import evaluate_expert
 from rde.expert_check import load_check_set, load_check_yaml
 from rde.image_decoding import decode_rgb
-from rde.profiles import ModelSpec
-from rde.prompt_files import load_prompt
-from rde.runtime import resolve_location
 from storage import Artifact, content_key
 from storage.hashing import sha256_json
+from storage.locations import resolve_location
 from storage.schemas import (
     CANDIDATES,
     CAPTION_STATS,
@@ -187,44 +187,12 @@ def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, s
             mine = stats_rows[stats_rows.domain == domain]
             stats = {pos: Counter(dict(zip(g.word, g["count"], strict=True))) for pos, g in mine.groupby("pos")}
             texts = [r["text"] for r in caption_rows if r["domain"] == domain]
-            domain_words = set(prompt.extras.get("domain_words", []))
-            examples = dap.output_examples(prompt)
-            vocab = (caption_stats.vocabulary(texts) | set(prompt.extras.get("vocabulary_allowed", []))
-                     if p.queries.vocabulary_check else None)
-            uses = caption_stats.noun_uses(texts) if p.queries.constrained_decoding else {}
-            line_ctx = dap.LineContext(examples, encoder.encode(examples) if examples else None, vocab)
-            rng = np.random.default_rng([p.queries.seed, len(domain)])
-            accepted: list[str] = []
-            for round_ in range(p.queries.max_rounds):
-                if len(accepted) >= p.queries.per_domain:
-                    break
-                rid = f"{domain}-r{round_:03d}"
-                keywords = dap.sample_request_keywords(stats, p.queries, rng)
-                grammar = dap.build_grammar(prompt, keywords, uses, domain_words, p.queries) \
-                    if p.queries.constrained_decoding else None
-                if p.queries.keyword_check:
-                    line_ctx.keywords[rid] = keywords
-                requests_seen.append({"request": rid, "domain": domain, **keywords, "grammar": grammar is not None})
-                [res] = generator.generate([dap.dap_request(prompt, keywords, p.queries, rid,
-                                                            seed=p.queries.seed * 1000 + round_, grammar=grammar)])
-                if not res.ok:
-                    lines_in += 1
-                    rejects.append({"source_id": rid, "domain": domain, "stage": "dap", "reason": "generation_failed",
-                                    "text": None, "detail": res.error})
-                    continue
-                lines = dap.split_queries(res.text)
-                lines_in += len(lines)
-                verdicts = dap.postprocess_queries([(t, rid) for t in lines], domain_words,
-                                                   p.queries, safety.extras["blocked"], encoder, accepted, line_ctx)
-                for v in verdicts:
-                    if v.reason is None and len(accepted) < p.queries.per_domain:
-                        accepted.append(v.text)
-                        queries.append({"query_id": f"{domain}-q{len(accepted):04d}", "domain": domain,
-                                        "text": v.text, "source": v.source, "generator": generator.model_id,
-                                        "prompt": prompt.identity, "keywords": v.keywords})
-                    else:
-                        rejects.append({"source_id": v.source, "domain": domain, "stage": "dap",
-                                        "reason": v.reason or "over_target", "text": v.text, "detail": v.detail})
+            made = dap.domain_queries(domain, prompt, stats, texts, generator, encoder, p.queries,
+                                      safety.extras["blocked"])
+            queries += made.queries
+            rejects += made.rejects
+            requests_seen += made.requests
+            lines_in += made.lines_in
         mean_keywords = sum(len(q["keywords"]) for q in queries) / len(queries) if queries else 0.0
         stats_out_ = {"input_rows": lines_in, "accepted": len(queries),
                       "rejected": dict(Counter(r["reason"] for r in rejects)),
@@ -256,38 +224,18 @@ def cgds_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
                       sampling=p.sampling.model_dump(), embedder=cache.identity)
     outs = [sharded.Output("gallery", ctx.artifact_url("gallery"), "gallery", GALLERY),
             sharded.Output("sampling", ctx.artifact_url("sampling"), "sampling", SAMPLING)]
-    sizes: list[dict[str, Any]] = []
 
     def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
         rows = Artifact(accepted_url).rows(["image_id", "domain", "identity", "source", "width", "height",
                                              "target_count", "image_bytes"])
         ids = [r["image_id"] for r in rows]
         vectors = cache.embed(ids, lambda pos: [decode_rgb(rows[i]["image_bytes"]) for i in pos])
-        gallery, sampling = [], []
-        for domain in sorted({r["domain"] for r in rows}):
-            idx = np.array([i for i, r in enumerate(rows) if r["domain"] == domain])
-            clusters = cgds.kmeans_clusters(vectors[idx], p.sampling.clusters_per_domain, p.sampling.seed,
-                                            p.sampling.kmeans_backend, p.sampling.minibatch_above)
-            picked = set(idx[cgds.sample_per_cluster(clusters.labels, p.sampling.min_per_cluster,
-                                                     p.sampling.max_per_cluster, p.sampling.seed)].tolist())
-            for c in np.unique(clusters.labels):
-                members = idx[clusters.labels == c]
-                sizes.append({"domain": domain, "cluster": int(c), "size": len(members),
-                              "sampled": sum(int(m) in picked for m in members)})
-            for i, label in zip(idx, clusters.labels, strict=True):
-                r = rows[int(i)]
-                reason = None if int(i) in picked else "not_sampled"
-                if reason is None and not (r["target_count"] or 0) >= 1:
-                    reason = "wrong_category"  # the category filter: the domain's target must be detected
-                sampling.append({"image_id": r["image_id"], "domain": domain, "cluster": int(label),
-                                 "sampled": reason is None, "reason": reason})
-                if reason is None:
-                    gallery.append({**{k: r[k] for k in ("image_id", "domain", "identity", "source", "width",
-                                                         "height", "image_bytes")}, "cluster": int(label)})
-        stats = {"input_rows": len(rows), "accepted": len(gallery),
-                 "rejected": dict(Counter(s["reason"] for s in sampling if s["reason"])), "clusters": sizes}
-        return {"gallery": pa.Table.from_pylist(gallery, schema=GALLERY),
-                "sampling": pa.Table.from_pylist(sampling, schema=SAMPLING)}, stats
+        drawn = cgds.sample_gallery(rows, vectors, p.sampling)
+        stats = {"input_rows": len(rows), "accepted": len(drawn.gallery),
+                 "rejected": dict(Counter(s["reason"] for s in drawn.sampling if s["reason"])),
+                 "clusters": drawn.clusters}
+        return {"gallery": pa.Table.from_pylist(drawn.gallery, schema=GALLERY),
+                "sampling": pa.Table.from_pylist(drawn.sampling, schema=SAMPLING)}, stats
 
     result = sharded.run_single(ctx, "cgds", outs, key, compute, upstream=[Artifact(accepted_url)],
                                 models={"image_embedder": cache.identity}, config={"sampling": p.sampling.model_dump()})

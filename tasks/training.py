@@ -23,8 +23,8 @@ from rde.image_decoding import decode_rgb
 from rde.metrics import mean_ap_at_k, person_search_metrics
 from rde.retrieval_features import image_features
 from rde.retrieval_training import EpochRecord, TrainConfig, TrainingPairs, TrainResult, train
-from rde.runtime import resolve_location
 from storage import Artifact, content_key
+from storage.locations import resolve_location
 from storage.schemas import EVALUATION
 from tasks import sharded
 from tasks.context import RunContext

@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, ModelRegistry, spec_lineage
 from models.reranker.cache_store import CACHE, CacheIndex, cache_rows
 from models.reranker.vedje import Vedje
-from rde.profiles import ModelSpec
+from models.specs import ModelSpec
 from rde.vedje_data import ItemSet, clip_spans, load_items
 from rde.vedje_features import FRAME_FEATURES, ITEMS, QUERIES, build_tables, item_embeddings, tensors_from_tables
 from rde.vedje_training import (
@@ -72,7 +72,7 @@ def _stage1_spec(ctx: RunContext):
 def _source(ctx: RunContext) -> tuple[ItemSet, list[Artifact]]:
     v = ctx.profile.vedje
     if v.source == "clips":
-        from rde.runtime import resolve_location
+        from storage.locations import resolve_location
 
         root = resolve_location(v.clips_path)
         return load_items(ctx.profile), [Artifact(f"{root}/clips")]
@@ -401,7 +401,7 @@ def _source_count(ctx: RunContext) -> int:
     """The profile's items counted from the source artifact itself (the input of the balance check)."""
     v = ctx.profile.vedje
     if v.source == "clips":
-        from rde.runtime import resolve_location
+        from storage.locations import resolve_location
 
         return Artifact(f"{resolve_location(v.clips_path)}/clips").count_rows()
     root = RunContext(ctx.profile, v.source_flow, ctx.output_root).root

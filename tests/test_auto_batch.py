@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from models.backends import auto_batch
 from models.backends.auto_batch import AutoBatchSettings, BatchSize, Measurement, choose
 from models.backends.registry import ModelRegistry, models_lineage, spec_lineage
-from rde.profiles import ModelSpec, load_profile
+from models.specs import ModelSpec
+from rde.profiles import load_profile
 
 
 class FakeModel:

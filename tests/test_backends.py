@@ -29,7 +29,8 @@ from models.backends.grounded_captioner import (
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
 from models.backends.model_errors import ModelLoadError
 from models.backends.registry import ModelRegistry
-from rde.profiles import ModelSpec, ProfileError, load_profile
+from models.specs import ModelSpec
+from rde.profiles import ProfileError, load_profile
 
 
 @pytest.fixture(scope="module")

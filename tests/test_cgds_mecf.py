@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
-from rde.cgds import kmeans_clusters, sample_per_cluster
+from rde.cgds import kmeans_clusters, sample_gallery, sample_per_cluster
 from rde.mecf import topk_exact, topk_faiss, union_candidates
+from rde.profiles import SamplingSpec
 
 
 def test_sampling_respects_bounds_and_cluster_sizes() -> None:
@@ -18,6 +21,27 @@ def test_sampling_respects_bounds_and_cluster_sizes() -> None:
     assert not np.array_equal(picked, sample_per_cluster(labels, 5, 10, seed=2))
     full = sample_per_cluster(labels, 100, 1000, seed=0)
     assert np.array_equal(full, np.arange(len(labels)))
+
+
+def test_sample_gallery_accounts_for_every_image_per_domain() -> None:
+    """Two domains, two tight groups each: every input is one sampling row; a drawn image whose
+    target was not detected (one car group) is ``wrong_category`` and stays out of the gallery;
+    the per-cluster draw is bounded by ``max_per_cluster`` (3 of the 5 in a group)."""
+    rng = np.random.default_rng(0)
+    groups = [rng.normal(c, 0.01, (5, 4)) for c in (0.0, 5.0, 10.0, 15.0)]
+    rows = [{"image_id": f"{d}{g}{i}", "domain": d, "identity": None, "source": "x", "width": 1, "height": 1,
+             "image_bytes": b"", "target_count": 0 if (d, g) == ("car", 1) else 1}
+            for d, gs in (("person", (0, 1)), ("car", (0, 1))) for g in gs for i in range(5)]
+    vectors = np.vstack(groups).astype(np.float32)
+    drawn = sample_gallery(rows, vectors, SamplingSpec(clusters_per_domain=2, min_per_cluster=3, max_per_cluster=3))
+    assert sorted(s["image_id"] for s in drawn.sampling) == sorted(r["image_id"] for r in rows)
+    assert [(c["domain"], c["size"], c["sampled"]) for c in drawn.clusters] == \
+        [("car", 5, 3), ("car", 5, 3), ("person", 5, 3), ("person", 5, 3)]
+    reasons = Counter(s["reason"] for s in drawn.sampling)
+    wrong = [s for s in drawn.sampling if s["reason"] == "wrong_category"]
+    assert reasons["not_sampled"] == 8 and len(wrong) == 3 and len(drawn.gallery) == 9
+    assert all(s["image_id"].startswith("car1") for s in wrong)  # the group whose target was not detected
+    assert {g["image_id"] for g in drawn.gallery} == {s["image_id"] for s in drawn.sampling if s["sampled"]}
 
 
 def test_kmeans_separates_obvious_groups_and_caps_k() -> None:

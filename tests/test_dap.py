@@ -7,19 +7,20 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from models.prompt_files import load_prompt
 from rde import caption_stats
 from rde.dap import (
     LineContext,
     attested_uses,
     build_grammar,
     dap_request,
+    domain_queries,
     output_examples,
     postprocess_queries,
     sample_keywords,
     split_queries,
 )
 from rde.profiles import QueriesSpec
-from rde.prompt_files import load_prompt
 from rde.sentence_checks import clean_caption
 
 SPEC = QueriesSpec(min_words=5, max_words=15, per_request=7, keywords_per_pos=3, near_duplicate_cosine=0.9,
@@ -353,7 +354,7 @@ def test_vehicle_grammar_offers_only_colours_the_pool_says_of_that_vehicle() -> 
 @pytest.mark.slow
 def test_constrained_smollm2_writes_only_lines_that_pass_the_checks() -> None:
     from models.backends.generators import LlamaCppGenerator
-    from rde.profiles import ModelSpec
+    from models.specs import ModelSpec
 
     gen = LlamaCppGenerator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))
     uses = caption_stats.noun_uses(POOL)
@@ -407,3 +408,34 @@ def test_a_failed_generation_is_the_images_reject_row() -> None:
     assert got.caption is None and [(r["stage"], r["reason"]) for r in got.rejects] == [("caption-pool", "timeout")]
     nothing = _pool("", error="ungrounded: every sentence ...", values=None)  # no facts to say
     assert nothing.caption is None and nothing.rejects[0]["reason"] == "ungrounded"
+
+
+# --- DAP rounds for one domain ----------------------------------------------------------------------
+
+def test_domain_queries_fills_the_quota_and_accounts_for_every_line() -> None:
+    """Three rounds of a scripted LLM: a failed request, then lines that are kept, duplicated, off
+    the pool's vocabulary or over the quota of 3. Every returned line and the failed request is one
+    row (input = 1 failed + 6 lines = 7), the keywords of each request are recorded, and no request
+    is sent once the quota is full."""
+    from scripted_generator import ScriptedGenerator
+
+    pool = ["The person is wearing a black top and blue bottoms.", "The person is wearing a red top.",
+            "The person is carrying a backpack."]
+    stats = caption_stats.pos_frequencies(pool)
+    answers = iter([RuntimeError("timeout after 30 s"),
+                    "A person wearing a black top.\nA person wearing a black top.\nA person riding a horse today.",
+                    "A person wearing a red top.\nA person carrying a backpack.\nA person wearing blue bottoms.",
+                    "A person wearing a red top and blue bottoms."])
+    gen = ScriptedGenerator(lambda request: next(answers))
+    spec = SPEC.model_copy(update={"per_domain": 3, "max_rounds": 5, "keyword_check": False,
+                                   "near_duplicate_cosine": 0.999})
+    made = domain_queries("pedestrian", PED, stats, pool, gen, BagOfWords(), spec, BLOCKED)
+    assert [q["text"] for q in made.queries] == ["A person wearing a black top.", "A person wearing a red top.",
+                                                 "A person carrying a backpack."]
+    assert [q["query_id"] for q in made.queries] == ["pedestrian-q0001", "pedestrian-q0002", "pedestrian-q0003"]
+    assert [(r["reason"], r["text"]) for r in made.rejects] == [
+        ("generation_failed", None), ("duplicate", "A person wearing a black top."),
+        ("off_vocabulary", "A person riding a horse today."), ("over_target", "A person wearing blue bottoms.")]
+    assert made.lines_in == 7 == len(made.queries) + len(made.rejects)
+    assert len(gen.calls) == 3 and [r["request"] for r in made.requests] == [f"pedestrian-r00{i}" for i in range(3)]
+    assert all(set(r) >= {"noun", "adj", "verb", "grammar"} for r in made.requests)

@@ -9,9 +9,10 @@ import pytest
 from conftest import PERSON_A, PERSON_B
 
 from models.backends.detectors import Detections, load_detector
+from models.specs import DetectorSpec
 from rde.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
 from rde.image_decoding import decode_rgb
-from rde.profiles import DenoiseSpec, DetectorSpec, DomainSpec, load_profile
+from rde.profiles import DenoiseSpec, DomainSpec, load_profile
 from storage.schemas import IMAGES, MEASUREMENTS
 
 SPEC = DenoiseSpec()

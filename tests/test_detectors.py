@@ -7,7 +7,7 @@ import pytest
 
 from models.backends.detectors import SsdMobileNetDetector, YoloDetector, load_detector
 from models.backends.model_errors import ModelLoadError
-from rde.profiles import DetectorSpec
+from models.specs import DetectorSpec
 
 
 def test_ssd_finds_the_persons_of_a_real_frame_crop(person_crop: np.ndarray) -> None:

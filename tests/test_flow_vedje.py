@@ -18,8 +18,8 @@ from flows.train_vedje import train_vedje
 from models.reranker.cache_store import CacheLineageError
 from rde import progress
 from rde.demo_clips import ClipParams, write_clip_set
-from rde.runtime import project_root
 from storage import Artifact
+from storage.locations import project_root
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from openai_stub import StubServer
 from models.backends.generators import OpenAIHttpGenerator
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.model_errors import ModelLoadError
-from rde.profiles import ModelSpec
+from models.specs import ModelSpec
 
 
 def _gen(server: StubServer, **options) -> OpenAIHttpGenerator:

@@ -60,7 +60,7 @@ def test_train_vedje_fails_when_a_clip_is_lost(tmp_path: Path, monkeypatch: pyte
     import rde.vedje_data
     from flows.train_vedje import train_vedje
     from rde.demo_clips import ClipParams, write_clip_set
-    from rde.runtime import project_root
+    from storage.locations import project_root
 
     src = project_root() / "data" / "demo_clips"
     clips = Artifact(str(src / "clips")).rows()

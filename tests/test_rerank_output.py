@@ -8,8 +8,8 @@ from rich.console import Console
 
 from rde import cli
 from rde.profiles import load_profile
-from rde.runtime import project_root
 from storage import Artifact, ArtifactWriter
+from storage.locations import project_root
 from tasks.context import RunContext
 from tasks.vedje import RERANKED, top_results
 

@@ -12,7 +12,8 @@ from models.backends.content_memo import ContentMemo, image_digest
 from models.backends.detectors import SsdMobileNetDetector
 from models.backends.image_embedders import EfficientNetLiteEmbedder, fold_batch_norms
 from models.backends.registry import ModelRegistry, models_lineage, spec_lineage
-from rde.profiles import DetectorSpec, ModelSpec, load_profile
+from models.specs import DetectorSpec, ModelSpec
+from rde.profiles import load_profile
 
 
 def _images(values: list[int]) -> list[np.ndarray]:

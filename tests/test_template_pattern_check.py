@@ -11,7 +11,7 @@ import pytest
 from scripted_generator import ScriptedGenerator
 
 from models.backends.interfaces import GenerationRequest
-from rde.prompt_files import load_prompt
+from models.prompt_files import load_prompt
 from rde.reasons import Reason
 from rde.template_gallery import (
     CaptionPatternCheck,

@@ -10,6 +10,7 @@ import pytest
 from scripted_generator import ScriptedGenerator
 
 from models.backends.interfaces import GenerationRequest, GenerationResult, TokenLogprob
+from models.prompt_files import load_prompt
 from rde.caption_quality import (
     drop_negative_mentions,
     drop_repeated_sentences,
@@ -19,7 +20,6 @@ from rde.caption_quality import (
 )
 from rde.generation_retries import generate_with_retries
 from rde.profiles import LargeFineSpec
-from rde.prompt_files import load_prompt
 from rde.qa_pairs import format_qa_pairs, parse_qa_pairs
 from rde.template_gallery import (
     GalleryBuilder,

@@ -6,7 +6,7 @@ import time
 if __name__ == "__main__":
     from models.backends.generators import VllmGenerator
     from models.backends.interfaces import ChatMessage, GenerationRequest
-    from rde.profiles import ModelSpec
+    from models.specs import ModelSpec
     t = time.time()
     gen = VllmGenerator(ModelSpec(backend="vllm", model_id=sys.argv[1], dtype="float32",
                                   options={"max_model_len": 256, "gpu_memory_utilization": 0.5,

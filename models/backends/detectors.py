@@ -20,7 +20,7 @@ import numpy as np
 
 from models.backends.content_memo import shared_memo
 from models.backends.model_errors import ModelLoadError
-from rde.profiles import DetectorSpec
+from models.specs import DetectorSpec
 
 LABELS_FILE = Path(__file__).with_name("coco_tf_labels.txt")
 

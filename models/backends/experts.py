@@ -26,7 +26,7 @@ from models.backends.image_embedders import EfficientNetLiteEmbedder
 from models.backends.interfaces import TextEncoder, l2_normalize
 from models.backends.model_errors import ModelLoadError, hub_hint
 from models.backends.torch_runtime import batched, load_image_text_model, resolve_device, resolve_dtype
-from rde.profiles import ModelSpec
+from models.specs import ModelSpec
 
 
 class SemanticBridgeExpert:

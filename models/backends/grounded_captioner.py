@@ -29,8 +29,8 @@ from models.backends.attributes import (
 from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, Generator, TokenLogprob
-from rde.profiles import ModelSpec
-from rde.prompt_files import PromptFile, load_prompt
+from models.prompt_files import PromptFile, load_prompt
+from models.specs import ModelSpec
 
 FACTS_VERSION = "2"  # bump when what counts as measured changes (2: GrabCut person mask, vehicle type
 # check, colours from a 0.3 share, clothing cues from probability 0.3)

@@ -15,7 +15,7 @@ from models.backends.content_memo import shared_memo
 from models.backends.interfaces import l2_normalize
 from models.backends.model_errors import ModelLoadError, hub_hint
 from models.backends.torch_runtime import batched, resolve_device, resolve_dtype
-from rde.profiles import ModelSpec
+from models.specs import ModelSpec
 
 # (conv, batch norm) attribute pairs where the norm is applied straight to the conv's output: the
 # stem and head of ``EfficientNet`` and the expand / depthwise / project convs of each ``MBConvBlock``

@@ -21,7 +21,8 @@ from models.backends import auto_batch
 from models.backends.detectors import Detector, load_detector
 from models.backends.interfaces import Generator, ImageEmbedder, TextEncoder, TextImageExpert
 from models.backends.model_errors import ModelLoadError
-from rde.profiles import (
+from models.prompt_files import load_prompt
+from models.specs import (
     BACKENDS,
     MEASURED_BACKENDS,
     SPEED_ONLY_DETECTOR_FIELDS,
@@ -30,7 +31,7 @@ from rde.profiles import (
     ModelSpec,
     ModelsSection,
 )
-from rde.runtime import state_dir
+from storage.locations import state_dir
 
 BUNDLED_IMAGE_EMBEDDER = ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0", batch_size="auto")
 BUNDLED_TEXT_ENCODER = ModelSpec(backend="sentence-transformers", model_id="bundled:all-MiniLM-L6-v2",
@@ -67,8 +68,7 @@ def spec_lineage(spec: ModelSpec | None) -> dict[str, Any]:
         out.pop("batch_size", None)
     out["options"] = {k: v for k, v in out.get("options", {}).items() if k not in SPEED_ONLY_OPTIONS}
     if spec.backend == "grounded":
-        from models.backends.grounded_captioner import FACTS_VERSION
-        from rde.prompt_files import load_prompt
+        from models.backends.grounded_captioner import FACTS_VERSION  # loads the text stack: lazily
 
         out["internal_prompt"] = load_prompt("grounded_captioner").identity
         out["facts_version"] = FACTS_VERSION

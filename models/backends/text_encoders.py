@@ -7,7 +7,7 @@ import numpy as np
 from models.backends import auto_batch
 from models.backends.model_errors import ModelLoadError, hub_hint
 from models.backends.torch_runtime import resolve_device
-from rde.profiles import ModelSpec
+from models.specs import ModelSpec
 
 
 class SentenceTransformerTextEncoder:

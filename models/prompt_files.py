@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from rde.runtime import project_root
 from storage.hashing import sha256_bytes
+from storage.locations import project_root
 
 
 class PromptError(ValueError):
