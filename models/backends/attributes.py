@@ -126,6 +126,7 @@ def person_mask(rgb: np.ndarray, box: np.ndarray, iterations: int = 2,
         return None
     mask = np.zeros((h, w), np.uint8)
     models = (np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64))
+    cv2.setRNGSeed(0)  # GrabCut seeds its colour models by k-means on this thread's RNG: same image, same mask
     cv2.grabCut(cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR), mask, (x1, y1, x2 - x1, y2 - y1),
                 *models, iterations, cv2.GC_INIT_WITH_RECT)
     return (mask == cv2.GC_FGD) | (mask == cv2.GC_PR_FGD)
