@@ -34,4 +34,4 @@ def resolve_location(location: str) -> str:
 
 def flow_root(artifacts_root: str, flow_name: str, profile_name: str, output_root: str | None = None) -> str:
     """The folder of one flow's artifacts under one profile: ``<output or artifacts root>/<flow>/<profile>``."""
-    return join(resolve_location(output_root or resolve_location(artifacts_root)), flow_name, profile_name)
+    return join(resolve_location(output_root or artifacts_root), flow_name, profile_name)

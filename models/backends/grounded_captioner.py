@@ -95,8 +95,9 @@ class FactOptions:
     mask_iterations: int = 2
 
 
-def vehicle_type_agrees(detected: str, class_probs: np.ndarray, class_names: list[str], support: float = 0.05,
-                        contradiction: float = 0.1, top_k: int = 10) -> bool:
+def vehicle_type_agrees(detected: str, class_probs: np.ndarray, class_names: list[str],
+                        support: float = FactOptions.vehicle_type_support,
+                        contradiction: float = FactOptions.vehicle_type_contradiction, top_k: int = 10) -> bool:
     """Whether the ImageNet classifier lets the detector's vehicle type stand. Evidence for a type
     is the summed probability of its classes (``IMAGENET_VEHICLE_TYPES``) among the ``top_k``.
     The type stands when its own evidence is at least ``support``, or when no other type (or
