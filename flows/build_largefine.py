@@ -1,7 +1,8 @@
-"""``build-largefine``: the GTR+ generation stage into LargeFine-Person-style shards.
+"""``build-largefine``: the GTR+ generation stage into LargeFine-Person-style shards, as a list of stages.
 
-ingest → denoise → select + hard-negative neighbours → base + intermediate tiers (per shard, ``gpu``
-tag) → template gallery (extract and expand) → advanced tier (per shard) → export + dataset card.
+ingest → measure → denoise → select + hard-negative neighbours → base + intermediate tiers (per
+shard, holding a GPU slot) → template gallery (extract and expand) → advanced tier (per shard) →
+export + dataset card.
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from typing import Any
 from prefect import flow
 
 from rde.task_runners import default_task_runner
-from tasks import denoise, largefine
+from tasks import largefine
 from tasks.context import RunContext, run_locked
+from tasks.denoise import CLEAN_POOL
 from tasks.reporting import publish_table
-from tasks.sharded import StageResult
+from tasks.runner import run_pipeline
+from tasks.stage import Pipeline
 from tasks.summary import publish_summary, run_summary
 
 FLOW_NAME = "build-largefine"
-STAGES = ("denoise", "neighbours", "tiers", "gallery", "advanced", "export")
+PIPELINE = Pipeline(FLOW_NAME, CLEAN_POOL + largefine.LARGEFINE_STAGES,
+                    until={"denoise": "denoise", "neighbours": "hard-negatives", "tiers": "qa-tiers",
+                           "gallery": "template-gallery", "advanced": "adv-tier", "export": "export-largefine"})
+STAGES = PIPELINE.stop_names
 
 
 @flow(name=FLOW_NAME, task_runner=default_task_runner(), log_prints=True)
@@ -30,45 +36,16 @@ def build_largefine(profile: str = "demo", overrides: dict[str, Any] | None = No
 
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
-    results: list[StageResult] = []
-
-    def finish(captioning: list[StageResult]) -> dict[str, Any]:
-        for result in results[3:]:
-            largefine.publish(result, FLOW_NAME)
-        summary = run_summary(ctx, results)
-        if captioning:
-            rows = largefine.throughput_rows(captioning, ctx)
-            summary["captioning"] = rows
-            publish_table(f"{FLOW_NAME}-throughput", rows,
-                          "Captioning stages: retention, generator calls, tokens, images/s and tokens/s")
-        publish_summary(FLOW_NAME, summary)
-        return summary
-
-    results += denoise.run_clean_pool(ctx)
-    if until == "denoise":
-        return finish([])
-    accepted = results[-1].artifacts["accepted"]
-    neighbours = largefine.neighbours_task(ctx, accepted)
-    results.append(neighbours)
-    if until == "neighbours":
-        return finish([])
-    tiers = largefine.run_qa_tiers(ctx, accepted, neighbours.artifacts["neighbours"])
-    results.append(tiers)
-    if until == "tiers":
-        return finish([tiers])
-    gallery = largefine.gallery_task(ctx, tiers.artifacts["captions"])
-    results.append(gallery)
-    if until == "gallery":
-        return finish([tiers])
-    advanced = largefine.run_advanced_tier(ctx, accepted, neighbours.artifacts["neighbours"],
-                                           tiers.artifacts["captions"], gallery.artifacts["templates"])
-    results.append(advanced)
-    if until == "advanced":
-        return finish([tiers, advanced])
-    results.append(largefine.export_task(ctx, neighbours.artifacts["neighbours"], tiers.artifacts["captions"],
-                                         tiers.artifacts["rejects"],
-                                         advanced.artifacts["captions"], advanced.artifacts["rejects"]))
-    return finish([tiers, advanced])
+    results = run_pipeline(ctx, PIPELINE, until)
+    summary = run_summary(ctx, results)
+    captioning = [r for r in results if r.stage in largefine.CAPTIONING]
+    if captioning:
+        rows = largefine.throughput_rows(captioning, ctx)
+        summary["captioning"] = rows
+        publish_table(f"{FLOW_NAME}-throughput", rows,
+                      "Captioning stages: retention, generator calls, tokens, images/s and tokens/s")
+    publish_summary(FLOW_NAME, summary)
+    return summary
 
 
 if __name__ == "__main__":

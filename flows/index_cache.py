@@ -12,9 +12,12 @@ from prefect import flow
 from rde.task_runners import default_task_runner
 from tasks import vedje
 from tasks.context import RunContext, run_locked
+from tasks.runner import run_pipeline
+from tasks.stage import Pipeline
 
 FLOW_NAME = "index-cache"
-STAGES = ("index",)
+PIPELINE = Pipeline(FLOW_NAME, (vedje.IndexCache(),), until={"index": "index-cache"})
+STAGES = PIPELINE.stop_names
 
 
 @flow(name=FLOW_NAME, task_runner=default_task_runner(), log_prints=True)
@@ -25,7 +28,7 @@ def index_cache(profile: str = "demo", overrides: dict[str, Any] | None = None, 
 
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
-    return vedje.summary(ctx, [vedje.index_task(ctx)])
+    return vedje.summary(ctx, run_pipeline(ctx, PIPELINE, until))
 
 
 if __name__ == "__main__":

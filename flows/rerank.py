@@ -11,6 +11,8 @@ from prefect import flow
 from rde.task_runners import default_task_runner
 from tasks import vedje
 from tasks.context import run_locked
+from tasks.runner import run_pipeline
+from tasks.stage import Pipeline
 
 FLOW_NAME = "rerank"
 STAGES = ("rerank",)
@@ -21,7 +23,12 @@ def rerank(profile: str = "demo", overrides: dict[str, Any] | None = None, outpu
            until: str | None = None, queries: list[str] | None = None) -> dict[str, Any]:
     """Rerank ``queries`` (or the labelled test captions) over the cached items."""
     return run_locked(FLOW_NAME, STAGES, profile, overrides, output_root, until,
-                      lambda ctx, _until: vedje.summary(ctx, [vedje.rerank_task(ctx, queries)]))
+                      lambda ctx, _until: vedje.summary(ctx, run_pipeline(ctx, _pipeline(queries), None)))
+
+
+def _pipeline(queries: list[str] | None) -> Pipeline:
+    """One stage; the queries to rerank are the stage's input (in its key)."""
+    return Pipeline(FLOW_NAME, (vedje.Rerank(queries),))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,13 @@ from prefect import flow
 from rde.task_runners import default_task_runner
 from tasks import vedje
 from tasks.context import RunContext, run_locked
+from tasks.runner import run_pipeline
+from tasks.stage import Pipeline
 
 FLOW_NAME = "train-vedje"
-STAGES = ("features", "train")
+PIPELINE = Pipeline(FLOW_NAME, (vedje.VedjeFeatures(), vedje.VedjeTrain()),
+                    until={"features": "vedje-features", "train": "vedje-train"})
+STAGES = PIPELINE.stop_names
 
 
 @flow(name=FLOW_NAME, task_runner=default_task_runner(), log_prints=True)
@@ -24,11 +28,7 @@ def train_vedje(profile: str = "demo", overrides: dict[str, Any] | None = None, 
 
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
-    features = vedje.features_task(ctx)
-    results = [features]
-    if until != "features":
-        results.append(vedje.train_task(ctx, features.artifacts))
-    return vedje.summary(ctx, results)
+    return vedje.summary(ctx, run_pipeline(ctx, PIPELINE, until))
 
 
 if __name__ == "__main__":

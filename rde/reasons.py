@@ -1,14 +1,20 @@
-"""Reason codes for rejected rows. Every input ends accepted or rejected with one of these."""
+"""The one registry of reason codes for rejected rows, for every stage of every flow.
+
+Every input ends as an accepted row or a rejected row whose ``reason`` is one of these codes; the
+runner (``tasks/runner.py``) refuses a stage that reports a code not listed here, so a new reason
+is added here, with its one-line meaning, before a stage may use it. The README's reason table is
+``reasons_markdown()`` (a test keeps them equal).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
 class Reason(StrEnum):
     """Why an input was rejected (stored as text in the ``reason`` column)."""
 
-    # ingest: the input could not become an image
     MISSING_FILE = "missing_file"
     EMPTY_FILE = "empty_file"
     READ_ERROR = "read_error"
@@ -20,33 +26,114 @@ class Reason(StrEnum):
     OUTSIDE_ROOT = "outside_root"
     NOT_A_REGULAR_FILE = "not_a_regular_file"
     UNKNOWN_DOMAIN = "unknown_domain"
-    # denoise: the image is real but not usable
     DUPLICATE = "duplicate"
     TOO_SMALL = "too_small"
     BLURRY = "blurry"
     NO_TARGET = "no_target"
     MULTIPLE_TARGETS = "multiple_targets"
     MEASURE_ERROR = "measure_error"
-    # template gallery: a generated candidate that is not a caption pattern (rde/template_gallery.py)
-    META_COMMENTARY = "meta_commentary"  # talks about the task or itself ("I've created a template ...:")
-    NOT_ABOUT_PERSON = "not_about_person"  # no sentence has the person as its subject or topic
-    CONCRETE_DETAIL = "concrete_detail"  # keeps a detail a slot should carry ("a black [top description]")
-    REPEATED_SLOT = "repeated_slot"  # the same slot twice: the caption would state one detail twice
-    # caption pool (tasks/secmm.py, rde/sentence_checks.py): one dropped sentence of a pool caption
-    FRAGMENT = "fragment"  # not a complete sentence: no subject/verb, a dangling last word, a restart
-    UNGROUNDED_ATTRIBUTE = "ungrounded_attribute"  # states an attribute nothing measured (eyes, age, ...)
-    REPEATED_SENTENCE = "repeated_sentence"  # the same sentence again in one caption (a generation loop)
-    # DAP queries (rde/dap.py): a generated line that is not kept
+    NOT_SAMPLED = "not_sampled"
+    WRONG_CATEGORY = "wrong_category"
+    OUT_OF_DOMAIN = "out_of_domain"
+    FRAGMENT = "fragment"
+    UNGROUNDED_ATTRIBUTE = "ungrounded_attribute"
+    REPEATED_SENTENCE = "repeated_sentence"
     EMPTY = "empty"
     TOO_SHORT = "too_short"
     TOO_LONG = "too_long"
-    NOT_A_QUERY = "not_a_query"  # a question, a label, meta talk or first/second-person speech
-    DEGENERATE = "degenerate"  # a repetition loop
-    ECHOES_EXAMPLE = "echoes_example"  # an exact or near copy of a line of the prompt's [Output Examples]
-    OFF_DOMAIN = "off_domain"  # no domain word
-    UNSAFE = "unsafe"  # a word of prompts/query_safety.yaml
-    OFF_VOCABULARY = "off_vocabulary"  # a content word the domain's caption pool never uses
-    NO_KEYWORD = "no_keyword"  # uses none of the nouns/adjectives sampled into its request
-    NEAR_DUPLICATE = "near_duplicate"  # text-embedding cosine ≥ queries.near_duplicate_cosine with a kept one
-    OVER_TARGET = "over_target"  # valid, but queries.per_domain were already kept
+    NOT_A_QUERY = "not_a_query"
+    DEGENERATE = "degenerate"
+    ECHOES_EXAMPLE = "echoes_example"
+    OFF_DOMAIN = "off_domain"
+    UNSAFE = "unsafe"
+    OFF_VOCABULARY = "off_vocabulary"
+    NO_KEYWORD = "no_keyword"
+    NEAR_DUPLICATE = "near_duplicate"
+    OVER_TARGET = "over_target"
     GENERATION_FAILED = "generation_failed"
+    UNGROUNDED = "ungrounded"
+    REFUSED = "refused"
+    UNSUPPORTED = "unsupported"
+    TIMEOUT = "timeout"
+    MALFORMED_OUTPUT = "malformed_output"
+    REPETITIVE = "repetitive"
+    META_COMMENTARY = "meta_commentary"
+    NOT_ABOUT_PERSON = "not_about_person"
+    CONCRETE_DETAIL = "concrete_detail"
+    REPEATED_SLOT = "repeated_slot"
+    MALFORMED_TEMPLATE = "malformed_template"
+    NO_SLOT = "no_slot"
+    UNKNOWN_SLOT = "unknown_slot"
+    CHECK_SET_IDENTITY = "check_set_identity"
+    OVER_MAX_PAIRS = "over_max_pairs"
+    SPLIT_GAP = "split_gap"
+
+
+# code → (the stages that use it, what it means in one line)
+MEANINGS: dict[Reason, tuple[str, str]] = {
+    Reason.MISSING_FILE: ("ingest", "the listed file does not exist (any more)"),
+    Reason.EMPTY_FILE: ("ingest", "the file has zero bytes"),
+    Reason.READ_ERROR: ("ingest", "the file could not be read (permissions, I/O error)"),
+    Reason.FILE_TOO_LARGE: ("ingest", "larger than ingest.max_file_bytes"),
+    Reason.NOT_AN_IMAGE: ("ingest", "the bytes are no image format the decoder knows"),
+    Reason.CORRUPT_IMAGE: ("ingest", "an image format, but decoding failed (truncated, damaged)"),
+    Reason.DECOMPRESSION_BOMB: ("ingest", "more pixels than ingest.max_pixels"),
+    Reason.UNSUPPORTED_IMAGE: ("ingest", "an image mode or layout the engine does not convert"),
+    Reason.OUTSIDE_ROOT: ("ingest", "a path or link that leads outside the input's root"),
+    Reason.NOT_A_REGULAR_FILE: ("ingest", "a device, socket or folder where a file was listed"),
+    Reason.UNKNOWN_DOMAIN: ("ingest", "a row names a domain the profile does not declare"),
+    Reason.DUPLICATE: ("denoise, dap", "the same pixels (image) or the same text (query) as an earlier row"),
+    Reason.TOO_SMALL: ("denoise", "below the domain's minimum width or height"),
+    Reason.BLURRY: ("denoise", "Laplacian variance below denoise.min_laplacian_variance"),
+    Reason.NO_TARGET: ("denoise", "the detector finds no person/vehicle of the domain"),
+    Reason.MULTIPLE_TARGETS: ("denoise", "the detector finds more than one target"),
+    Reason.MEASURE_ERROR: ("denoise", "the image could not be measured (decode or detector failure)"),
+    Reason.NOT_SAMPLED: ("cgds, hard-negatives", "not drawn: its cluster's share or the image cap was filled"),
+    Reason.WRONG_CATEGORY: ("cgds", "drawn, but the detector does not see the domain's category"),
+    Reason.OUT_OF_DOMAIN: ("hard-negatives", "its domain is not in largefine.domains"),
+    Reason.FRAGMENT: ("caption-pool", "not a complete sentence: no subject/verb, a dangling word, a restart"),
+    Reason.UNGROUNDED_ATTRIBUTE: ("caption-pool", "states an attribute nothing measured (eyes, age, ...)"),
+    Reason.REPEATED_SENTENCE: ("caption-pool", "the same sentence again in one caption (a generation loop)"),
+    Reason.EMPTY: ("caption-pool, dap", "nothing left to keep: an empty generation or line"),
+    Reason.TOO_SHORT: ("dap, tiers, template-gallery", "fewer words than the stage's minimum"),
+    Reason.TOO_LONG: ("dap, tiers, template-gallery", "more words than the stage's maximum"),
+    Reason.NOT_A_QUERY: ("dap", "a question, a label, meta talk or first/second-person speech"),
+    Reason.DEGENERATE: ("dap", "a repetition loop"),
+    Reason.ECHOES_EXAMPLE: ("dap", "an exact or near copy of a line of the prompt's examples"),
+    Reason.OFF_DOMAIN: ("dap", "names no word of its domain"),
+    Reason.UNSAFE: ("dap", "a word of prompts/query_safety.yaml"),
+    Reason.OFF_VOCABULARY: ("dap", "a content word the domain's caption pool never uses"),
+    Reason.NO_KEYWORD: ("dap", "uses none of the keywords sampled into its request"),
+    Reason.NEAR_DUPLICATE: ("dap", "text-embedding cosine ≥ queries.near_duplicate_cosine with a kept query"),
+    Reason.OVER_TARGET: ("dap", "valid, but queries.per_domain were already kept"),
+    Reason.GENERATION_FAILED: ("caption-pool, dap, tiers", "the generator returned an error after its retries"),
+    Reason.UNGROUNDED: ("caption-pool, tiers", "the captioner refused to state what it did not measure"),
+    Reason.REFUSED: ("caption-pool, tiers", "the generator refused the request"),
+    Reason.UNSUPPORTED: ("caption-pool, tiers", "the generator cannot take this input (e.g. no image support)"),
+    Reason.TIMEOUT: ("caption-pool, tiers", "the generator did not answer in time, after its retries"),
+    Reason.MALFORMED_OUTPUT: ("tiers", "not the asked format: Q/A markers in a description, an unfilled [slot]"),
+    Reason.REPETITIVE: ("tiers", "more than largefine.max_repeated_sentence_share of sentences repeat"),
+    Reason.META_COMMENTARY: ("template-gallery", "talks about the task or itself (\"I've created a template\")"),
+    Reason.NOT_ABOUT_PERSON: ("template-gallery", "no sentence has the person as its subject or topic"),
+    Reason.CONCRETE_DETAIL: ("template-gallery", "keeps a detail a slot should carry (\"a black [top]\")"),
+    Reason.REPEATED_SLOT: ("template-gallery", "the same slot twice: one detail would be stated twice"),
+    Reason.MALFORMED_TEMPLATE: ("template-gallery", "unbalanced brackets or Q:/A: markers"),
+    Reason.NO_SLOT: ("template-gallery", "a template without any [slot]"),
+    Reason.UNKNOWN_SLOT: ("template-gallery", "a [slot] outside the slot vocabulary"),
+    Reason.CHECK_SET_IDENTITY: ("training-features", "a caption of a check-set identity: kept out of training"),
+    Reason.OVER_MAX_PAIRS: ("training-features", "beyond training.max_pairs (a seeded sample is kept)"),
+    Reason.SPLIT_GAP: ("vedje-features", "a clip between the train and test periods (no test frame trained on)"),
+}
+
+
+def unregistered(codes: Iterable[str]) -> list[str]:
+    """The codes of ``codes`` that are not in the registry (sorted)."""
+    known = {str(r) for r in Reason}
+    return sorted({str(c) for c in codes} - known)
+
+
+def reasons_markdown() -> str:
+    """The README's table: every code, the stages that use it, its meaning."""
+    lines = ["| reason | stages | meaning |", "|---|---|---|"]
+    lines += [f"| `{code}` | {stages} | {meaning} |" for code, (stages, meaning) in MEANINGS.items()]
+    return "\n".join(lines)

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from models.backends.registry import BUNDLED_LLM, ModelRegistry, spec_lineage
+from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde import caption_stats
@@ -24,65 +21,69 @@ from rde.hard_negatives import draw_seed, hard_negative_neighbours
 from rde.image_decoding import decode_rgb
 from rde.template_gallery import Gallery, Template, build_gallery
 from rde.tiered_captions import TIERS, TierCaptioner, TierImage, TierOutputs, assign_generator
-from storage import Artifact, content_key
+from storage import Artifact
 from storage.schemas import NEIGHBOURS, QA_PAIRS, TEMPLATES, TEXT_REJECTS, TIER_CAPTIONS
 from tasks import sharded
 from tasks.context import RunContext
-from tasks.reporting import log, publish_markdown, publish_table, stage_table
+from tasks.sharded import StageResult
+from tasks.stage import Lineage, Report, Resources, Stage, StageRun, Work, Write
 
-# Each stage's own version: bump one when that stage changes what it writes (it and its readers rerun).
-VERSIONS = {"hard-negatives": "2", "qa-tiers": "2", "template-gallery": "2", "adv-tier": "2", "export-largefine": "2"}
 GALLERY_PROMPT = "gtr_template_gallery"
+# what the tier stages' texts depend on (the ``largefine`` fields in their keys)
+GENERATION = tuple(f"largefine.{name}" for name in (
+    "temperature", "qa_max_tokens", "summary_max_tokens", "min_qa_pairs", "min_words", "max_words",
+    "max_repeated_sentence_share", "drop_repeated_sentences", "boilerplate", "negative_mentions", "seed",
+    "tier_prompt"))
 
 
-def _fingerprint(url: str) -> str:
-    return Artifact(url).manifest().fingerprint
-
-
-def _shard_count(url: str) -> int:
-    return len(Artifact(url).manifest().shards)
+def _generator_lineage(run: StageRun) -> dict[str, Any]:
+    return {"generators": [spec_lineage(g) for g in run.models.generators]}
 
 
 # -- select + neighbours ----------------------------------------------------------------------------
 
-@task(name="hard-negatives", cache_policy=NO_CACHE)
-def neighbours_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
+class HardNegatives(Stage):
     """Choose the images to caption (profile domains, optional seeded cap), embed them with the
     profile's image embedder (cached by content hash), find each one's top-k neighbours and draw its
     hard negative (GTR+ Eq. 1), assign a generator; written in shards of ``largefine.shard_size``."""
-    p, lf = ctx.profile, ctx.profile.largefine
-    registry = ModelRegistry(p.models)
-    embedder_spec = p.models.image_embedder
-    key = content_key(stage="hard-negatives", version=VERSIONS["hard-negatives"], accepted=_fingerprint(accepted_url),
-                      embedder=spec_lineage(embedder_spec), domains=lf.domains, max_images=lf.max_images,
-                      k=lf.neighbours_k, seed=lf.seed, shard_size=lf.shard_size,
-                      generators=[g.model_dump(mode="json") for g in p.models.generators])
-    outs = [sharded.Output("neighbours", ctx.artifact_url("neighbours"), "neighbours", NEIGHBOURS),
-            sharded.Output("rejects", ctx.artifact_url("select_rejects"), "text_rejects", TEXT_REJECTS)]
-    if sharded.all_complete(outs, key):
-        log("hard-negatives: skipped, complete for the same pool and settings")
-        return sharded.skipped_result("hard-negatives", outs, "neighbours")
-    if not p.models.generators:
-        raise ValueError("build-largefine: the profile names no models.generators to caption with")
-    with sharded.Timer() as timer:
-        sharded.begin(outs, key)
-        accepted = Artifact(accepted_url)
+
+    name = "hard-negatives"
+    version = "2"
+    reads = ("accepted",)
+    writes = (Write("neighbours", "neighbours", NEIGHBOURS),
+              Write("rejects", "text_rejects", TEXT_REJECTS, folder="select_rejects", rejects=True))
+    config = ("largefine.domains", "largefine.max_images", "largefine.neighbours_k", "largefine.seed",
+              "largefine.shard_size", "largefine.neighbour_index_above")
+    resources = Resources(device="gpu", hold_slot=False, batch_size="models.image_embedder.batch_size")
+    balance = True
+
+    def lineage(self, run: StageRun) -> Lineage:
+        if not run.models.generators:
+            raise ValueError("build-largefine: the profile names no models.generators to caption with")
+        cache = EmbeddingCache(run.ctx.root, run.registry().image_embedder())
+        run.prepared["cache"] = cache
+        # the generator count decides each image's generator (assign_generator)
+        return Lineage(models={"image_embedder": cache.identity,
+                               "generators": [g.model_dump(mode="json") for g in run.models.generators]})
+
+    def run(self, run: StageRun) -> Work:
+        lf, cache = run.section("largefine"), run.prepared["cache"]
+        accepted = run.input("accepted")
         rows = [dict(r, accepted_shard=index) for index, table in
                 accepted.iter_shards(["image_id", "source", "domain", "identity"]) for r in table.to_pylist()]
         chosen, rejects = _select(rows, lf.domains, lf.max_images, lf.seed)
-        cache = EmbeddingCache(ctx.root, registry.image_embedder())
 
         def load(positions: list[int]) -> list[np.ndarray]:
             wanted: dict[int, set[str]] = defaultdict(set)
             for i in positions:
                 wanted[chosen[i]["accepted_shard"]].add(chosen[i]["image_id"])
-            return _images(accepted_url, wanted, [chosen[i]["image_id"] for i in positions])
+            return _images(accepted.url, wanted, [chosen[i]["image_id"] for i in positions])
 
         vectors = cache.embed([r["image_id"] for r in chosen], load) if chosen else np.zeros((0, 1), np.float32)
         found = hard_negative_neighbours(vectors, [r["image_id"] for r in chosen], lf.neighbours_k, lf.seed,
                                          lf.neighbour_index_above)
         shard_of = {r["image_id"]: r["accepted_shard"] for r in chosen}
-        n_gen = len(p.models.generators)
+        n_gen = len(run.models.generators)
         out_rows = [{**{k: r[k] for k in ("image_id", "source", "domain", "identity", "accepted_shard")},
                      "neighbour_ids": nb.neighbour_ids, "neighbour_scores": nb.scores,
                      "hard_negative_id": nb.hard_negative_id,
@@ -93,19 +94,17 @@ def neighbours_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
         table = pa.Table.from_pylist(out_rows, schema=NEIGHBOURS)
         n_shards = max(1, -(-len(out_rows) // lf.shard_size))
         reject_table = pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)
-        shards = [sharded.write_shards(outs, key, i, {
-            "neighbours": table.slice(i * lf.shard_size, lf.shard_size),
-            "rejects": reject_table if i == 0 else TEXT_REJECTS.empty_table()}) for i in range(n_shards)]
-        stats = {"input_rows": len(rows), "accepted": len(chosen),
-                 "rejected": dict(Counter(r["reason"] for r in rejects)), "embedded": cache.embedded,
-                 "without_hard_negative": sum(nb.hard_negative_id is None for nb in found)}
-        stats["balanced"] = sharded.check_balance("hard-negatives", stats)
-        sharded.finalize(outs, key, shards, ctx, upstream=[accepted], config={"largefine": lf.model_dump()},
-                         models={"image_embedder": cache.identity}, stats=stats)
-    log(f"hard-negatives: {len(chosen)}/{len(rows)} images chosen, top-{lf.neighbours_k} neighbours, "
-        f"{cache.embedded} embedded (rest cached), {n_shards} shards, {timer.seconds:.1f}s")
-    return sharded.StageResult("hard-negatives", False, {o.name: o.url for o in outs}, len(rows), len(chosen),
-                               stats["rejected"], n_shards, 0, timer.seconds, balanced=True)
+        shards = [{"neighbours": table.slice(i * lf.shard_size, lf.shard_size),
+                   "rejects": reject_table if i == 0 else TEXT_REJECTS.empty_table()} for i in range(n_shards)]
+        return Work(shards, {"input_rows": len(rows), "accepted": len(chosen),
+                             "rejected": dict(Counter(r["reason"] for r in rejects)), "embedded": cache.embedded,
+                             "without_hard_negative": sum(nb.hard_negative_id is None for nb in found)})
+
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        stats = run.output_artifact("neighbours").manifest().stats
+        return Report(log=f"hard-negatives: top-{run.section('largefine').neighbours_k} neighbours, "
+                          f"{0 if result.skipped else stats.get('embedded', 0)} embedded (rest cached), "
+                          f"{stats.get('without_hard_negative', 0)} without a hard negative")
 
 
 def _select(rows: list[dict[str, Any]], domains: list[str], max_images: int | None, seed: int
@@ -165,82 +164,83 @@ def _generator_lineage(ctx: RunContext) -> dict[str, Any]:
 
 # -- base + intermediate tiers ----------------------------------------------------------------------
 
-def run_qa_tiers(ctx: RunContext, accepted_url: str, neighbours_url: str) -> sharded.StageResult:
-    """Base and intermediate tiers, one ``gpu``-tagged task per neighbours shard."""
-    p, lf = ctx.profile, ctx.profile.largefine
-    prompt = load_prompt(lf.tier_prompt)
-    key = content_key(stage="qa-tiers", version=VERSIONS["qa-tiers"], neighbours=_fingerprint(neighbours_url),
-                      prompt=prompt.identity, generation=_generation_settings(ctx), **_generator_lineage(ctx))
-    outs = [sharded.Output("captions", ctx.artifact_url("tier12_captions"), "tier_captions", TIER_CAPTIONS),
-            sharded.Output("qa", ctx.artifact_url("qa_pairs"), "qa_pairs", QA_PAIRS),
-            sharded.Output("rejects", ctx.artifact_url("tier12_rejects"), "text_rejects", TEXT_REJECTS)]
+class QaTiers(Stage):
+    """Base and intermediate tiers, one task per neighbours shard holding a GPU slot."""
 
-    def compute(index: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        rows = Artifact(neighbours_url).read_shard(index).to_pylist()
-        captioner = TierCaptioner(ModelRegistry(p.models).generators(), prompt, lf)
-        items = _tier_images(accepted_url, rows, with_negatives=True)
+    name = "qa-tiers"
+    version = "2"
+    reads = ("neighbours", "accepted")
+    writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="tier12_captions"),
+              Write("qa", "qa_pairs", QA_PAIRS, folder="qa_pairs"),
+              Write("rejects", "text_rejects", TEXT_REJECTS, folder="tier12_rejects", rejects=True))
+    config = GENERATION
+    resources = Resources(device="gpu")
+    balance = True
+
+    def lineage(self, run: StageRun) -> Lineage:
+        prompt = load_prompt(run.section("largefine").tier_prompt)
+        run.prepared["prompt"] = prompt
+        return Lineage(models=_generator_lineage(run), prompts={prompt.name: prompt.identity})
+
+    def shard_count(self, run: StageRun) -> int:
+        return len(run.input("neighbours").manifest().shards)
+
+    def process(self, run: StageRun, index: int) -> Work:
+        rows = run.input("neighbours").read_shard(index).to_pylist()
+        captioner = TierCaptioner(run.registry().generators(), run.prepared["prompt"], run.section("largefine"))
+        items = _tier_images(run.input("accepted").url, rows, with_negatives=True)
         out = TierOutputs()
         captioner.qa_tier(items, "base", out)
         captioner.qa_tier(items, "inter", out)
-        return _tables(out, len(items))
-
-    return sharded.run_sharded(ctx, "qa-tiers", outs, key, _shard_count(neighbours_url), compute,
-                               sharded.count_accepted_rejected("captions", "rejects"), balance=True,
-                               tags=[p.prefect.gpu_concurrency_limit],
-                               concurrency_limit=p.prefect.gpu_concurrency_limit,
-                               upstream=[Artifact(neighbours_url)],
-                               models=_generator_lineage(ctx), prompt_versions={lf.tier_prompt: prompt.identity})
-
-
-def _generation_settings(ctx: RunContext) -> dict[str, Any]:
-    lf = ctx.profile.largefine
-    return lf.model_dump(include={"temperature", "qa_max_tokens", "summary_max_tokens", "min_qa_pairs", "min_words",
-                                  "max_words", "max_repeated_sentence_share", "drop_repeated_sentences", "boilerplate",
-                                  "negative_mentions", "seed", "tier_prompt"})
+        return Work.one(*_tables(out, len(items)))
 
 
 # -- template gallery -------------------------------------------------------------------------------
 
-@task(name="template-gallery", cache_policy=NO_CACHE)
-def gallery_task(ctx: RunContext, tier12_url: str) -> sharded.StageResult:
+class TemplateGallery(Stage):
     """The advanced tier's template gallery: seeds + extract-and-expand over sampled tier-1/2
     captions with the profile's text generator; rejected candidates kept with reasons."""
-    p, spec = ctx.profile, ctx.profile.largefine.templates
-    prompt = load_prompt(GALLERY_PROMPT)
-    gen_spec = p.models.template_generator or ModelSpec(**BUNDLED_LLM)
-    key = content_key(stage="template-gallery", version=VERSIONS["template-gallery"], captions=_fingerprint(tier12_url),
-                      prompt=prompt.identity, generator=spec_lineage(gen_spec), spec=spec.model_dump())
-    outs = [sharded.Output("templates", ctx.artifact_url("template_gallery"), "templates", TEMPLATES),
-            sharded.Output("rejects", ctx.artifact_url("template_rejects"), "text_rejects", TEXT_REJECTS)]
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        texts = [r["text"] for r in Artifact(tier12_url).rows(["text"])]
+    name = "template-gallery"
+    version = "2"
+    reads = ("tier12_captions",)
+    writes = (Write("templates", "templates", TEMPLATES, folder="template_gallery"),
+              Write("rejects", "text_rejects", TEXT_REJECTS, folder="template_rejects", rejects=True))
+    config = ("largefine.templates",)
+    balance = True
+
+    def lineage(self, run: StageRun) -> Lineage:
+        prompt = load_prompt(GALLERY_PROMPT)
+        gen_spec = run.models.template_generator or ModelSpec(**BUNDLED_LLM)
+        run.prepared.update(prompt=prompt, gen_spec=gen_spec)
+        return Lineage(models={"template_generator": spec_lineage(gen_spec)}, prompts={GALLERY_PROMPT: prompt.identity})
+
+    def run(self, run: StageRun) -> Work:
+        spec = run.section("largefine").templates
+        texts = [r["text"] for r in run.input("tier12_captions").rows(["text"])]
         rng = np.random.default_rng(spec.seed)
         sample = [texts[i] for i in sorted(rng.choice(len(texts), size=min(spec.sample_captions, len(texts)),
                                                       replace=False))] if texts else []
-        generator = ModelRegistry(p.models).generator(gen_spec)
-        gallery = build_gallery(generator.generate, sample, prompt, captions_per_request=spec.captions_per_request,
-                                rounds=spec.rounds, max_templates=spec.max_templates, min_words=spec.min_words,
-                                max_words=spec.max_words, max_tokens=spec.max_tokens, temperature=spec.temperature,
-                                seed=spec.seed)
+        generator = run.registry().generator(run.prepared["gen_spec"])
+        gallery = build_gallery(generator.generate, sample, run.prepared["prompt"],
+                                captions_per_request=spec.captions_per_request, rounds=spec.rounds,
+                                max_templates=spec.max_templates, min_words=spec.min_words, max_words=spec.max_words,
+                                max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed)
         rows = [{"template_id": t.template_id, "text": t.text, "slots": list(t.slots), "origin": t.origin,
                  "round": t.round} for t in gallery.templates]
         rejects = [{"source_id": f"round-{r.round}", "domain": "template", "stage": f"template-{r.origin}",
                     "reason": r.reason, "text": r.text, "detail": r.detail} for r in gallery.rejected]
-        stats = {"input_rows": gallery.candidates, "accepted": len(rows),
-                 "rejected": dict(Counter(r["reason"] for r in rejects)), "gallery_version": gallery.version,
-                 "sampled_captions": len(sample), "by_origin": dict(Counter(t.origin for t in gallery.templates))}
-        return {"templates": pa.Table.from_pylist(rows, schema=TEMPLATES),
-                "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
+        return Work.one({"templates": pa.Table.from_pylist(rows, schema=TEMPLATES),
+                         "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)},
+                        {"input_rows": gallery.candidates, "accepted": len(rows),
+                         "rejected": dict(Counter(r["reason"] for r in rejects)), "gallery_version": gallery.version,
+                         "sampled_captions": len(sample),
+                         "by_origin": dict(Counter(t.origin for t in gallery.templates))})
 
-    result = sharded.run_single(ctx, "template-gallery", outs, key, compute, balance=True,
-                                upstream=[Artifact(tier12_url)],
-                                models={"template_generator": spec_lineage(gen_spec)},
-                                prompt_versions={GALLERY_PROMPT: prompt.identity})
-    gallery = load_gallery(outs[0].url)
-    log(f"template-gallery: {'skipped, ' if result.skipped else ''}{len(gallery.templates)} templates "
-        f"({gallery.version}), {sum(result.rejected.values())} candidates rejected")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        version = run.output_artifact("templates").manifest().stats.get("gallery_version")
+        return Report(log=f"template-gallery: {result.accepted} templates ({version}), "
+                          f"{sum(result.rejected.values())} candidates rejected")
 
 
 def load_gallery(url: str) -> Gallery:
@@ -251,71 +251,81 @@ def load_gallery(url: str) -> Gallery:
 
 # -- advanced tier ----------------------------------------------------------------------------------
 
-def run_advanced_tier(ctx: RunContext, accepted_url: str, neighbours_url: str, tier12_url: str,
-                      gallery_url: str) -> sharded.StageResult:
+class AdvancedTier(Stage):
     """T_adv per image from a drawn template and its T_base + T_inter; one task per shard."""
-    p, lf = ctx.profile, ctx.profile.largefine
-    prompt = load_prompt(lf.tier_prompt)
-    key = content_key(stage="adv-tier", version=VERSIONS["adv-tier"], neighbours=_fingerprint(neighbours_url),
-                      tier12=_fingerprint(tier12_url), gallery=_fingerprint(gallery_url), prompt=prompt.identity,
-                      generation=_generation_settings(ctx), **_generator_lineage(ctx))
-    outs = [sharded.Output("captions", ctx.artifact_url("adv_captions"), "tier_captions", TIER_CAPTIONS),
-            sharded.Output("rejects", ctx.artifact_url("adv_rejects"), "text_rejects", TEXT_REJECTS)]
 
-    def compute(index: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        rows = Artifact(neighbours_url).read_shard(index).to_pylist()
-        earlier = Artifact(tier12_url).read_shard(index, ["image_id", "tier", "text"]).to_pylist()
+    name = "adv-tier"
+    version = "2"
+    reads = ("neighbours", "tier12_captions", "template_gallery", "accepted")
+    writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="adv_captions"),
+              Write("rejects", "text_rejects", TEXT_REJECTS, folder="adv_rejects", rejects=True))
+    config = GENERATION
+    resources = Resources(device="gpu")
+    balance = True
+
+    def lineage(self, run: StageRun) -> Lineage:
+        prompt = load_prompt(run.section("largefine").tier_prompt)
+        run.prepared["prompt"] = prompt
+        return Lineage(models=_generator_lineage(run), prompts={prompt.name: prompt.identity})
+
+    def shard_count(self, run: StageRun) -> int:
+        return len(run.input("neighbours").manifest().shards)
+
+    def process(self, run: StageRun, index: int) -> Work:
+        rows = run.input("neighbours").read_shard(index).to_pylist()
+        earlier = run.input("tier12_captions").read_shard(index, ["image_id", "tier", "text"]).to_pylist()
         texts = {tier: {r["image_id"]: r["text"] for r in earlier if r["tier"] == tier} for tier in ("base", "inter")}
-        captioner = TierCaptioner(ModelRegistry(p.models).generators(), prompt, lf)
-        items = _tier_images(accepted_url, rows, with_negatives=False)
+        captioner = TierCaptioner(run.registry().generators(), run.prepared["prompt"], run.section("largefine"))
+        items = _tier_images(run.input("accepted").url, rows, with_negatives=False)
         for item, row in zip(items, rows, strict=True):
             item.negative_id = row["hard_negative_id"]  # recorded on the T_adv row; the image is not needed
         out = TierOutputs()
-        captioner.advanced_tier(items, texts["base"], texts["inter"], load_gallery(gallery_url), out)
+        captioner.advanced_tier(items, texts["base"], texts["inter"], load_gallery(run.input("template_gallery").url),
+                                out)
         tables, stats = _tables(out, len(items))
-        return {"captions": tables["captions"], "rejects": tables["rejects"]}, stats
-
-    return sharded.run_sharded(ctx, "adv-tier", outs, key, _shard_count(neighbours_url), compute,
-                               sharded.count_accepted_rejected("captions", "rejects"), balance=True,
-                               tags=[p.prefect.gpu_concurrency_limit],
-                               concurrency_limit=p.prefect.gpu_concurrency_limit,
-                               upstream=[Artifact(neighbours_url), Artifact(tier12_url), Artifact(gallery_url)],
-                               models=_generator_lineage(ctx), prompt_versions={lf.tier_prompt: prompt.identity})
+        return Work.one({"captions": tables["captions"], "rejects": tables["rejects"]}, stats)
 
 
 # -- export + card ----------------------------------------------------------------------------------
 
-@task(name="export-largefine", cache_policy=NO_CACHE)
-def export_task(ctx: RunContext, neighbours_url: str, tier12_url: str, tier12_rejects_url: str, adv_url: str,
-                adv_rejects_url: str) -> sharded.StageResult:
+class ExportLargeFine(Stage):
     """The LargeFine-style shards (one row per image and tier, aligned with the captioning
     shards) and all caption rejects in one artifact; then the dataset card. Its input is counted
     from the chosen images (``neighbours``): each ends as one caption or one reject per tier."""
-    key = content_key(stage="export-largefine", version=VERSIONS["export-largefine"],
-                      parts=[_fingerprint(u) for u in (tier12_url, tier12_rejects_url, adv_url, adv_rejects_url)])
-    outs = [sharded.Output("captions", ctx.artifact_url("largefine"), "tier_captions", TIER_CAPTIONS),
-            sharded.Output("rejects", ctx.artifact_url("caption_rejects"), "text_rejects", TEXT_REJECTS)]
-    order = {tier: i for i, tier in enumerate(TIERS)}
 
-    def compute(index: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        caps = pa.concat_tables([Artifact(tier12_url).read_shard(index), Artifact(adv_url).read_shard(index)])
+    name = "export-largefine"
+    version = "2"
+    reads = ("neighbours", "tier12_captions", "tier12_rejects", "adv_captions", "adv_rejects")
+    writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="largefine"),
+              Write("rejects", "text_rejects", TEXT_REJECTS, folder="caption_rejects", rejects=True))
+    balance = True
+    rejects_from_upstream = True  # the tier stages rejected them; counted there
+
+    def shard_count(self, run: StageRun) -> int:
+        return len(run.input("tier12_captions").manifest().shards)
+
+    def process(self, run: StageRun, index: int) -> Work:
+        order = {tier: i for i, tier in enumerate(TIERS)}
+        caps = pa.concat_tables([run.input("tier12_captions").read_shard(index),
+                                 run.input("adv_captions").read_shard(index)])
         rows = sorted(caps.to_pylist(), key=lambda r: (r["image_id"], order[r["tier"]]))
-        rejects = pa.concat_tables([Artifact(tier12_rejects_url).read_shard(index),
-                                    Artifact(adv_rejects_url).read_shard(index)])
+        rejects = pa.concat_tables([run.input("tier12_rejects").read_shard(index),
+                                    run.input("adv_rejects").read_shard(index)])
         tables = {"captions": pa.Table.from_pylist(rows, schema=TIER_CAPTIONS), "rejects": rejects}
-        images = Artifact(neighbours_url).read_shard(index, ["image_id"]).num_rows
-        return tables, {**sharded.count_accepted_rejected("captions", "rejects")(tables),
-                        "input_rows": images * len(TIERS), "images": images}
+        images = run.input("neighbours").read_shard(index, ["image_id"]).num_rows
+        return Work.one(tables, {**sharded.count_accepted_rejected("captions", "rejects")(tables),
+                                 "input_rows": images * len(TIERS), "images": images})
 
-    result = sharded.run_sharded(ctx, "export-largefine", outs, key, _shard_count(tier12_url), compute,
-                                 sharded.count_accepted_rejected("captions", "rejects"), balance=True,
-                                 upstream=[Artifact(u) for u in (neighbours_url, tier12_url, tier12_rejects_url,
-                                                                 adv_url, adv_rejects_url)])
-    card, stats = dataset_card(ctx)
-    if "://" not in ctx.root:
-        write_card(Path(ctx.root), card, stats)
-    publish_markdown(f"{ctx.flow_name}-dataset-card", card, "LargeFine-style dataset card (GTR+ Table 1 statistics)")
-    return replace(result, rejects_from_upstream=True)  # the tier stages rejected them; counted there
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        card, stats = dataset_card(run.ctx)
+        if "://" not in run.ctx.root:
+            write_card(Path(run.ctx.root), card, stats)
+        return Report(markdown=[("dataset-card", card, "LargeFine-style dataset card (GTR+ Table 1 statistics)")])
+
+
+LARGEFINE_STAGES: tuple[Stage, ...] = (HardNegatives(), QaTiers(), TemplateGallery(), AdvancedTier(),
+                                       ExportLargeFine())
+CAPTIONING = ("qa-tiers", "adv-tier")  # the stages whose throughput the run summary reports
 
 
 CARD_FILES = ("README.md", "card.json")  # beside the artifact folders, never inside one
@@ -410,9 +420,3 @@ def throughput_rows(results: list[sharded.StageResult], ctx: RunContext) -> list
                      "generator_seconds": float(stats.get("generator_seconds", 0.0)),
                      "stage_seconds": round(wall, 1), "skipped": result.skipped})
     return rows
-
-
-def publish(result: sharded.StageResult, flow_name: str) -> None:
-    publish_table(f"{flow_name}-{result.stage}", stage_table(result.stage, result.input_rows, result.accepted,
-                                                             result.rejected, result.skipped),
-                  f"{result.stage}: rows in, accepted, rejected by reason")

@@ -1,5 +1,6 @@
 """build-secmm stages after denoise: caption pool → statistics → DAP queries → CGDS gallery →
-MECF candidates → benchmark export → evaluation. Each is a Prefect task over plain functions."""
+MECF candidates → benchmark export → evaluation. Each is a stage of the stage contract
+(``tasks/stage.py``) over the paper logic in ``rde/``; ``tasks/runner.py`` runs them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from models.backends.interfaces import ChatMessage, GenerationRequest
-from models.backends.registry import BUNDLED_LLM, ModelRegistry, spec_lineage
+from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde import caption_stats, cgds, dap, labels, mecf, sentence_checks
@@ -23,7 +22,7 @@ from rde.embedding_cache import EmbeddingCache
 from rde.evaluation import evaluate_expert
 from rde.expert_check import load_check_set, load_check_yaml
 from rde.image_decoding import decode_rgb
-from storage import Artifact, content_key
+from storage import Artifact
 from storage.hashing import sha256_json
 from storage.locations import resolve_location
 from storage.schemas import (
@@ -37,62 +36,59 @@ from storage.schemas import (
     SAMPLING,
     TEXT_REJECTS,
 )
-from tasks import sharded
 from tasks.context import RunContext
-from tasks.reporting import log, publish_markdown, publish_table, stage_table
-
-# Each stage's own version: bump one when that stage changes what it writes; it reruns with what
-# reads its output, and nothing upstream (caption-pool 4: repeated sentences, verbs without object
-# and colours without noun dropped; dap 5: a combination needs grammar_min_pair_count captions;
-# mecf 4: the attribute expert measures garment colours on the GrabCut person mask).
-VERSIONS = {"caption-pool": "4", "caption-stats": "3", "dap": "5", "cgds": "3", "mecf": "4", "export": "3",
-            "evaluate": "3"}
-
-
-def _query_generator_spec(ctx: RunContext) -> ModelSpec:
-    return ctx.profile.models.query_generator or ModelSpec(**BUNDLED_LLM)
-
+from tasks.reporting import log
+from tasks.sharded import StageResult
+from tasks.stage import Lineage, Report, Resources, Stage, StageRun, Work, Write
 
 # -- caption pool ---------------------------------------------------------------------------------
 
-@task(name="caption-pool", cache_policy=NO_CACHE)
-def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
+class CaptionPool(Stage):
     """Captions for DAP statistics: a user caption file, or the profile's first generator on a
     seeded sample of the denoised pool (per domain)."""
-    p = ctx.profile
-    prompt = load_prompt("caption_pool")
-    gen_spec = p.models.generators[0] if p.models.generators else None
-    caption_file = resolve_location(p.queries.caption_file) if p.queries.caption_file else None
-    key = content_key(stage="caption-pool", version=VERSIONS["caption-pool"],
-                      accepted=Artifact(accepted_url).manifest().fingerprint,
-                      generator=spec_lineage(gen_spec), prompt=prompt.identity, file=caption_file,
-                      sample=p.queries.caption_sample_per_domain, max_tokens=p.queries.caption_max_tokens,
-                      seed=p.queries.seed)
-    outs = [sharded.Output("captions", ctx.artifact_url("caption_pool"), "captions", CAPTIONS),
-            sharded.Output("rejects", ctx.artifact_url("caption_pool_rejects"), "text_rejects", TEXT_REJECTS)]
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        if caption_file:
-            rows = _captions_from_file(Path(caption_file), p.input.default_domain)
-            return {"captions": pa.Table.from_pylist(rows, schema=CAPTIONS),
-                    "rejects": TEXT_REJECTS.empty_table()}, {"input_rows": len(rows), "accepted": len(rows)}
+    name = "caption-pool"
+    # 4: repeated sentences, verbs without object and colours without noun dropped
+    version = "4"
+    reads = ("accepted",)
+    writes = (Write("captions", "captions", CAPTIONS, folder="caption_pool"),
+              Write("rejects", "text_rejects", TEXT_REJECTS, folder="caption_pool_rejects", rejects=True))
+    config = ("queries.caption_file", "queries.caption_sample_per_domain", "queries.caption_max_tokens",
+              "queries.seed", "input.default_domain")
+    balance = True
+
+    def lineage(self, run: StageRun) -> Lineage:
+        queries = run.section("queries")
+        prompt = load_prompt("caption_pool")
+        gen_spec = run.models.generators[0] if run.models.generators else None
+        caption_file = resolve_location(queries.caption_file) if queries.caption_file else None
+        run.prepared.update(prompt=prompt, gen_spec=gen_spec, caption_file=caption_file)
+        return Lineage(models={"generator": spec_lineage(gen_spec)}, prompts={"caption_pool": prompt.identity},
+                       extra={"file": caption_file})
+
+    def run(self, run: StageRun) -> Work:
+        q, prompt, gen_spec = run.section("queries"), run.prepared["prompt"], run.prepared["gen_spec"]
+        if run.prepared["caption_file"]:
+            rows = _captions_from_file(Path(run.prepared["caption_file"]), run.section("input").default_domain)
+            return Work.one({"captions": pa.Table.from_pylist(rows, schema=CAPTIONS),
+                             "rejects": TEXT_REJECTS.empty_table()}, {"input_rows": len(rows), "accepted": len(rows)})
         if gen_spec is None:
             raise ValueError("queries: no caption_file and no models.generators to caption the pool with")
-        generator = ModelRegistry(p.models).generator(gen_spec)
-        rows = Artifact(accepted_url).rows(["image_id", "domain", "image_bytes"])
-        rng = np.random.default_rng(p.queries.seed)
+        generator = run.registry().generator(gen_spec)
+        rows = run.input("accepted").rows(["image_id", "domain", "image_bytes"])
+        rng = np.random.default_rng(q.seed)
         captions, rejects = [], []
         generic = set(prompt.extras.get("generic_words", []))
         measured = getattr(generator, "measured_facts", None)  # composed captioners expose their facts
         generated = clean_before = rendered = 0
         for domain in sorted({r["domain"] for r in rows}):
             mine = [r for r in rows if r["domain"] == domain]
-            pick = rng.choice(len(mine), size=min(p.queries.caption_sample_per_domain, len(mine)), replace=False)
+            pick = rng.choice(len(mine), size=min(q.caption_sample_per_domain, len(mine)), replace=False)
             chosen = [mine[i] for i in sorted(pick)]
             images = {r["image_id"]: decode_rgb(r["image_bytes"]) for r in chosen}
             requests = [GenerationRequest(r["image_id"], [ChatMessage("user", prompt.templates[domain],
                                                                       [images[r["image_id"]]])],
-                                          max_tokens=p.queries.caption_max_tokens, temperature=0.0)
+                                          max_tokens=q.caption_max_tokens, temperature=0.0)
                         for r in chosen]
             generated += len(requests)
             results = generator.generate(requests)
@@ -115,17 +111,14 @@ def caption_pool_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult
                  "rejected": dict(Counter(r["reason"] for r in image_rows)),
                  "dropped_sentences": dict(Counter(r["reason"] for r in rejects if r["stage"] == SENTENCE_STAGE)),
                  "generated_captions_clean": clean_before, "rendered_from_facts": rendered}
-        return {"captions": pa.Table.from_pylist(captions, schema=CAPTIONS),
-                "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats
+        return Work.one({"captions": pa.Table.from_pylist(captions, schema=CAPTIONS),
+                         "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats)
 
-    result = sharded.run_single(ctx, "caption-pool", outs, key, compute, balance=True,
-                                upstream=[Artifact(accepted_url)],
-                                models={"generator": spec_lineage(gen_spec)},
-                                prompt_versions={"caption_pool": prompt.identity})
-    log(f"caption-pool: {'skipped, ' if result.skipped else ''}{result.accepted}/{result.input_rows} captions kept")
-    return result
-
-
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        stats = run.output_artifact("captions").manifest().stats
+        return Report(log=f"caption-pool: {result.accepted}/{result.input_rows} captions kept, sentences dropped "
+                          f"{stats.get('dropped_sentences', {})}, {stats.get('rendered_from_facts', 0)} said "
+                          "from the measured facts")
 
 
 def _captions_from_file(path: Path, domain: str) -> list[dict[str, Any]]:
@@ -142,141 +135,154 @@ def _captions_from_file(path: Path, domain: str) -> list[dict[str, Any]]:
 
 # -- statistics + DAP -----------------------------------------------------------------------------
 
-@task(name="dap-queries", cache_policy=NO_CACHE)
-def dap_task(ctx: RunContext, captions_url: str) -> tuple[sharded.StageResult, sharded.StageResult]:
-    """POS statistics of the caption pool, then Distribution-Aware Prompting per domain."""
-    p = ctx.profile
-    captions = Artifact(captions_url)
-    stats_key = content_key(stage="caption-stats", version=VERSIONS["caption-stats"],
-                            captions=captions.manifest().fingerprint)
-    stats_out = [sharded.Output("stats", ctx.artifact_url("caption_stats"), "caption_stats", CAPTION_STATS)]
+class CaptionStats(Stage):
+    """POS statistics of the caption pool per domain (DSMM-TBIR Sec. 3.1: what DAP samples from)."""
 
-    def compute_stats() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        rows = Artifact(captions_url).rows(["domain", "text"])
+    name = "caption-stats"
+    version = "3"
+    reads = ("caption_pool",)
+    writes = (Write("stats", "caption_stats", CAPTION_STATS, folder="caption_stats"),)
+
+    def lineage(self, run: StageRun) -> Lineage:
+        return Lineage(models={"pos_tagger": "en_core_web_sm 3.8.0"})
+
+    def run(self, run: StageRun) -> Work:
+        rows = run.input("caption_pool").rows(["domain", "text"])
         out = []
         for domain in sorted({r["domain"] for r in rows}):
             freqs = caption_stats.pos_frequencies([r["text"] for r in rows if r["domain"] == domain])
             out += [{"domain": domain, "pos": pos, "word": w, "count": c}
                     for pos, counter in freqs.items() for w, c in counter.most_common()]
-        return {"stats": pa.Table.from_pylist(out, schema=CAPTION_STATS)}, {"input_rows": len(rows),
-                                                                             "accepted": len(out)}
+        return Work.one({"stats": pa.Table.from_pylist(out, schema=CAPTION_STATS)},
+                        {"input_rows": len(rows), "accepted": len(out)})
 
-    stats_result = sharded.run_single(ctx, "caption-stats", stats_out, stats_key, compute_stats, upstream=[captions],
-                                      models={"pos_tagger": "en_core_web_sm 3.8.0"})
-    stats_rows = Artifact(stats_out[0].url).to_pandas()
 
-    registry = ModelRegistry(p.models)
-    gen_spec = _query_generator_spec(ctx)
-    prompts = {d.name: load_prompt(f"dap_{d.name}") for d in p.domains}
-    safety = load_prompt("query_safety")
-    key = content_key(stage="dap", version=VERSIONS["dap"], stats=Artifact(stats_out[0].url).manifest().fingerprint,
-                      captions=captions.manifest().fingerprint, queries=p.queries.model_dump(),
-                      generator=spec_lineage(gen_spec),
-                      encoder=spec_lineage(p.models.text_encoder), prompts={k: v.identity for k, v in prompts.items()},
-                      safety=safety.identity)
-    outs = [sharded.Output("queries", ctx.artifact_url("queries"), "queries", QUERIES),
-            sharded.Output("rejects", ctx.artifact_url("query_rejects"), "text_rejects", TEXT_REJECTS)]
+class DapQueries(Stage):
+    """Distribution-Aware Prompting per domain: sampled keywords → generated queries, checked
+    (rde/dap.py) until ``queries.per_domain`` are kept."""
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        generator = registry.generator(gen_spec)
+    name = "dap"
+    version = "5"  # 5: a combination needs grammar_min_pair_count captions
+    reads = ("caption_stats", "caption_pool")
+    writes = (Write("queries", "queries", QUERIES),
+              Write("rejects", "text_rejects", TEXT_REJECTS, folder="query_rejects", rejects=True))
+    config = ("queries", "domains")
+    balance = True
+
+    def lineage(self, run: StageRun) -> Lineage:
+        gen_spec = run.models.query_generator or ModelSpec(**BUNDLED_LLM)
+        prompts = {d.name: load_prompt(f"dap_{d.name}") for d in run.section("domains")}
+        safety = load_prompt("query_safety")
+        run.prepared.update(gen_spec=gen_spec, prompts=prompts, safety=safety)
+        return Lineage(models={"generator": spec_lineage(gen_spec), "encoder": spec_lineage(run.models.text_encoder)},
+                       prompts={**{f"dap_{k}": v.identity for k, v in prompts.items()},
+                                "query_safety": safety.identity})
+
+    def run(self, run: StageRun) -> Work:
+        registry = run.registry()
+        generator = registry.generator(run.prepared["gen_spec"])
         encoder = registry.text_encoder()
-        caption_rows = Artifact(captions_url).rows(["domain", "text"])
+        stats_rows = run.input("caption_stats").to_pandas()
+        caption_rows = run.input("caption_pool").rows(["domain", "text"])
         queries, rejects, requests_seen = [], [], []
         lines_in = 0  # the stage's input, counted as read: each line returned, each failed request
-        for domain, prompt in prompts.items():
+        for domain, prompt in run.prepared["prompts"].items():
             mine = stats_rows[stats_rows.domain == domain]
             stats = {pos: Counter(dict(zip(g.word, g["count"], strict=True))) for pos, g in mine.groupby("pos")}
             texts = [r["text"] for r in caption_rows if r["domain"] == domain]
-            made = dap.domain_queries(domain, prompt, stats, texts, generator, encoder, p.queries,
-                                      safety.extras["blocked"])
+            made = dap.domain_queries(domain, prompt, stats, texts, generator, encoder, run.section("queries"),
+                                      run.prepared["safety"].extras["blocked"])
             queries += made.queries
             rejects += made.rejects
             requests_seen += made.requests
             lines_in += made.lines_in
         mean_keywords = sum(len(q["keywords"]) for q in queries) / len(queries) if queries else 0.0
-        stats_out_ = {"input_rows": lines_in, "accepted": len(queries),
-                      "rejected": dict(Counter(r["reason"] for r in rejects)),
-                      "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen}
-        return {"queries": pa.Table.from_pylist(queries, schema=QUERIES),
-                "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats_out_
+        return Work.one({"queries": pa.Table.from_pylist(queries, schema=QUERIES),
+                         "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)},
+                        {"input_rows": lines_in, "accepted": len(queries),
+                         "rejected": dict(Counter(r["reason"] for r in rejects)),
+                         "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen})
 
-    result = sharded.run_single(ctx, "dap", outs, key, compute, balance=True,
-                                upstream=[Artifact(stats_out[0].url), captions],
-                                models={"generator": spec_lineage(gen_spec)},
-                                prompt_versions={**{f"dap_{k}": v.identity for k, v in prompts.items()},
-                                                 "query_safety": safety.identity})
-    mean_keywords = Artifact(outs[0].url).manifest().stats.get("mean_keywords_per_query")
-    log(f"dap: {'skipped, ' if result.skipped else ''}{result.accepted} queries kept of {result.input_rows} "
-        f"generated lines, {mean_keywords} sampled keywords per kept query, rejected {result.rejected}")
-    return stats_result, result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        mean_keywords = run.output_artifact("queries").manifest().stats.get("mean_keywords_per_query")
+        return Report(log=f"dap: {result.accepted} queries kept of {result.input_rows} generated lines, "
+                          f"{mean_keywords} sampled keywords per kept query")
 
 
 # -- CGDS -----------------------------------------------------------------------------------------
 
-@task(name="cgds", cache_policy=NO_CACHE)
-def cgds_task(ctx: RunContext, accepted_url: str) -> sharded.StageResult:
+class Cgds(Stage):
     """Embed the denoised pool, k-means per domain, sample per cluster, keep the target category."""
-    p = ctx.profile
-    registry = ModelRegistry(p.models)
-    embedder = registry.image_embedder()
-    cache = EmbeddingCache(resolve_location(p.artifacts_root), embedder)
-    key = content_key(stage="cgds", version=VERSIONS["cgds"], accepted=Artifact(accepted_url).manifest().fingerprint,
-                      sampling=p.sampling.model_dump(), embedder=cache.identity)
-    outs = [sharded.Output("gallery", ctx.artifact_url("gallery"), "gallery", GALLERY),
-            sharded.Output("sampling", ctx.artifact_url("sampling"), "sampling", SAMPLING)]
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        rows = Artifact(accepted_url).rows(["image_id", "domain", "identity", "source", "width", "height",
-                                             "target_count", "image_bytes"])
+    name = "cgds"
+    version = "3"
+    reads = ("accepted",)
+    writes = (Write("gallery", "gallery", GALLERY), Write("sampling", "sampling", SAMPLING))
+    config = ("sampling",)
+    resources = Resources(device="gpu", hold_slot=False, batch_size="models.image_embedder.batch_size")
+
+    def lineage(self, run: StageRun) -> Lineage:
+        cache = EmbeddingCache(resolve_location(run.artifacts_root), run.registry().image_embedder())
+        run.prepared["cache"] = cache
+        return Lineage(models={"image_embedder": cache.identity})
+
+    def run(self, run: StageRun) -> Work:
+        cache: EmbeddingCache = run.prepared["cache"]
+        rows = run.input("accepted").rows(["image_id", "domain", "identity", "source", "width", "height",
+                                           "target_count", "image_bytes"])
         ids = [r["image_id"] for r in rows]
         vectors = cache.embed(ids, lambda pos: [decode_rgb(rows[i]["image_bytes"]) for i in pos])
-        drawn = cgds.sample_gallery(rows, vectors, p.sampling)
+        drawn = cgds.sample_gallery(rows, vectors, run.section("sampling"))
         stats = {"input_rows": len(rows), "accepted": len(drawn.gallery),
                  "rejected": dict(Counter(s["reason"] for s in drawn.sampling if s["reason"])),
-                 "clusters": drawn.clusters}
-        return {"gallery": pa.Table.from_pylist(drawn.gallery, schema=GALLERY),
-                "sampling": pa.Table.from_pylist(drawn.sampling, schema=SAMPLING)}, stats
+                 "clusters": drawn.clusters, "embedded": cache.embedded}
+        return Work.one({"gallery": pa.Table.from_pylist(drawn.gallery, schema=GALLERY),
+                         "sampling": pa.Table.from_pylist(drawn.sampling, schema=SAMPLING)}, stats)
 
-    result = sharded.run_single(ctx, "cgds", outs, key, compute, upstream=[Artifact(accepted_url)],
-                                models={"image_embedder": cache.identity}, config={"sampling": p.sampling.model_dump()})
-    clusters = Artifact(outs[0].url).manifest().stats.get("clusters", [])
-    publish_table(f"{ctx.flow_name}-cgds-clusters", clusters or [{"domain": "-", "cluster": 0, "size": 0}],
-                  "CGDS: cluster sizes and how many images each contributed to the gallery")
-    log(f"cgds: {'skipped, ' if result.skipped else ''}gallery {result.accepted} of {result.input_rows} images, "
-        f"{len(clusters)} clusters, embedded {cache.embedded} new images")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        stats = run.output_artifact("gallery").manifest().stats
+        clusters = stats.get("clusters", [])
+        return Report(tables=[("cgds-clusters", clusters or [{"domain": "-", "cluster": 0, "size": 0}],
+                               "CGDS: cluster sizes and how many images each contributed to the gallery")],
+                      log=f"cgds: gallery {result.accepted} of {result.input_rows} images, {len(clusters)} "
+                          f"clusters, embedded {0 if result.skipped else stats.get('embedded', 0)} new images")
 
 
 # -- MECF -----------------------------------------------------------------------------------------
 
-@task(name="mecf", cache_policy=NO_CACHE)
-def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.StageResult:
+class Mecf(Stage):
     """Every expert retrieves its top-K per query within the query's domain; keep the union (Eq. 1)."""
-    p = ctx.profile
-    key = content_key(stage="mecf", version=VERSIONS["mecf"], queries=Artifact(queries_url).manifest().fingerprint,
-                      gallery=Artifact(gallery_url).manifest().fingerprint, retrieval=p.retrieval.model_dump(),
-                      experts=[spec_lineage(s) for s in p.models.experts])
-    outs = [sharded.Output("candidates", ctx.artifact_url("candidates"), "candidates", CANDIDATES)]
-    per_expert_counts: dict[str, int] = {}
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        registry = ModelRegistry(p.models)
-        queries = Artifact(queries_url).rows(["query_id", "domain", "text"])
-        gallery = Artifact(gallery_url).rows(["image_id", "domain", "image_bytes"])
+    name = "mecf"
+    version = "4"  # 4: the attribute expert measures garment colours on the GrabCut person mask
+    reads = ("queries", "gallery")
+    writes = (Write("candidates", "candidates", CANDIDATES),)
+    config = ("retrieval",)
+    resources = Resources(device="gpu", hold_slot=False)
+
+    def lineage(self, run: StageRun) -> Lineage:
+        return Lineage(models={"experts": [spec_lineage(s) for s in run.models.experts]})
+
+    def run(self, run: StageRun) -> Work:
+        retrieval = run.section("retrieval")
+        registry = run.registry()
+        queries = run.input("queries").rows(["query_id", "domain", "text"])
+        gallery = run.input("gallery").rows(["image_id", "domain", "image_bytes"])
         images = [decode_rgb(g["image_bytes"]) for g in gallery]
         rows = []
+        per_expert_counts: dict[str, int] = {}
         for domain in sorted({q["domain"] for q in queries}):
             q_idx = [i for i, q in enumerate(queries) if q["domain"] == domain]
             g_idx = [i for i, g in enumerate(gallery) if g["domain"] == domain]
             if not q_idx or not g_idx:
                 continue
             per_expert = {}
-            for spec in p.models.experts:
+            for spec in run.models.experts:
                 expert = registry.expert(spec)
                 name = f"{spec.backend}:{spec.model_id}"
                 qv = expert.encode_text([queries[i]["text"] for i in q_idx])
                 gv = expert.encode_image([images[i] for i in g_idx])
-                per_expert[name] = mecf.topk(qv, gv, p.retrieval.top_k, p.retrieval.index_above)
+                per_expert[name] = mecf.topk(qv, gv, retrieval.top_k, retrieval.index_above)
                 per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
             for cand in mecf.union_candidates(per_expert):
                 names = sorted(cand.ranks)
@@ -286,42 +292,40 @@ def mecf_task(ctx: RunContext, queries_url: str, gallery_url: str) -> sharded.St
                              "scores": [cand.scores[n] for n in names], "best_rank": min(cand.ranks.values())})
         stats = {"input_rows": len(queries), "accepted": len(rows), "per_expert_candidates": per_expert_counts,
                  "union_candidates": len(rows)}
-        return {"candidates": pa.Table.from_pylist(rows, schema=CANDIDATES)}, stats
+        return Work.one({"candidates": pa.Table.from_pylist(rows, schema=CANDIDATES)}, stats)
 
-    result = sharded.run_single(ctx, "mecf", outs, key, compute, upstream=[Artifact(queries_url),
-                                                                          Artifact(gallery_url)],
-                                models={"experts": [spec_lineage(s) for s in p.models.experts]})
-    stats = Artifact(outs[0].url).manifest().stats
-    table = [{"expert": k, "candidates": v} for k, v in stats.get("per_expert_candidates", {}).items()]
-    table.append({"expert": "union (Eq. 1)", "candidates": stats.get("union_candidates", 0)})
-    publish_table(f"{ctx.flow_name}-mecf", table, "MECF: top-K candidates per expert and their union")
-    log(f"mecf: {'skipped, ' if result.skipped else ''}{table}")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        stats = run.output_artifact("candidates").manifest().stats
+        table = [{"expert": k, "candidates": v} for k, v in stats.get("per_expert_candidates", {}).items()]
+        table.append({"expert": "union (Eq. 1)", "candidates": stats.get("union_candidates", 0)})
+        return Report(tables=[("mecf-union", table, "MECF: top-K candidates per expert and their union")],
+                      log=f"mecf: {table}")
 
 
 # -- export + evaluation --------------------------------------------------------------------------
 
-@task(name="benchmark-export", cache_policy=NO_CACHE)
-def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_url: str) -> sharded.StageResult:
+class Export(Stage):
     """queries / gallery / qrels artifacts, a dataset card and the review files. Candidates people
     decided on (the ``decisions`` artifact, filled by ``rde labels import``) become verified qrels;
     the others stay ``verified = false`` (the "unverified" benchmark)."""
-    decisions = Artifact(ctx.artifact_url("decisions"))
-    decided = decisions.manifest().fingerprint if decisions.is_complete() else None
-    key = content_key(stage="export", version=VERSIONS["export"], queries=Artifact(queries_url).manifest().fingerprint,
-                      gallery=Artifact(gallery_url).manifest().fingerprint,
-                      candidates=Artifact(candidates_url).manifest().fingerprint, decisions=decided)
-    bench = ctx.artifact_url("benchmark")
-    outs = [sharded.Output("queries", f"{bench}/queries", "queries", QUERIES),
-            sharded.Output("gallery", f"{bench}/gallery", "gallery", GALLERY),
-            sharded.Output("qrels", f"{bench}/qrels", "qrels", QRELS)]
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        queries = pa.concat_tables([t for _, t in Artifact(queries_url).iter_shards()])
-        gallery = pa.concat_tables([t for _, t in Artifact(gallery_url).iter_shards()])
-        cands = Artifact(candidates_url).rows(["query_id", "image_id"])
-        made = {(d["query_id"], d["image_id"]): d for d in Artifact(decisions.url).rows(list(QRELS.names))} \
-            if decided else {}
+    name = "export"
+    version = "3"
+    reads = ("queries", "gallery", "candidates")
+    optional_reads = ("decisions",)
+    writes = (Write("queries", "queries", QUERIES, folder="benchmark/queries"),
+              Write("gallery", "gallery", GALLERY, folder="benchmark/gallery"),
+              Write("qrels", "qrels", QRELS, folder="benchmark/qrels"))
+    main = "qrels"
+    balance = True  # every candidate becomes one qrels row
+
+    def run(self, run: StageRun) -> Work:
+        decisions = run.input("decisions")
+        queries = pa.concat_tables([t for _, t in run.input("queries").iter_shards()])
+        gallery = pa.concat_tables([t for _, t in run.input("gallery").iter_shards()])
+        cands = run.input("candidates").rows(["query_id", "image_id"])
+        made = {(d["query_id"], d["image_id"]): d for d in decisions.rows(list(QRELS.names))} \
+            if decisions.is_complete() else {}
         qrels = []
         for c in cands:
             d = made.get((c["query_id"], c["image_id"]))
@@ -331,19 +335,21 @@ def export_task(ctx: RunContext, queries_url: str, gallery_url: str, candidates_
         verified = sum(q["verified"] for q in qrels)
         stats = {"input_rows": len(cands), "accepted": len(qrels), "verified": verified,
                  "decisions_not_candidates": len(made) - verified}
-        return {"queries": queries, "gallery": gallery, "qrels": pa.Table.from_pylist(qrels, schema=QRELS)}, stats
+        return Work.one({"queries": queries, "gallery": gallery, "qrels": pa.Table.from_pylist(qrels, schema=QRELS)},
+                        stats)
 
-    result = sharded.run_single(ctx, "export", outs, key, compute, upstream=[Artifact(candidates_url)],
-                                main_output="qrels")
-    card = dataset_card(ctx, bench)
-    fs_path = Path(bench)
-    if "://" not in bench:
-        fs_path.mkdir(parents=True, exist_ok=True)
-        (fs_path / "README.md").write_text(card, encoding="utf-8")
-        if not result.skipped or not (fs_path / "review" / "review.html").exists():
-            write_review_files(ctx, candidates_url, queries_url, gallery_url, fs_path / "review")
-    publish_markdown(f"{ctx.flow_name}-dataset-card", card, "Benchmark dataset card")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        """The dataset card (also written next to the benchmark) and, on a local disk, the review files."""
+        bench = run.output_url("benchmark")
+        card = dataset_card(run.ctx, bench)
+        fs_path = Path(bench)
+        if "://" not in bench:
+            fs_path.mkdir(parents=True, exist_ok=True)
+            (fs_path / "README.md").write_text(card, encoding="utf-8")
+            if not result.skipped or not (fs_path / "review" / "review.html").exists():
+                write_review_files(run.ctx, run.input("candidates").url, run.input("queries").url,
+                                   run.input("gallery").url, fs_path / "review")
+        return Report(markdown=[("dataset-card", card, "Benchmark dataset card")])
 
 
 def write_review_files(ctx: RunContext, candidates_url: str, queries_url: str, gallery_url: str,
@@ -388,25 +394,29 @@ def dataset_card(ctx: RunContext, bench: str) -> str:
     return "\n".join(lines)
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate_task(ctx: RunContext, bench_url: str) -> sharded.StageResult:
+class Evaluate(Stage):
     """mAP@10/20/30 and R@1/5/10 per domain for every configured expert, on the built benchmark's
     verified qrels (none until people review the candidates: reported as pending) and on the
     profile's hand-labelled check sets."""
-    p = ctx.profile
-    check_files = [resolve_location(f) for f in p.evaluation.check_sets]
-    key = content_key(stage="evaluate", version=VERSIONS["evaluate"],
-                      qrels=Artifact(f"{bench_url}/qrels").manifest().fingerprint,
-                      experts=[spec_lineage(s) for s in p.models.experts], check_sets=[
-                          sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files],
-                      pool=p.evaluation.check_set_pool)
-    outs = [sharded.Output("evaluation", ctx.artifact_url("evaluation"), "evaluation", EVALUATION)]
 
-    def score(bench: str, labels: str, queries: list[dict], gallery: list[dict], images: list[np.ndarray],
-              qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
-        registry = ModelRegistry(p.models)
+    name = "evaluate"
+    version = "3"
+    reads = ("benchmark/qrels", "benchmark/queries", "benchmark/gallery")
+    writes = (Write("evaluation", "evaluation", EVALUATION),)
+    config = ("evaluation",)
+    resources = Resources(device="gpu", hold_slot=False)
+
+    def lineage(self, run: StageRun) -> Lineage:
+        check_files = [resolve_location(f) for f in run.section("evaluation").check_sets]
+        run.prepared["check_files"] = check_files
+        return Lineage(models={"experts": [spec_lineage(s) for s in run.models.experts]},
+                       extra={"check_sets": [sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files]})
+
+    def _score(self, run: StageRun, bench: str, labels: str, queries: list[dict], gallery: list[dict],
+               images: list[np.ndarray], qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
+        registry = run.registry()
         rows = []
-        for spec in p.models.experts:
+        for spec in run.models.experts:
             expert = registry.expert(spec)
             res = evaluate_expert(expert.encode_text([q["text"] for q in queries]), [q["domain"] for q in queries],
                                   [q["query_id"] for q in queries], expert.encode_image(images),
@@ -417,53 +427,49 @@ def evaluate_task(ctx: RunContext, bench_url: str) -> sharded.StageResult:
                           "domain": domain, "metric": m, "value": v, "queries": n} for m, v in metrics.items()]
         return rows
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    def run(self, run: StageRun) -> Work:
+        evaluation = run.section("evaluation")
         rows: list[dict[str, Any]] = []
-        qrels_rows = Artifact(f"{bench_url}/qrels").rows(["query_id", "image_id", "relevant", "verified"])
+        qrels_rows = run.input("benchmark/qrels").rows(["query_id", "image_id", "relevant", "verified"])
         verified: dict[str, set[str]] = {}
         for r in qrels_rows:
             if r["verified"] and r["relevant"]:
                 verified.setdefault(r["query_id"], set()).add(r["image_id"])
         pending = sum(not r["verified"] for r in qrels_rows)
         if verified:
-            queries = Artifact(f"{bench_url}/queries").rows(["query_id", "domain", "text"])
-            gallery = Artifact(f"{bench_url}/gallery").rows(["image_id", "domain", "image_bytes"])
-            rows += score(f"{ctx.flow_name}/{p.name}", "verified", queries, gallery,
-                          [decode_rgb(g["image_bytes"]) for g in gallery], verified)
-        for path in check_files:
-            check = load_check_set(resolve_location(p.evaluation.check_set_pool), Path(path))
+            queries = run.input("benchmark/queries").rows(["query_id", "domain", "text"])
+            gallery = run.input("benchmark/gallery").rows(["image_id", "domain", "image_bytes"])
+            rows += self._score(run, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
+                                [decode_rgb(g["image_bytes"]) for g in gallery], verified)
+        for path in run.prepared["check_files"]:
+            check = load_check_set(resolve_location(evaluation.check_set_pool), Path(path))
             data = load_check_yaml(Path(path))
             queries = [{"query_id": q["id"], "domain": q["domain"], "text": q["text"]} for q in data["queries"]]
             gallery = [{"image_id": str(i), "domain": d} for i, d in enumerate(check.gallery_domains)]
             qrels = {q["query_id"]: {str(i) for i, ident in enumerate(check.gallery_identities) if ident in rel}
                      for q, rel in zip(queries, check.relevant, strict=True)}
-            rows += score(f"check-set:{data.get('name', Path(path).stem)}", "verified", queries, gallery,
-                          check.gallery_images, qrels)
-        return {"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)}, {
-            "input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
-            "verified_queries": len(verified)}
+            rows += self._score(run, f"check-set:{data.get('name', Path(path).stem)}", "verified", queries, gallery,
+                                check.gallery_images, qrels)
+        return Work.one({"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)},
+                        {"input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
+                         "verified_queries": len(verified)})
 
-    result = sharded.run_single(ctx, "evaluate", outs, key, compute, upstream=[Artifact(f"{bench_url}/qrels")])
-    table = Artifact(outs[0].url).to_pandas()
-    stats = Artifact(outs[0].url).manifest().stats
-    wide = [{"benchmark": b, "labels": lab, "expert": e, "domain": d,
-             **{r.metric: round(r.value, 4) for r in g.itertuples()}}
-            for (b, lab, e, d), g in table.groupby(["benchmark", "labels", "expert", "domain"])] if len(table) else []
-    if not stats.get("verified_queries"):
-        wide.append({"benchmark": f"{ctx.flow_name}/{p.name}", "labels": "pending-review", "expert": "-",
-                     "domain": "all", "note": f"{stats.get('pending_review', 0)} MECF candidates await review"})
-    publish_table(f"{ctx.flow_name}-evaluation", wide or [{"benchmark": "-"}],
-                  "Zero-shot retrieval per expert and domain (verified labels only)")
-    for w in wide:
-        log(f"evaluate: {w['benchmark']} [{w['labels']}] {w['expert']} {w['domain']}: "
-            + ", ".join(f"{k}={v}" for k, v in w.items() if k.startswith(("mAP", "R@", "note"))))
-    return result
-
-
-def publish(result: sharded.StageResult, flow_name: str) -> None:
-    """The stage table artifact (rows in, kept, rejected by reason) under a stable key."""
-    publish_table(f"{flow_name}-{result.stage}", stage_table(result.stage, result.input_rows, result.accepted,
-                                                             result.rejected, result.skipped),
-                  f"{result.stage}: rows in, kept, rejected by reason")
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        out = run.output_artifact("evaluation")
+        table, stats = out.to_pandas(), out.manifest().stats
+        wide = [{"benchmark": b, "labels": lab, "expert": e, "domain": d,
+                 **{r.metric: round(r.value, 4) for r in g.itertuples()}}
+                for (b, lab, e, d), g in table.groupby(["benchmark", "labels", "expert", "domain"])] \
+            if len(table) else []
+        if not stats.get("verified_queries"):
+            wide.append({"benchmark": f"{run.ctx.flow_name}/{run.profile_name}", "labels": "pending-review",
+                         "expert": "-", "domain": "all",
+                         "note": f"{stats.get('pending_review', 0)} MECF candidates await review"})
+        lines = [f"evaluate: {w['benchmark']} [{w['labels']}] {w['expert']} {w['domain']}: "
+                 + ", ".join(f"{k}={v}" for k, v in w.items() if k.startswith(("mAP", "R@", "note"))) for w in wide]
+        return Report(tables=[("evaluation", wide or [{"benchmark": "-"}],
+                               "Zero-shot retrieval per expert and domain (verified labels only)")],
+                      log="\n".join(lines))
 
 
+SECMM_STAGES: tuple[Stage, ...] = (CaptionPool(), CaptionStats(), DapQueries(), Cgds(), Mecf(), Export(), Evaluate())

@@ -27,7 +27,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
 
-from rde.progress import StageProgress
+from rde.reasons import unregistered
 from storage import Artifact, ArtifactWriter, ShardInfo
 from tasks.context import RunContext
 from tasks.reporting import Progress, log, warn
@@ -74,6 +74,18 @@ class AccountingError(RuntimeError):
     """A stage lost (or invented) rows: its own input count differs from accepted + rejected."""
 
 
+class UnregisteredReason(AccountingError):
+    """A stage rejected rows with a reason code that ``rde.reasons`` does not list."""
+
+
+def check_reasons(stage: str, stats: dict[str, Any], where: str = "") -> None:
+    """Raise ``UnregisteredReason`` when a rejected reason is not in the one registry (rde/reasons.py)."""
+    unknown = unregistered(stats.get("rejected", {}))
+    if unknown:
+        raise UnregisteredReason(f"{stage}{where}: rejected rows with reason codes {unknown} that rde/reasons.py does "
+                                 "not register (add each with its one-line meaning); nothing was marked complete")
+
+
 def check_balance(stage: str, stats: dict[str, Any], where: str = "") -> bool:
     """Raise ``AccountingError`` unless ``input_rows == accepted + sum(rejected)``; True otherwise."""
     counted = int(stats.get("input_rows", 0))
@@ -118,34 +130,6 @@ def finalize(outputs: Sequence[Output], stage_key: str, shards: Sequence[dict[st
             [s[out.name] for s in shards], code_version=ctx.code_version, config=config, models=models,
             upstream=upstream, stats=stats, prompt_versions=prompt_versions,
         )
-
-
-def run_single(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key: str,
-               compute: Callable[[], tuple[dict[str, pa.Table], dict[str, Any]]], *,
-               upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
-               models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None,
-               main_output: str | None = None, balance: bool = False) -> StageResult:
-    """A stage that writes its outputs as one shard each (small results: queries, candidates...).
-
-    ``compute`` returns the tables by output name and stats with ``input_rows`` (counted by the
-    stage from what it read), ``accepted``, ``rejected`` (reason → count) and optionally ``splits``
-    (split → accepted rows); skipped when every output is complete for ``stage_key``. With
-    ``balance`` every input must end as one accepted or rejected row (``check_balance``). While it
-    runs the stage shows as running (a progress that ``compute`` opens takes that display over).
-    """
-    main = main_output or outputs[0].name
-    if all_complete(outputs, stage_key):
-        return skipped_result(stage, outputs, main)
-    with Timer() as timer, StageProgress(stage):
-        begin(outputs, stage_key)
-        tables, stats = compute()
-        balanced = check_balance(stage, stats) if balance else None
-        shards = write_shards(outputs, stage_key, 0, tables)
-        finalize(outputs, stage_key, [shards], ctx, upstream=upstream, config=config, models=models,
-                 stats={**stats, "balanced": balanced}, prompt_versions=prompt_versions)
-    return StageResult(stage, False, {o.name: o.url for o in outputs}, int(stats.get("input_rows", 0)),
-                       int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), 1, 0, timer.seconds,
-                       splits=dict(stats.get("splits", {})), balanced=balanced)
 
 
 def reason_counts(rejects: pa.Table) -> dict[str, int]:
@@ -268,6 +252,7 @@ def shard_task(outputs: list[Output], stage_key: str, index: int, compute: Shard
             tables, stats = compute(index)
     else:
         tables, stats = compute(index)
+    check_reasons(stage, stats, f" shard {index}")
     if balance:
         check_balance(stage, stats, f" shard {index}")
     return {"index": index, "shards": write_shards(outputs, stage_key, index, tables, stats), "resumed": False,

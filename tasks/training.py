@@ -12,34 +12,31 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from models.backends.registry import ModelRegistry, models_lineage
+from models.backends.registry import models_lineage
 from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
 from rde.expert_check import CheckSet, load_check_set, load_check_yaml, relevance_lists
 from rde.hard_negatives import draw_seed
 from rde.image_decoding import decode_rgb
 from rde.metrics import mean_ap_at_k, person_search_metrics
+from rde.reasons import Reason
 from rde.retrieval_features import image_features
 from rde.retrieval_training import EpochRecord, TrainConfig, TrainingPairs, TrainResult, train
-from storage import Artifact, content_key
+from storage import Artifact
 from storage.locations import resolve_location
 from storage.schemas import EVALUATION
 from tasks import sharded
 from tasks.context import RunContext
-from tasks.reporting import Progress, accounting_line, inline_png, log, publish_markdown, publish_table, split_name
+from tasks.reporting import Progress, accounting_line, inline_png, publish_markdown, split_name
+from tasks.runner import run_pipeline
+from tasks.sharded import StageResult
+from tasks.stage import Lineage, Pipeline, Report, Resources, Stage, StageRun, Work, Write
 
-# Each stage's own version: bump one when that stage changes what it writes (it and its readers rerun).
-# training-features 2: stats hold the splits (train, held_out) and rejects by reason.
-VERSIONS = {"training-features": "2", "train": "2"}
 VEC = pa.list_(pa.float32())
 FEATURES = pa.schema([pa.field("kind", pa.string(), nullable=False),  # pair | image | gallery | query
                       pa.field("key", pa.string(), nullable=False), pa.field("index", pa.int32(), nullable=False),
                       pa.field("identity", pa.string()), pa.field("q_txt", pa.float64()), pa.field("text", pa.string()),
                       pa.field("vector", VEC, nullable=False), pa.field("teacher", VEC)])
-CHECK_SET_IDENTITY = "check_set_identity"  # a caption of a check-set identity: kept out of training
-OVER_MAX_PAIRS = "over_max_pairs"  # beyond training.max_pairs (a seeded sample is kept)
 LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
                  pa.field("terms", pa.string(), nullable=False)])
 
@@ -56,25 +53,32 @@ def _decoded_images(source_root: str, image_ids: Sequence[str]) -> dict[str, np.
             .iter_shards(["image_id", "image_bytes"]) for r in tb.to_pylist() if r["image_id"] in wanted}
 
 
-@task(name="training-features", cache_policy=NO_CACHE)
-def features_task(ctx: RunContext) -> sharded.StageResult:
+class TrainingFeatures(Stage):
     """Tower + teacher features of the training pairs (views per image), of the held-out person
-    search split, and of the check-set gallery and queries; one artifact, rows by ``kind``."""
-    p, t = ctx.profile, ctx.profile.training
-    src = _source_root(ctx)
-    captions = Artifact(f"{src}/largefine")
-    if not captions.is_complete():
-        raise ValueError(f"no finished captions at {captions.url}: run `rde build-largefine` (profile {p.name}) "
-                         "first; its captions are the training pairs")
-    key = content_key(stage="training-features", version=VERSIONS["training-features"],
-                      captions=captions.manifest().fingerprint,
-                      models=models_lineage(p.models), views=t.views, max_pairs=t.max_pairs,
-                      student=t.model.model_dump(mode="json") if t.model else None,
-                      held_out=t.held_out_share, seed=t.seed, check_sets=p.evaluation.check_sets)
-    outs = [sharded.Output("features", ctx.artifact_url("training_features"), "training_features", FEATURES)]
+    search split, and of the check-set gallery and queries; one artifact, rows by ``kind``. Reads
+    the captions of the profile's ``training.source_flow`` run (``build-largefine``)."""
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        registry = ModelRegistry(p.models)
+    name = "training-features"
+    version = "2"  # 2: stats hold the splits (train, held_out) and rejects by reason
+    writes = (Write("features", "training_features", FEATURES, folder="training_features"),)
+    config = ("training.source_flow", "training.views", "training.max_pairs", "training.model",
+              "training.held_out_share", "training.seed", "evaluation.check_sets")
+    resources = Resources(device="gpu", hold_slot=False)
+    balance = True
+
+    def lineage(self, run: StageRun) -> Lineage:
+        src = _source_root(run.ctx)
+        captions = Artifact(f"{src}/largefine")
+        if not captions.is_complete():
+            raise ValueError(f"no finished captions at {captions.url}: run `rde build-largefine` (profile "
+                             f"{run.profile_name}) first; its captions are the training pairs")
+        run.prepared.update(src=src, captions=captions)
+        return Lineage(models={"models": models_lineage(run.models)},
+                       extra={"captions": captions.manifest().fingerprint}, upstream=[captions])
+
+    def run(self, run: StageRun) -> Work:
+        p, t, src, captions = run.ctx.profile, run.section("training"), run.prepared["src"], run.prepared["captions"]
+        registry = run.registry()
         bridge = registry.expert(p.models.experts[0])
         teacher = registry.expert(p.models.teacher or p.models.experts[-1])
         identity = {r["image_id"]: r["identity"] for r in Artifact(f"{src}/neighbours").rows(["image_id", "identity"])}
@@ -82,9 +86,9 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
                      for i in q["relevant_identities"]}
         every = captions.rows(["image_id", "text", "q_txt"])
         caps = [r for r in every if identity.get(r["image_id"]) not in check_ids]
-        rejected = {CHECK_SET_IDENTITY: sum(identity.get(r["image_id"]) in check_ids for r in every)}
+        rejected = {str(Reason.CHECK_SET_IDENTITY): sum(identity.get(r["image_id"]) in check_ids for r in every)}
         if t.max_pairs is not None and len(caps) > t.max_pairs:
-            rejected[OVER_MAX_PAIRS] = len(caps) - t.max_pairs
+            rejected[str(Reason.OVER_MAX_PAIRS)] = len(caps) - t.max_pairs
             caps = sorted(caps, key=lambda r: draw_seed(t.seed, r["image_id"] + r["text"]))[:t.max_pairs]
         people = sorted({identity[c["image_id"]] for c in caps if identity.get(c["image_id"])})
         rng = np.random.default_rng(t.seed)
@@ -120,18 +124,15 @@ def features_task(ctx: RunContext) -> sharded.StageResult:
                       "vector": v.tolist(), "teacher": None} for k, v in enumerate(bridge.encode_text(check.queries))]
         splits = {"train": sum(r["kind"] == "pair" for r in rows),
                   "held_out": sum(r["kind"] == "heldout" for r in rows)}
-        stats = {"input_rows": len(every), "accepted": splits["train"] + splits["held_out"], "splits": splits,
-                 "rejected": {k: v for k, v in rejected.items() if v}, "images": len(image_ids), "views": t.views,
-                 "held_out_identities": len(held)}
-        return {"features": pa.Table.from_pylist(rows, schema=FEATURES)}, stats
+        return Work.one({"features": pa.Table.from_pylist(rows, schema=FEATURES)},
+                        {"input_rows": len(every), "accepted": splits["train"] + splits["held_out"], "splits": splits,
+                         "rejected": {k: v for k, v in rejected.items() if v}, "images": len(image_ids),
+                         "views": t.views, "held_out_identities": len(held)})
 
-    result = sharded.run_single(ctx, "training-features", outs, key, compute, upstream=[captions], balance=True,
-                                models={"bridge": p.models.experts[0].model_dump(mode="json"),
-                                        "teacher": (p.models.teacher or p.models.experts[-1]).model_dump(mode="json")})
-    log(f"training-features: {'skipped, ' if result.skipped else ''}{result.splits.get('train', 0)} training pairs, "
-        f"{result.splits.get('held_out', 0)} held out for person search, {sum(result.rejected.values())} not used "
-        f"{result.rejected or ''}")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        return Report(log=f"training-features: {result.splits.get('train', 0)} training pairs, "
+                          f"{result.splits.get('held_out', 0)} held out for person search, "
+                          f"{sum(result.rejected.values())} not used {result.rejected or ''}")
 
 
 def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
@@ -277,36 +278,42 @@ def loss_plot(result: TrainResult, path: Path, title: str) -> None:
     path.write_bytes(buf.getvalue())
 
 
-@task(name="train", cache_policy=NO_CACHE)
-def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig) -> sharded.StageResult:
+class Train(Stage):
     """Train (resuming from the last checkpoint of the same configuration), evaluate zero-shot and
-    trained, write the step log, the evaluation rows, the final weights and the loss plot."""
-    p = ctx.profile
-    key = content_key(stage=f"train-{method}", version=VERSIONS["train"],
-                      features=Artifact(features_url).manifest().fingerprint,
-                      cfg=cfg.__dict__, train_text=p.training.train_text,
-                      student=p.training.model.model_dump(mode="json") if p.training.model else None)
-    name = f"train_{method}"
-    outs = [sharded.Output("log", ctx.artifact_url(f"{name}_log"), "training_log", LOG),
-            sharded.Output("evaluation", ctx.artifact_url(f"{name}_evaluation"), "evaluation", EVALUATION)]
-    folder = Path(ctx.artifact_url(name))
-    extra: dict[str, Any] = {}
+    trained, write the step log, the evaluation rows, the final weights and the loss plot. One stage
+    per method: its folders are ``train_<method>`` (weights, plots), ``_log`` and ``_evaluation``."""
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    version = "2"
+    reads = ("training_features",)
+    config = ("training", "evaluation")
+    resources = Resources(device="gpu", hold_slot=False, batch_size="training.batch_size")
+    main = "log"
+
+    def __init__(self, method: str, cfg: TrainConfig) -> None:
+        self.method, self.cfg = method, cfg
+        self.name = f"train_{method}"
+        self.writes = (Write("log", "training_log", LOG, folder=f"{self.name}_log"),
+                       Write("evaluation", "evaluation", EVALUATION, folder=f"{self.name}_evaluation"))
+
+    def lineage(self, run: StageRun) -> Lineage:
+        return Lineage(extra={"cfg": self.cfg.__dict__})
+
+    def run(self, run: StageRun) -> Work:
+        ctx, folder = run.ctx, Path(run.output_url(self.name))
         torch.set_num_threads(2)
         (folder / "s_hat.png").unlink(missing_ok=True)  # a previous configuration's histograms must not show
-        data = load_training_data(features_url, ctx)
-        torch.manual_seed(cfg.seed)
+        data = load_training_data(run.input("training_features").url, ctx)
+        torch.manual_seed(self.cfg.seed)
         model = new_model(data, ctx)
         rows = evaluation_rows(model, data, "zero-shot")
-        with Progress(f"{ctx.flow_name}-train-progress", f"{name}: training steps done", stage=name, total=None,
-                      unit="steps") as progress:
-            result = train(model, data["pairs"], cfg, checkpoint_dir=folder / "checkpoints" / key[:16],
+        with Progress(f"{ctx.flow_name}-train-progress", f"{self.name}: training steps done", stage=self.name,
+                      total=None, unit="steps") as progress:
+            result = train(model, data["pairs"], self.cfg, checkpoint_dir=folder / "checkpoints" / run.key[:16],
                            on_step=progress.update)
-        rows += evaluation_rows(model, data, method)
+        rows += evaluation_rows(model, data, self.method)
         torch.save(model.state_dict(), folder / "model.pt")
-        loss_plot(result, folder / "loss.png", f"{method} ({len(data['pairs'])} pairs)")
-        extra["result"] = result
+        loss_plot(result, folder / "loss.png", f"{self.method} ({len(data['pairs'])} pairs)")
+        run.prepared["result"] = result
         log_rows = [{"step": int(s["step"]), "epoch": int(s["epoch"]),
                      "terms": json.dumps({k: v for k, v in s.items() if k not in ("step", "epoch")})}
                     for s in result.step_losses]
@@ -314,29 +321,31 @@ def train_task(ctx: RunContext, features_url: str, method: str, cfg: TrainConfig
                  "resumed_from_epoch": result.resumed_from,
                  "epoch_loss": [round(e.mean_loss, 5) for e in result.epochs],
                  "gmm": [gmm_epoch_stats(e) for e in result.epochs if e.confidence is not None]}
-        return {"log": pa.Table.from_pylist(log_rows, schema=LOG),
-                "evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)}, stats
+        return Work.one({"log": pa.Table.from_pylist(log_rows, schema=LOG),
+                         "evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)}, stats)
 
-    result = sharded.run_single(ctx, name, outs, key, compute, upstream=[Artifact(features_url)],
-                                config={"train": cfg.__dict__}, main_output="log")
-    evaluation = Artifact(outs[1].url).rows()
-    publish_table(f"{ctx.flow_name}-evaluation", [{k: (round(v, 4) if isinstance(v, float) else v)
-                                                   for k, v in r.items()} for r in evaluation],
-                  f"{method}: zero-shot vs trained (check set mAP@K per domain; held-out person search)")
-    epoch_loss = Artifact(outs[0].url).manifest().stats.get("epoch_loss", [])
-    if "result" in extra and extra["result"].epochs and extra["result"].epochs[-1].s_hat is not None:
-        gmm_plot(extra["result"], folder / "s_hat.png")
-    plots = [inline_png(folder / png, alt) for png, alt in (("loss.png", "training loss per step"),
-                                                            ("s_hat.png", "ŝ of pairs judged clean vs noisy"))
-             if (folder / png).exists()]
-    publish_markdown(f"{ctx.flow_name}-loss", "\n".join([
-        f"# {method}: training loss", "", "| epoch | mean loss |", "|---|---|",
-        *[f"| {i} | {v:.4f} |" for i, v in enumerate(epoch_loss)], "", *[f"{p}\n" for p in plots],
-        f"Loss curve `{folder / 'loss.png'}`; weights `{folder / 'model.pt'}`; checkpoints (per epoch, keyed by "
-        f"the stage key) `{folder / 'checkpoints'}`."]),
-        "Training loss per epoch with the loss curve (and for GTR+ the ŝ histograms) shown inline")
-    log(f"{name}: {'skipped, ' if result.skipped else ''}{len(evaluation)} evaluation rows; artifacts in {folder}")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        folder = Path(run.output_url(self.name))
+        evaluation = run.output_artifact("evaluation").rows()
+        epoch_loss = run.output_artifact("log").manifest().stats.get("epoch_loss", [])
+        trained = run.prepared.get("result")
+        if trained is not None and trained.epochs and trained.epochs[-1].s_hat is not None:
+            gmm_plot(trained, folder / "s_hat.png")
+        plots = [inline_png(folder / png, alt) for png, alt in (("loss.png", "training loss per step"),
+                                                                ("s_hat.png", "ŝ of pairs judged clean vs noisy"))
+                 if (folder / png).exists()]
+        loss = "\n".join([
+            f"# {self.method}: training loss", "", "| epoch | mean loss |", "|---|---|",
+            *[f"| {i} | {v:.4f} |" for i, v in enumerate(epoch_loss)], "", *[f"{p}\n" for p in plots],
+            f"Loss curve `{folder / 'loss.png'}`; weights `{folder / 'model.pt'}`; checkpoints (per epoch, keyed by "
+            f"the stage key) `{folder / 'checkpoints'}`."])
+        return Report(tables=[("evaluation", [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+                                              for r in evaluation],
+                               f"{self.method}: zero-shot vs trained (check set mAP@K per domain; held-out person "
+                               "search)")],
+                      markdown=[("loss", loss, "Training loss per epoch with the loss curve (and for GTR+ the ŝ "
+                                               "histograms) shown inline")],
+                      log=f"{self.name}: {len(evaluation)} evaluation rows; artifacts in {folder}")
 
 
 def gmm_epoch_stats(e: EpochRecord) -> dict[str, Any]:
@@ -371,11 +380,12 @@ def gmm_plot(result: TrainResult, path: Path) -> None:
 
 
 def run_training(ctx: RunContext, until: str | None, method: str, cfg: TrainConfig) -> dict[str, Any]:
-    """The body of both training flows: features, then (unless ``until='features'``) training."""
-    features = features_task(ctx)
-    results = [features]
-    if until != "features":
-        results.append(train_task(ctx, features.artifacts["features"], method, cfg))
+    """The body of both training flows: features, then (unless ``until='features'``) training —
+    a pipeline of two stages, the second named after the method."""
+    train_stage = Train(method, cfg)
+    pipeline = Pipeline(ctx.flow_name, (TrainingFeatures(), train_stage),
+                        until={"features": "training-features", "train": train_stage.name})
+    results = run_pipeline(ctx, pipeline, until)
     return training_summary(ctx, results, Artifact(f"{_source_root(ctx)}/largefine").count_rows())
 
 

@@ -14,10 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, ModelRegistry, spec_lineage
+from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, spec_lineage
 from models.reranker.cache_store import CACHE, CacheIndex, cache_rows
 from models.reranker.vedje import Vedje
 from models.specs import ModelSpec
@@ -33,13 +31,13 @@ from rde.vedje_training import (
     train_config,
     train_vedje,
 )
-from storage import Artifact, content_key
+from storage import Artifact
 from tasks import sharded
 from tasks.context import RunContext
-from tasks.reporting import Progress, log, publish_markdown, publish_table, stage_table
+from tasks.reporting import Progress, log
+from tasks.sharded import StageResult
+from tasks.stage import Lineage, Report, Resources, Stage, StageRun, Work, Write
 
-# Each stage's own version: bump one when that stage changes what it writes (it and its readers rerun).
-VERSIONS = {"vedje-features": "1", "vedje-train": "1", "index-cache": "1", "rerank": "1"}
 REJECTS = pa.schema([pa.field("item_id", pa.string(), nullable=False), pa.field("reason", pa.string(), nullable=False),
                      pa.field("detail", pa.string())])
 LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
@@ -86,43 +84,44 @@ def _rejects(items: ItemSet) -> pa.Table:
                                  for reason, n in items.rejected.items() for k in range(n)], schema=REJECTS)
 
 
-@task(name="vedje-features", cache_policy=NO_CACHE)
-def features_task(ctx: RunContext) -> sharded.StageResult:
-    """Frozen backbone patch features per frame, stage-1 item and query embeddings."""
-    items, upstream = _source(ctx)
-    backbone, stage1 = _backbone_spec(ctx), _stage1_spec(ctx)
-    key = content_key(stage="vedje-features", version=VERSIONS["vedje-features"],
-                      source=[a.manifest().fingerprint for a in upstream],
-                      vedje={k: getattr(ctx.profile.vedje, k) for k in ("source", "clips_path", "test_share", "seed")},
-                      backbone=spec_lineage(backbone), stage1=spec_lineage(stage1))
-    outs = [sharded.Output("frames", ctx.artifact_url("vedje_frames"), "vedje_frames", FRAME_FEATURES),
-            sharded.Output("items", ctx.artifact_url("vedje_items"), "vedje_items", ITEMS),
-            sharded.Output("queries", ctx.artifact_url("vedje_queries"), "vedje_queries", QUERIES),
-            sharded.Output("rejects", ctx.artifact_url("vedje_rejects"), "rejects", REJECTS)]
+class VedjeFeatures(Stage):
+    """Frozen backbone patch features per frame, stage-1 item and query embeddings of the profile's
+    ``vedje.source`` items (clips, or a build-largefine run's captions)."""
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        reg = ModelRegistry(ctx.profile.models)
-        with Progress(f"{ctx.flow_name}-features-progress", "vedje-features: frames encoded",
+    name = "vedje-features"
+    version = "1"
+    writes = (Write("frames", "vedje_frames", FRAME_FEATURES, folder="vedje_frames"),
+              Write("items", "vedje_items", ITEMS, folder="vedje_items"),
+              Write("queries", "vedje_queries", QUERIES, folder="vedje_queries"),
+              Write("rejects", "rejects", REJECTS, folder="vedje_rejects", rejects=True))
+    config = ("vedje.source", "vedje.clips_path", "vedje.source_flow", "vedje.test_share", "vedje.seed")
+    resources = Resources(device="gpu", hold_slot=False)
+    balance = True
+    main = "items"
+    title = "Items with frozen features (accepted) and items left out with their reason"
+
+    def lineage(self, run: StageRun) -> Lineage:
+        items, upstream = _source(run.ctx)
+        backbone, stage1 = _backbone_spec(run.ctx), _stage1_spec(run.ctx)
+        run.prepared.update(items=items, backbone=backbone, stage1=stage1)
+        return Lineage(models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)},
+                       extra={"source": [a.manifest().fingerprint for a in upstream]}, upstream=upstream)
+
+    def run(self, run: StageRun) -> Work:
+        items: ItemSet = run.prepared["items"]
+        reg = run.registry()
+        with Progress(f"{run.ctx.flow_name}-features-progress", "vedje-features: frames encoded",
                       stage="vedje-features", total=len(items.frame_keys()), unit="frames") as progress:
-            frames, item_tb, query_tb = build_tables(items, reg.image_embedder(backbone), reg.expert(stage1),
-                                                     on_batch=progress.update)
+            frames, item_tb, query_tb = build_tables(items, reg.image_embedder(run.prepared["backbone"]),
+                                                     reg.expert(run.prepared["stage1"]), on_batch=progress.update)
         stats = {"input_rows": items.input_rows, "accepted": len(items.item_ids),
                  "rejected": dict(items.rejected), "splits": dict(Counter(items.splits)),
                  "frames": frames.num_rows, "queries": query_tb.num_rows}
-        return {"frames": frames, "items": item_tb, "queries": query_tb, "rejects": _rejects(items)}, stats
-
-    result = sharded.run_single(ctx, "vedje-features", outs, key, compute, upstream=upstream, balance=True,
-                                models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)},
-                                main_output="items")
-    publish_table(f"{ctx.flow_name}-features", stage_table("vedje-features", result.input_rows, result.accepted,
-                                                           result.rejected, result.skipped),
-                  "Items with frozen features (accepted) and items left out with their reason")
-    log(f"vedje-features: {'skipped, ' if result.skipped else ''}{result.accepted} items "
-        f"({sum(result.rejected.values())} rejected)")
-    return result
+        return Work.one({"frames": frames, "items": item_tb, "queries": query_tb, "rejects": _rejects(items)}, stats)
 
 
 def load_tensors(urls: dict[str, str]) -> VedjeTensors:
+    """The features artifacts (``frames``, ``items``, ``queries`` → their URLs) as training tensors."""
     return tensors_from_tables(*(pa.concat_tables([t for _, t in Artifact(urls[n]).iter_shards()])
                                  for n in ("frames", "items", "queries")))
 
@@ -168,27 +167,32 @@ def load_model(ctx: RunContext) -> tuple[Vedje, dict[str, Any]]:
     return model, meta
 
 
-@task(name="vedje-train", cache_policy=NO_CACHE)
-def train_task(ctx: RunContext, urls: dict[str, str]) -> sharded.StageResult:
+class VedjeTrain(Stage):
     """Train (resuming per epoch), evaluate stage 1 vs rerank on the test split, save the model."""
-    spec = ctx.profile.vedje
-    cfg = train_config(spec)
-    frozen = None  # the compressor kept from the previous run is an input when it is not retrained
-    if not spec.train_compressor:
-        meta_file = model_folder(ctx) / "model.json"
-        if not meta_file.exists():
-            raise FileNotFoundError(f"vedje.train_compressor=false keeps the previous compressor, but there is no "
-                                    f"trained model at {meta_file.parent}: run `rde train-vedje` once first")
-        frozen = json.loads(meta_file.read_text())["cache_lineage"]["compressor"]
-    key = content_key(stage="vedje-train", version=VERSIONS["vedje-train"],
-                      features=Artifact(urls["items"]).manifest().fingerprint,
-                      vedje=spec.model_dump(mode="json"), frozen_compressor=frozen)
-    outs = [sharded.Output("log", ctx.artifact_url("vedje_log"), "training_log", LOG),
-            sharded.Output("evaluation", ctx.artifact_url("vedje_evaluation"), "evaluation", RECALL)]
-    folder = model_folder(ctx)
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
-        data = load_tensors(urls)
+    name = "vedje-train"
+    version = "1"
+    reads = ("vedje_frames", "vedje_items", "vedje_queries")
+    writes = (Write("log", "training_log", LOG, folder="vedje_log"),
+              Write("evaluation", "evaluation", RECALL, folder="vedje_evaluation"))
+    config = ("vedje",)
+    resources = Resources(device="gpu", hold_slot=False, batch_size="vedje.batch_size")
+    main = "log"
+
+    def lineage(self, run: StageRun) -> Lineage:
+        frozen = None  # the compressor kept from the previous run is an input when it is not retrained
+        if not run.section("vedje").train_compressor:
+            meta_file = model_folder(run.ctx) / "model.json"
+            if not meta_file.exists():
+                raise FileNotFoundError(f"vedje.train_compressor=false keeps the previous compressor, but there is "
+                                        f"no trained model at {meta_file.parent}: run `rde train-vedje` once first")
+            frozen = json.loads(meta_file.read_text())["cache_lineage"]["compressor"]
+        return Lineage(extra={"frozen_compressor": frozen})
+
+    def run(self, run: StageRun) -> Work:
+        ctx, spec = run.ctx, run.section("vedje")
+        cfg, folder = train_config(spec), model_folder(ctx)
+        data = load_tensors({n: run.input(f"vedje_{n}").url for n in ("frames", "items", "queries")})
         torch.manual_seed(spec.seed)
         model = build_model(spec, data.frame_features.shape[2], data.frame_features.shape[1],
                             data.item_frames.shape[1], data.item_emb.shape[1])
@@ -201,7 +205,7 @@ def train_task(ctx: RunContext, urls: dict[str, str]) -> sharded.StageResult:
             log(f"vedje-train: compressor {model.compressor_fingerprint()[:12]} kept frozen (caches stay valid)")
         with Progress(f"{ctx.flow_name}-train-progress", "vedje-train: training steps done", stage="vedje-train",
                       total=None, unit="steps") as progress:
-            result = train_vedje(model, data, run_cfg, folder / "checkpoints" / key[:16],
+            result = train_vedje(model, data, run_cfg, folder / "checkpoints" / run.key[:16],
                                  on_epoch=lambda e, loss: log(f"vedje-train: epoch {e} mean loss {loss:.4f}"),
                                  on_step=progress.update)
         meta = save_model(model, folder, ctx, data.item_emb.shape[1])
@@ -217,101 +221,120 @@ def train_task(ctx: RunContext, urls: dict[str, str]) -> sharded.StageResult:
                  "epoch_loss": [round(v, 5) for v in result.epoch_loss], "seconds": round(result.seconds, 1),
                  "vtm_share": round(result.vtm_share, 4),
                  "compressor": meta["cache_lineage"]["compressor"]}
-        return {"log": pa.Table.from_pylist(log_rows, schema=LOG),
-                "evaluation": pa.Table.from_pylist(rows, schema=RECALL)}, stats
+        return Work.one({"log": pa.Table.from_pylist(log_rows, schema=LOG),
+                         "evaluation": pa.Table.from_pylist(rows, schema=RECALL)}, stats)
 
-    result = sharded.run_single(ctx, "vedje-train", outs, key, compute, upstream=[Artifact(urls["items"])],
-                                config={"vedje": spec.model_dump(mode="json")}, main_output="log")
-    evaluation = Artifact(outs[1].url).rows()
-    publish_table(f"{ctx.flow_name}-evaluation", [{k: (round(v, 2) if isinstance(v, float) else v)
-                                                   for k, v in r.items()} for r in evaluation],
-                  "Stage-1 vs VEDJE rerank on the test split: R@1/5/10 per N_c and cache precision")
-    losses = Artifact(outs[0].url).manifest().stats.get("epoch_loss", [])
-    publish_markdown(f"{ctx.flow_name}-loss", "\n".join(["# train-vedje: loss per epoch", "", "| epoch | loss |",
-                                                         "|---|---|", *[f"| {i} | {v:.4f} |"
-                                                                        for i, v in enumerate(losses)], "",
-                                                         f"Weights: `{folder / 'model.pt'}`"]), "VEDJE training loss")
-    log(f"vedje-train: {'skipped, ' if result.skipped else ''}{len(evaluation)} evaluation rows; model in {folder}")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        folder = model_folder(run.ctx)
+        evaluation = run.output_artifact("evaluation").rows()
+        losses = run.output_artifact("log").manifest().stats.get("epoch_loss", [])
+        loss = "\n".join(["# train-vedje: loss per epoch", "", "| epoch | loss |", "|---|---|",
+                          *[f"| {i} | {v:.4f} |" for i, v in enumerate(losses)], "",
+                          f"Weights: `{folder / 'model.pt'}`"])
+        return Report(tables=[("evaluation", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}
+                                              for r in evaluation],
+                               "Stage-1 vs VEDJE rerank on the test split: R@1/5/10 per N_c and cache precision")],
+                      markdown=[("loss", loss, "VEDJE training loss")],
+                      log=f"vedje-train: {len(evaluation)} evaluation rows; model in {folder}")
 
 
-def index_task(ctx: RunContext) -> sharded.StageResult:
+class IndexCache(Stage):
     """Offline indexing (Alg. 1, lines 2–5), one Prefect task per shard of items: frames → frozen
     backbone → trained compressor → encoded cache rows; plus the items' stage-1 index rows."""
-    spec = ctx.profile.vedje
-    model, _meta = load_model(ctx)
-    lineage = cache_lineage(model, ctx)
-    items, upstream = _source(ctx)
-    backbone, stage1 = _backbone_spec(ctx), _stage1_spec(ctx)
-    n_shards = max(1, -(-len(items.item_ids) // spec.shard_size))
-    key = content_key(stage="index-cache", version=VERSIONS["index-cache"],
-                      source=[a.manifest().fingerprint for a in upstream],
-                      lineage=lineage, stage1=spec_lineage(stage1), precision=spec.precision,
-                      shard_size=spec.shard_size)
-    outs = [sharded.Output("cache", ctx.artifact_url("cache"), "vedje_cache", CACHE),
-            sharded.Output("index", ctx.artifact_url("stage1_index"), "stage1_index", STAGE1_INDEX)]
 
-    def compute(index: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    name = "index-cache"
+    version = "1"
+    writes = (Write("cache", "vedje_cache", CACHE), Write("index", "stage1_index", STAGE1_INDEX, folder="stage1_index"))
+    config = ("vedje.source", "vedje.clips_path", "vedje.source_flow", "vedje.test_share", "vedje.seed",
+              "vedje.precision", "vedje.shard_size")
+    resources = Resources(device="gpu")
+    balance = True
+
+    def lineage(self, run: StageRun) -> Lineage:
+        model, _meta = load_model(run.ctx)
+        lineage = cache_lineage(model, run.ctx)
+        items, upstream = _source(run.ctx)
+        backbone, stage1 = _backbone_spec(run.ctx), _stage1_spec(run.ctx)
+        run.prepared.update(model=model, lineage=lineage, items=items, backbone=backbone, stage1=stage1)
+        return Lineage(models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)},
+                       extra={"source": [a.manifest().fingerprint for a in upstream], "cache_lineage": lineage},
+                       upstream=upstream)
+
+    def shard_count(self, run: StageRun) -> int:
+        return max(1, -(-len(run.prepared["items"].item_ids) // run.section("vedje").shard_size))
+
+    def process(self, run: StageRun, index: int) -> Work:
+        spec, items, model = run.section("vedje"), run.prepared["items"], run.prepared["model"]
         rows = range(index * spec.shard_size, min(len(items.item_ids), (index + 1) * spec.shard_size))
         keys = sorted({k for r in rows for k in items.frames[r]})
         images = items.load_frames(keys)
-        reg = ModelRegistry(ctx.profile.models)
+        reg = run.registry()
         start = time.perf_counter()
-        maps = torch.from_numpy(reg.image_embedder(backbone).feature_maps([images[k] for k in keys]))
+        maps = torch.from_numpy(reg.image_embedder(run.prepared["backbone"]).feature_maps([images[k] for k in keys]))
         where = {k: i for i, k in enumerate(keys)}
         x = maps[torch.tensor([[where[k] for k in items.frames[r]] for r in rows])]
         caches = model.index(x).numpy()
         seconds = time.perf_counter() - start
-        emb = dict(zip(keys, reg.expert(stage1).encode_image([images[k] for k in keys]), strict=True))
+        emb = dict(zip(keys, reg.expert(run.prepared["stage1"]).encode_image([images[k] for k in keys]), strict=True))
         ids = [items.item_ids[r] for r in rows]
         item_emb = item_embeddings([items.frames[r] for r in rows], emb)
         index_rows = [{"item_id": items.item_ids[r], "group": items.groups[r], "split": items.splits[r],
                        "embedding": e.tolist()} for r, e in zip(rows, item_emb, strict=True)]
         cache_tb = cache_rows(ids, caches, model.shape.frames, model.shape.tokens_per_frame, spec.precision)
         # input: the items of this shard; accepted: the cache rows written for them
-        return {"cache": cache_tb, "index": pa.Table.from_pylist(index_rows, schema=STAGE1_INDEX)}, \
-            {"input_rows": len(rows), "accepted": cache_tb.num_rows, "rejected": {}, "index_seconds": seconds}
+        return Work.one({"cache": cache_tb, "index": pa.Table.from_pylist(index_rows, schema=STAGE1_INDEX)},
+                        {"input_rows": len(rows), "accepted": cache_tb.num_rows, "rejected": {},
+                         "index_seconds": seconds})
 
-    result = sharded.run_sharded(ctx, "index-cache", outs, key, n_shards, compute,
-                                 sharded.count_accepted_rejected("cache"), balance=True, tags=["gpu"],
-                                 concurrency_limit=ctx.profile.prefect.gpu_concurrency_limit, upstream=upstream,
-                                 config={"cache_lineage": lineage, "precision": spec.precision},
-                                 models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)})
-    art = Artifact(outs[0].url)
-    per_item = art.read_shard(0, ["payload_bytes"]).column("payload_bytes")[0].as_py() if art.count_rows() else 0
-    publish_table(f"{ctx.flow_name}-cache", [{"items": art.count_rows(), "precision": spec.precision,
-                                              "tokens": model.cache_tokens, "dim": model.reranker.d,
-                                              "payload_bytes_per_item": per_item,
-                                              "compressor": lineage["compressor"][:12]}],
-                  "Per-item cache: T·M tokens of width d, payload bytes per item (BF16 = 2·T·M·d)")
-    if not result.skipped:
-        log(f"index-cache: {result.accepted} caches of {per_item} bytes each "
-            f"({sum(items.rejected.values())} items not indexed: {items.rejected})")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        spec, model, lineage = run.section("vedje"), run.prepared["model"], run.prepared["lineage"]
+        art = run.output_artifact("cache")
+        per_item = art.read_shard(0, ["payload_bytes"]).column("payload_bytes")[0].as_py() if art.count_rows() else 0
+        items = run.prepared["items"]
+        return Report(tables=[("cache", [{"items": art.count_rows(), "precision": spec.precision,
+                                          "tokens": model.cache_tokens, "dim": model.reranker.d,
+                                          "payload_bytes_per_item": per_item,
+                                          "compressor": lineage["compressor"][:12]}],
+                               "Per-item cache: T·M tokens of width d, payload bytes per item (BF16 = 2·T·M·d)")],
+                      log="" if result.skipped else f"index-cache: {result.accepted} caches of {per_item} bytes "
+                      f"each ({sum(items.rejected.values())} items not indexed: {items.rejected})")
 
 
-def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.StageResult:
+class Rerank(Stage):
     """Online reranking (Alg. 1, lines 6–13) for the given queries, or for the test split's captions
     (then with R@K of stage 1 vs rerank at each N_c); the caches must match the model's lineage."""
-    spec = ctx.profile.vedje
-    model, meta = load_model(ctx)
-    idx_ctx = RunContext(ctx.profile, "index-cache", ctx.output_root)
-    cache = CacheIndex(idx_ctx.artifact_url("cache"), meta["cache_lineage"])
-    index_art = Artifact(idx_ctx.artifact_url("stage1_index"))
-    indexed_with = index_art.manifest().models.get("stage1")
-    if indexed_with != spec_lineage(_stage1_spec(ctx)):
-        raise ValueError(f"the stage-1 index at {index_art.url} was built with another stage-1 expert "
-                         f"({(indexed_with or {}).get('model_id')!r}, profile now "
-                         f"{_stage1_spec(ctx).model_id!r}): run `rde index-cache` again")
-    n_max = max(spec.candidates)
-    key = content_key(stage="rerank", version=VERSIONS["rerank"], cache=cache.fingerprint, model=meta, queries=queries,
-                      n=spec.candidates, batch=spec.score_batch)
-    outs = [sharded.Output("reranked", ctx.artifact_url("reranked"), "reranked", RERANKED),
-            sharded.Output("evaluation", ctx.artifact_url("rerank_evaluation"), "evaluation", RECALL)]
 
-    def compute() -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    name = "rerank"
+    version = "1"
+    writes = (Write("reranked", "reranked", RERANKED),
+              Write("evaluation", "evaluation", RECALL, folder="rerank_evaluation"))
+    config = ("vedje.candidates", "vedje.score_batch")
+    balance = True
+
+    def __init__(self, queries: list[str] | None = None) -> None:
+        self.queries = queries
+
+    def lineage(self, run: StageRun) -> Lineage:
+        ctx = run.ctx
+        model, meta = load_model(ctx)
+        idx_ctx = RunContext(ctx.profile, "index-cache", ctx.output_root)
+        cache = CacheIndex(idx_ctx.artifact_url("cache"), meta["cache_lineage"])
+        index_art = Artifact(idx_ctx.artifact_url("stage1_index"))
+        indexed_with = index_art.manifest().models.get("stage1")
+        if indexed_with != spec_lineage(_stage1_spec(ctx)):
+            raise ValueError(f"the stage-1 index at {index_art.url} was built with another stage-1 expert "
+                             f"({(indexed_with or {}).get('model_id')!r}, profile now "
+                             f"{_stage1_spec(ctx).model_id!r}): run `rde index-cache` again")
+        run.prepared.update(model=model, cache=cache, index_art=index_art)
+        return Lineage(extra={"cache": cache.fingerprint, "model": meta, "queries": self.queries},
+                       upstream=[index_art])
+
+    def run(self, run: StageRun) -> Work:
+        ctx, spec = run.ctx, run.section("vedje")
+        model, cache, index_art = run.prepared["model"], run.prepared["cache"], run.prepared["index_art"]
+        n_max = max(spec.candidates)
         index_rows = index_art.rows()
-        labelled = queries is None
+        labelled = self.queries is None
         if labelled:
             train_ctx = RunContext(ctx.profile, "train-vedje", ctx.output_root)
             q_rows = [r for r in Artifact(train_ctx.artifact_url("vedje_queries")).rows(["item_id", "split", "text"])
@@ -319,11 +342,11 @@ def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.St
             index_rows = [r for r in index_rows if r["split"] == "test"]
             texts = [r["text"] for r in q_rows]
         else:
-            texts = list(queries or [])
+            texts = list(self.queries or [])
         ids = [r["item_id"] for r in index_rows]
         emb = torch.tensor([r["embedding"] for r in index_rows])
         group = {r["item_id"]: r["group"] for r in index_rows}
-        stage1 = ModelRegistry(ctx.profile.models).expert(_stage1_spec(ctx))
+        stage1 = run.registry().expert(_stage1_spec(ctx))
         out, latencies = [], []
         with Progress(f"{ctx.flow_name}-progress", "rerank: queries done", stage="rerank", total=len(texts),
                       unit="queries") as progress:
@@ -349,21 +372,17 @@ def rerank_task(ctx: RunContext, queries: list[str] | None = None) -> sharded.St
         stats = {"input_rows": len(texts), "accepted": len({r["query_id"] for r in out}), "rejected": {},
                  "median_query_ms": round(1000 * float(np.median(latencies)), 2) if latencies else None,
                  "cache_bytes_per_query": cache.stats.bytes // max(len(texts), 1)}
-        return {"reranked": pa.Table.from_pylist(out, schema=RERANKED),
-                "evaluation": pa.Table.from_pylist(evaluation, schema=RECALL)}, stats
+        return Work.one({"reranked": pa.Table.from_pylist(out, schema=RERANKED),
+                         "evaluation": pa.Table.from_pylist(evaluation, schema=RECALL)}, stats)
 
-    result = sharded.run_single(ctx, "rerank", outs, key, compute, upstream=[index_art], main_output="reranked",
-                                balance=True,
-                                config={"candidates": spec.candidates, "cache_lineage": meta["cache_lineage"]})
-    evaluation = Artifact(outs[1].url).rows()
-    if evaluation:
-        publish_table(f"{ctx.flow_name}-evaluation", [{k: (round(v, 2) if isinstance(v, float) else v)
-                                                       for k, v in r.items()} for r in evaluation],
-                      "Stage-1 vs VEDJE rerank (R@K, test split) from the stored caches")
-    stats = Artifact(outs[0].url).manifest().stats
-    log(f"rerank: {result.accepted} queries, median {stats.get('median_query_ms')} ms/query, "
-        f"{stats.get('cache_bytes_per_query')} cache bytes read per query")
-    return result
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        evaluation = run.output_artifact("evaluation").rows()
+        stats = run.output_artifact("reranked").manifest().stats
+        tables = [("evaluation", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}
+                                  for r in evaluation],
+                   "Stage-1 vs VEDJE rerank (R@K, test split) from the stored caches")] if evaluation else []
+        return Report(tables=tables, log=f"rerank: {result.accepted} queries, median {stats.get('median_query_ms')} "
+                                         f"ms/query, {stats.get('cache_bytes_per_query')} cache bytes read per query")
 
 
 def _recall_rows(out: list[dict], n_queries: int, gallery: int, n_candidates: list[int]) -> list[dict[str, Any]]:

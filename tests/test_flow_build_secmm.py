@@ -213,6 +213,6 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path,
     ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
     assert (ev.benchmark == "build-secmm/demo").any() and set(ev.labels) == {"verified"}
     # per-stage versions: bumping CGDS's reruns CGDS and what reads its gallery, nothing upstream
-    monkeypatch.setitem(secmm_tasks.VERSIONS, "cgds", secmm_tasks.VERSIONS["cgds"] + "-test")
+    monkeypatch.setattr(secmm_tasks.Cgds, "version", secmm_tasks.Cgds.version + "-test")
     bumped = _stages(build_secmm(profile="demo", output_root=out))
     assert [name for name, s in bumped.items() if not s["skipped"]] == ["cgds", "mecf", "export", "evaluate"]

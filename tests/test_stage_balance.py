@@ -12,6 +12,8 @@ import pytest
 
 from storage import Artifact
 from tasks import sharded
+from tasks.runner import run_stage
+from tasks.stage import Stage, StageRun, Work, Write
 
 ROWS = pa.schema([pa.field("id", pa.string(), nullable=False)])
 REJECTS = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("reason", pa.string(), nullable=False)])
@@ -22,8 +24,8 @@ def _shard(index: int, inputs: list[str], lose: str | None = None) -> tuple[dict
     kept = [i for i in inputs if not i.endswith("x") and i != lose]
     bad = [i for i in inputs if i.endswith("x") and i != lose]
     return ({"rows": pa.table({"id": kept}, schema=ROWS),
-             "rejects": pa.table({"id": bad, "reason": ["ends_in_x"] * len(bad)}, schema=REJECTS)},
-            {"input_rows": len(inputs), "accepted": len(kept), "rejected": {"ends_in_x": len(bad)} if bad else {},
+             "rejects": pa.table({"id": bad, "reason": ["not_sampled"] * len(bad)}, schema=REJECTS)},
+            {"input_rows": len(inputs), "accepted": len(kept), "rejected": {"not_sampled": len(bad)} if bad else {},
              "tokens": 10 * len(inputs)})
 
 
@@ -41,23 +43,37 @@ def test_check_balance_passes_a_balanced_count_and_names_the_gap() -> None:
         sharded.check_balance("s", {"input_rows": 3, "accepted": 3, "rejected": {"a": 1}})
 
 
-def _run_single(tmp_path: Path, lose: str | None) -> sharded.StageResult:
+class _Toy(Stage):
+    """A whole-input stage over four inputs; ``lose`` drops one on the floor."""
+
+    name = "toy"
+    version = "1"
+    writes = (Write("rows", "rows", ROWS), Write("rejects", "rejects", REJECTS, rejects=True))
+    balance = True
+
+    def __init__(self, lose: str | None) -> None:
+        self.lose = lose
+
+    def run(self, run: StageRun) -> Work:
+        return Work.one(*_shard(0, ["a", "bx", "c", "dx"], self.lose))
+
+
+def _run_whole(tmp_path: Path, lose: str | None) -> sharded.StageResult:
     from rde.profiles import load_profile
     from tasks.context import RunContext
 
     ctx = RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
-    outs = _outputs(tmp_path / "single")
-    return sharded.run_single(ctx, "toy", outs, "key-1", lambda: _shard(0, ["a", "bx", "c", "dx"], lose),
-                              balance=True)
+    return run_stage(ctx, _Toy(lose))
 
 
-def test_run_single_refuses_a_stage_that_loses_a_row(tmp_path: Path) -> None:
+def test_a_whole_input_stage_that_loses_a_row_is_refused(tmp_path: Path) -> None:
+    rows = tmp_path / "out" / "balance-check" / "demo" / "rows"
     with pytest.raises(sharded.AccountingError, match="1 rows lost"):
-        _run_single(tmp_path, lose="c")  # an accepted row that was never written
-    assert not Artifact(str(tmp_path / "single" / "rows")).is_complete()
-    result = _run_single(tmp_path, lose=None)
-    assert (result.input_rows, result.accepted, result.rejected, result.balanced) == (4, 2, {"ends_in_x": 2}, True)
-    assert Artifact(str(tmp_path / "single" / "rows")).manifest().stats["balanced"] is True
+        _run_whole(tmp_path, lose="c")  # an accepted row that was never written
+    assert not Artifact(str(rows)).is_complete()
+    result = _run_whole(tmp_path, lose=None)
+    assert (result.input_rows, result.accepted, result.rejected, result.balanced) == (4, 2, {"not_sampled": 2}, True)
+    assert Artifact(str(rows)).manifest().stats["balanced"] is True
 
 
 @pytest.mark.slow
@@ -88,8 +104,8 @@ def test_run_sharded_checks_each_shard_and_reuses_footer_stats(tmp_path: Path) -
     calls.clear()
     result = stage(compute)  # like a rerun after a crash: shards 0 and 2 are reused
     assert calls == [1] and result.shards_resumed == 2
-    assert (result.input_rows, result.accepted, result.rejected, result.balanced) == (7, 5, {"ends_in_x": 2}, True)
+    assert (result.input_rows, result.accepted, result.rejected, result.balanced) == (7, 5, {"not_sampled": 2}, True)
     manifest = Artifact(str(tmp_path / "sharded" / "rows")).manifest()
     assert manifest.stats["tokens"] == 70  # reused shards keep their extras (was 0 when recounted from rows)
     assert Artifact(str(tmp_path / "sharded" / "rows")).shard_stats(0) == {
-        "input_rows": 3, "accepted": 2, "rejected": {"ends_in_x": 1}, "tokens": 30}
+        "input_rows": 3, "accepted": 2, "rejected": {"not_sampled": 1}, "tokens": 30}

@@ -1,0 +1,145 @@
+"""The one runner: runs any stage of the stage contract (``tasks/stage.py``).
+
+For every stage it builds the content key (stage name and version, the fingerprints of what it
+reads, its declared config sections, its lineage: models, prompt versions, other inputs), skips
+the stage when every output is complete for that key, otherwise runs its work — over the whole
+input as one Prefect task, or per shard as one Prefect task per shard with resume (``sharded``)
+— writes the shards atomically, checks ``input = accepted + rejected`` for balanced stages,
+writes the manifests, publishes the stage's table (and its report) and logs one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rde.progress import StageProgress
+from storage import Artifact, ShardInfo, content_key
+from tasks import sharded
+from tasks.context import RunContext
+from tasks.reporting import log, publish_markdown, publish_table, stage_table
+from tasks.sharded import StageResult
+from tasks.stage import Pipeline, Stage, StageRun, Work
+
+
+class MissingInput(RuntimeError):
+    """A stage's read is not a complete artifact: an earlier stage did not run (or failed)."""
+
+
+def outputs(stage: Stage, ctx: RunContext) -> list[sharded.Output]:
+    return [sharded.Output(w.name, ctx.artifact_url(w.location), w.kind, w.schema) for w in stage.writes]
+
+
+def stage_key(stage: Stage, run: StageRun, lineage_parts: dict[str, Any]) -> str:
+    """The content key: what the stage's outputs depend on, and nothing else."""
+    reads = {name: run.input(name).manifest().fingerprint for name in stage.reads}
+    optional = {name: (run.input(name).manifest().fingerprint if run.input(name).is_complete() else None)
+                for name in stage.optional_reads}
+    return content_key(stage=stage.name, version=stage.version, reads=reads, optional=optional,
+                       config=run.config_dump(), **lineage_parts)
+
+
+def run_pipeline(ctx: RunContext, pipeline: Pipeline, until: str | None) -> list[StageResult]:
+    """Run the pipeline's stages in order up to ``until`` (inclusive)."""
+    return [run_stage(ctx, stage) for stage in pipeline.upto(until)]
+
+
+def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
+    """Run (or skip) one stage, publish its table and report; returns what it did."""
+    run = StageRun(stage, ctx)
+    missing = [name for name in stage.reads if not run.input(name).is_complete()]
+    if missing:
+        raise MissingInput(f"stage {stage.name!r} needs {missing} under {ctx.root}, which are not complete: run "
+                           "the stages before it first")
+    lineage = stage.lineage(run)
+    key = stage_key(stage, run, {"models": lineage.models, "prompts": lineage.prompts, "extra": lineage.extra})
+    run.key = key
+    outs = outputs(stage, ctx)
+    upstream = [run.input(n) for n in stage.reads] + \
+        [run.input(n) for n in stage.optional_reads if run.input(n).is_complete()] + list(lineage.upstream)
+    common: dict[str, Any] = {"upstream": upstream, "config": run.config_dump(), "models": lineage.models,
+                              "prompt_versions": lineage.prompts}
+    if stage.per_shard:
+        limit = ctx.profile.prefect.gpu_concurrency_limit if stage.resources.device == "gpu" else None
+        result = sharded.run_sharded(ctx, stage.name, outs, key, stage.shard_count(run), _ShardWork(stage, run),
+                                     _recount(stage), tags=[limit] if limit else [],
+                                     concurrency_limit=limit if stage.resources.hold_slot else None,
+                                     balance=stage.balance, **common)
+    else:
+        result = _run_whole(ctx, stage, run, outs, key, **common)
+    if stage.rejects_from_upstream:
+        result = replace(result, rejects_from_upstream=True)
+    _publish(ctx, stage, run, result)
+    return result
+
+
+class _ShardWork:
+    """``process`` of one stage bound to its run, as the shard task's compute (picklable for Dask)."""
+
+    def __init__(self, stage: Stage, run: StageRun) -> None:
+        self.stage, self.run = stage, run
+
+    def __call__(self, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        work = self.stage.process(self.run, index)
+        shards = list(work.shards)
+        if len(shards) != 1:
+            raise ValueError(f"stage {self.stage.name!r}: process() must return one shard, got {len(shards)}")
+        return shards[0], work.stats
+
+
+def _recount(stage: Stage) -> sharded.ShardRecount:
+    return sharded.count_accepted_rejected(stage.main_write, stage.rejects_write)
+
+
+@task(name="stage", cache_policy=NO_CACHE)
+def _whole_task(stage: Stage, run: StageRun, outs: list[sharded.Output], key: str) -> dict[str, Any]:
+    """A whole-input stage's work, writing its shards as they come (a streamed stage holds one)."""
+    work: Work = stage.run(run)
+    names = {o.name for o in outs}
+    written: list[dict[str, ShardInfo]] = []
+    for index, tables in enumerate(work.shards):
+        if set(tables) != names:
+            raise ValueError(f"stage {stage.name!r} returned tables {sorted(tables)}, it declares {sorted(names)}")
+        written.append(sharded.write_shards(outs, key, index, tables))
+    return {"shards": written, "stats": dict(work.stats)}
+
+
+def _run_whole(ctx: RunContext, stage: Stage, run: StageRun, outs: Sequence[sharded.Output], key: str, *,
+               upstream: Sequence[Artifact], config: dict[str, Any], models: dict[str, Any],
+               prompt_versions: dict[str, str]) -> StageResult:
+    if sharded.all_complete(outs, key):
+        result = sharded.skipped_result(stage.name, outs, stage.main_write)
+        log(f"{stage.name}: skipped, complete for the same inputs ({result.accepted}/{result.input_rows} accepted)")
+        return result
+    with sharded.Timer() as timer, StageProgress(stage.name):
+        sharded.begin(outs, key)
+        done = _whole_task.with_options(name=stage.name)(stage, run, list(outs), key)
+        stats = done["stats"]
+        sharded.check_reasons(stage.name, stats)
+        balanced = sharded.check_balance(stage.name, stats) if stage.balance else None
+        sharded.finalize(outs, key, done["shards"], ctx, upstream=upstream, config=config, models=models,
+                         stats={**stats, "balanced": balanced}, prompt_versions=prompt_versions)
+    result = StageResult(stage.name, False, {o.name: o.url for o in outs}, int(stats.get("input_rows", 0)),
+                         int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), len(done["shards"]), 0,
+                         timer.seconds, splits=dict(stats.get("splits", {})), balanced=balanced)
+    log(f"{stage.name}: {result.accepted}/{result.input_rows} accepted, rejected {result.rejected}, "
+        f"{timer.seconds:.1f}s")
+    return result
+
+
+def _publish(ctx: RunContext, stage: Stage, run: StageRun, result: StageResult) -> None:
+    """The stage table (rows in, kept, rejected by reason) under ``<flow>-<stage>``, then its report."""
+    publish_table(f"{ctx.flow_name}-{stage.name}", stage_table(stage.name, result.input_rows, result.accepted,
+                                                                result.rejected, result.skipped),
+                  stage.title or f"{stage.name}: rows in, kept, rejected by reason")
+    report = stage.report(run, result)
+    for suffix, rows, description in report.tables:
+        publish_table(f"{ctx.flow_name}-{suffix}", rows, description)
+    for suffix, text, description in report.markdown:
+        publish_markdown(f"{ctx.flow_name}-{suffix}", text, description)
+    if report.log:
+        log(report.log)

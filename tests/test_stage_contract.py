@@ -1,0 +1,190 @@
+"""The stage contract and its one runner, on a toy pipeline: a stage is a small class, a flow is a
+list of stages; keys, skip, per-stage versions, per-field config keys, balance and wiring are the
+runner's. Adding a stage is writing it and adding it to the list."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from prefect import flow
+
+from rde.profiles import load_profile
+from rde.reasons import MEANINGS, Reason, reasons_markdown
+from storage import Artifact
+from tasks.context import RunContext
+from tasks.runner import MissingInput, run_pipeline, run_stage
+from tasks.sharded import AccountingError, UnregisteredReason
+from tasks.stage import Lineage, Pipeline, Stage, StageRun, WiringError, Work, Write
+
+NUMBERS = pa.schema([pa.field("n", pa.int64(), nullable=False)])
+REJECTS = pa.schema([pa.field("n", pa.int64(), nullable=False), pa.field("reason", pa.string(), nullable=False)])
+CALLS: list[str] = []
+
+
+class Numbers(Stage):
+    """0..count-1, where ``count`` comes from a config field (queries.per_request)."""
+
+    name = "numbers"
+    version = "1"
+    writes = (Write("numbers", "numbers", NUMBERS),)
+    config = ("queries.per_request",)
+
+    def run(self, run: StageRun) -> Work:
+        CALLS.append(self.name)
+        count = run.section("queries").per_request
+        return Work.one({"numbers": pa.table({"n": list(range(count))}, schema=NUMBERS)},
+                        {"input_rows": count, "accepted": count})
+
+
+class Evens(Stage):
+    """Keeps even numbers; odd ones are rejected rows with a reason. Per shard (two shards)."""
+
+    name = "evens"
+    version = "1"
+    reads = ("numbers",)
+    writes = (Write("evens", "numbers", NUMBERS), Write("rejects", "rejects", REJECTS, folder="odd", rejects=True))
+    balance = True
+    lose_one = False  # a bug to plant: drop one accepted row on the floor
+    reason = "wrong_category"  # a registered code (rde/reasons.py)
+
+    def shard_count(self, run: StageRun) -> int:
+        return 2
+
+    def process(self, run: StageRun, index: int) -> Work:
+        CALLS.append(f"{self.name}-{index}")
+        values = sorted(run.input("numbers").to_pandas().n.tolist())
+        mine = values[index::2]
+        kept = [n for n in mine if n % 2 == 0][: None if not self.lose_one else -1]
+        odd = [n for n in mine if n % 2]
+        return Work.one({"evens": pa.table({"n": kept}, schema=NUMBERS),
+                         "rejects": pa.table({"n": odd, "reason": [self.reason] * len(odd)}, schema=REJECTS)},
+                        {"input_rows": len(mine), "accepted": len(kept),
+                         "rejected": {self.reason: len(odd)} if odd else {}})
+
+
+class Squares(Stage):
+    """The example of adding a stage: write it, add it to the list."""
+
+    name = "squares"
+    version = "1"
+    reads = ("evens",)
+    writes = (Write("squares", "numbers", NUMBERS),)
+
+    def lineage(self, run: StageRun) -> Lineage:
+        return Lineage(extra={"power": 2})
+
+    def run(self, run: StageRun) -> Work:
+        CALLS.append(self.name)
+        values = run.input("evens").to_pandas().n.tolist()
+        return Work.one({"squares": pa.table({"n": [v * v for v in values]}, schema=NUMBERS)},
+                        {"input_rows": len(values), "accepted": len(values)})
+
+
+def _ctx(tmp_path: Path, **queries: int) -> RunContext:
+    return RunContext(load_profile("demo", {"queries": queries} if queries else None), "toy", str(tmp_path))
+
+
+@flow(name="toy", validate_parameters=False)
+def _in_flow(body: Callable[[], Any]) -> Any:
+    """Per-shard stages submit Prefect tasks: they run inside a flow."""
+    return body()
+
+
+def _pipeline(ctx: RunContext, pipeline: Pipeline, until: str | None = None) -> list:
+    return _in_flow(lambda: run_pipeline(ctx, pipeline, until))
+
+
+def _ran(results: list) -> list[str]:
+    return [r.stage for r in results if not r.skipped]
+
+
+def test_a_pipeline_runs_skips_and_reruns_only_what_a_change_touches(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    toy = Pipeline("toy", (Numbers(), Evens()), until={"first": "numbers"})
+    CALLS.clear()
+    results = _pipeline(_ctx(tmp_path, per_request=7), toy)
+    assert [(r.stage, r.input_rows, r.accepted, r.rejected, r.balanced) for r in results] == [
+        ("numbers", 7, 7, {}, None), ("evens", 7, 4, {"wrong_category": 3}, True)]
+    assert sorted(Artifact(str(tmp_path / "toy" / "demo" / "evens")).to_pandas().n) == [0, 2, 4, 6]
+    assert sorted(Artifact(str(tmp_path / "toy" / "demo" / "odd")).to_pandas().n) == [1, 3, 5]
+    # the same inputs: everything skipped, nothing computed
+    CALLS.clear()
+    assert _ran(_pipeline(_ctx(tmp_path, per_request=7), toy)) == [] and CALLS == []
+    # a field the first stage does not declare (queries.per_domain) is not in its key
+    assert _ran(_pipeline(_ctx(tmp_path, per_request=7, per_domain=3), toy)) == []
+    # the field it declares is: both stages rerun
+    assert _ran(_pipeline(_ctx(tmp_path, per_request=9), toy)) == ["numbers", "evens"]
+    # adding a stage is adding it to the list: only it runs
+    grown = Pipeline("toy", (Numbers(), Evens(), Squares()))
+    CALLS.clear()
+    results = _pipeline(_ctx(tmp_path, per_request=9), grown)
+    assert _ran(results) == ["squares"] and CALLS == ["squares"]
+    assert sorted(Artifact(str(tmp_path / "toy" / "demo" / "squares")).to_pandas().n) == [0, 4, 16, 36, 64]
+    # a version bump reruns that stage and its readers, nothing upstream
+    monkeypatch.setattr(Evens, "version", "2")
+    assert _ran(_pipeline(_ctx(tmp_path, per_request=9), grown)) == ["evens", "squares"]
+    # --until is a slice of the list, by stop name or by stage name
+    assert [s.name for s in toy.upto("first")] == ["numbers"]
+    assert [s.name for s in grown.upto("evens")] == ["numbers", "evens"]
+    with pytest.raises(ValueError, match="until must be one of"):
+        grown.upto("nothing")
+
+
+def test_the_runner_refuses_a_stage_that_loses_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = _ctx(tmp_path, per_request=6)
+    run_stage(ctx, Numbers())
+    monkeypatch.setattr(Evens, "lose_one", True)
+    with pytest.raises(AccountingError, match="rows lost"):
+        _in_flow(lambda: run_stage(ctx, Evens()))
+    assert not Artifact(str(tmp_path / "toy" / "demo" / "evens")).is_complete()
+
+
+def test_the_runner_refuses_a_reason_code_the_registry_does_not_list(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = _ctx(tmp_path, per_request=6)
+    run_stage(ctx, Numbers())
+    monkeypatch.setattr(Evens, "reason", "odd")
+    with pytest.raises(UnregisteredReason, match=r"reason codes \['odd'\] that rde/reasons.py does not register"):
+        _in_flow(lambda: run_stage(ctx, Evens()))
+    assert not Artifact(str(tmp_path / "toy" / "demo" / "evens")).is_complete()
+
+
+def test_every_reason_is_registered_with_its_meaning_and_listed_in_the_readme() -> None:
+    assert set(MEANINGS) == set(Reason)
+    assert all(stages and len(meaning) > 10 for stages, meaning in MEANINGS.values())
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    assert reasons_markdown() in readme, "README's reason table differs from rde.reasons.reasons_markdown()"
+
+
+def test_a_stage_reads_only_what_it_declares(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    with pytest.raises(MissingInput, match=r"needs \['numbers'\]"):
+        run_stage(ctx, Evens())  # nothing wrote numbers yet
+    run = StageRun(Numbers(), ctx)
+    with pytest.raises(KeyError, match="without declaring it"):
+        run.section("sampling")
+    with pytest.raises(KeyError, match="without declaring it"):
+        run.input("gallery")
+    assert run.config_dump() == {"queries.per_request": ctx.profile.queries.per_request}
+
+
+def test_a_pipeline_that_does_not_fit_together_is_refused() -> None:
+    with pytest.raises(WiringError, match="reads 'evens', which no earlier stage writes"):
+        Pipeline("toy", (Numbers(), Squares(), Evens()))
+    with pytest.raises(WiringError, match="stage names repeat"):
+        Pipeline("toy", (Numbers(), Numbers()))
+    with pytest.raises(WiringError, match="until names stages it does not have"):
+        Pipeline("toy", (Numbers(),), until={"x": "evens"})
+
+
+def test_build_secmm_is_a_list_of_stages_that_fits_together() -> None:
+    from flows.build_secmm import PIPELINE
+
+    assert [s.name for s in PIPELINE.stages] == ["ingest", "measure", "denoise", "caption-pool", "caption-stats",
+                                                 "dap", "cgds", "mecf", "export", "evaluate"]
+    assert [s.name for s in PIPELINE.upto("queries")][-1] == "dap"
+    assert all(s.version and s.writes for s in PIPELINE.stages)
