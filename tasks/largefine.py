@@ -158,10 +158,6 @@ def _tables(out: TierOutputs, images: int) -> tuple[dict[str, pa.Table], dict[st
              "rejects": pa.Table.from_pylist(out.rejects, schema=TEXT_REJECTS)}, out.stats(images))
 
 
-def _generator_lineage(ctx: RunContext) -> dict[str, Any]:
-    return {"generators": [spec_lineage(g) for g in ctx.profile.models.generators]}
-
-
 # -- base + intermediate tiers ----------------------------------------------------------------------
 
 class QaTiers(Stage):
