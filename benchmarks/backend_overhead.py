@@ -29,8 +29,8 @@ from models.backends import auto_batch
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import ModelRegistry
 from models.specs import ModelSpec
-from rde.image_decoding import decode_rgb
-from rde.profiles import load_profile
+from rde.common.image_decoding import decode_rgb
+from rde.common.profiles import load_profile
 from storage import Artifact
 
 # the wrapper with the network as the bare call runs it and no reuse of earlier results, so both

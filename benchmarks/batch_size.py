@@ -5,9 +5,9 @@ no Parquet I/O, no embedding cache):
 
 * ``cgds-embed``: ``ImageEmbedder.embed`` (what the CGDS and LargeFine gallery embedding runs on
   cache misses);
-* ``training-features``: ``rde.retrieval_features.image_features`` with the profile's views, the
+* ``training-features``: ``rde.training.retrieval_features.image_features`` with the profile's views, the
   semantic-bridge expert, the image embedder and the teacher (the last expert);
-* ``vedje-features``: ``rde.vedje_features.frame_feature_rows`` (backbone feature maps + stage-1
+* ``vedje-features``: ``rde.vedje.features.frame_feature_rows`` (backbone feature maps + stage-1
   expert embeddings).
 
 Three arms, each a models section of the demo profile:
@@ -46,10 +46,10 @@ import torch
 from models.backends import auto_batch, content_memo
 from models.backends.registry import ModelRegistry
 from models.specs import ModelSpec, ModelsSection
-from rde.image_decoding import decode_rgb
-from rde.profiles import load_profile
-from rde.retrieval_features import image_features
-from rde.vedje_features import frame_feature_rows
+from rde.common.image_decoding import decode_rgb
+from rde.common.profiles import load_profile
+from rde.training.retrieval_features import image_features
+from rde.vedje.features import frame_feature_rows
 from storage import Artifact
 
 OLD_BATCH = {"image_embedder": 16, "experts": 16, "text_encoder": 64}  # the demo profile before auto

@@ -1,10 +1,10 @@
 """CGDS clustering + sampling and MECF top-K on synthetic embeddings: ours vs faiss, same run.
 
 Sizes N × 768 (float32, L2-normalised, 100 planted clusters). For each N:
-* k-means (K=100): ``rde.cgds.kmeans_clusters`` as configured by default (``auto``: scikit-learn,
+* k-means (K=100): ``rde.secmm.cgds.kmeans_clusters`` as configured by default (``auto``: scikit-learn,
   MiniBatchKMeans above 20k) vs plain ``faiss.Kmeans`` (20 iterations, random seeds), with both
   inertias (sum of squared distances to the nearest centroid: lower is better), plus sampling;
-* top-K (K=1000, 100 queries): ``rde.mecf.topk_exact`` (blocked numpy matmul + argpartition)
+* top-K (K=1000, 100 queries): ``rde.common.topk.topk_exact`` (blocked numpy matmul + argpartition)
   vs ``faiss.IndexFlatIP`` search; then the union of two "experts".
 Prints seconds, the ratio ours/faiss, and the scaling exponent b of time ∝ N^b (log-log fit).
 
@@ -18,8 +18,9 @@ import time
 
 import numpy as np
 
-from rde.cgds import kmeans_clusters, sample_per_cluster
-from rde.mecf import topk_exact, topk_faiss, union_candidates
+from rde.common.topk import topk_exact, topk_faiss
+from rde.secmm.cgds import kmeans_clusters, sample_per_cluster
+from rde.secmm.mecf import union_candidates
 
 
 def synthetic(n: int, dim: int, seed: int) -> np.ndarray:

@@ -15,7 +15,7 @@ import time
 import numpy as np
 from sklearn.mixture import GaussianMixture
 
-from rde.gmm_confidence import fit_gmm_1d
+from rde.training.gmm_confidence import fit_gmm_1d
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import time
 import torch
 
 from models.retrieval.dual_encoder import FeatureDualEncoder
-from rde.retrieval_training import TrainConfig, TrainingPairs, batch_loss
+from rde.training.retrieval_training import TrainConfig, TrainingPairs, batch_loss
 
 
 def main() -> None:

@@ -23,9 +23,9 @@ import torch
 
 from models.backends.registry import ModelRegistry
 from models.reranker.cache_store import CacheIndex, cache_rows
-from rde.profiles import load_profile
-from rde.vedje_features import cached_tensors
-from rde.vedje_training import build_model, joint_scores
+from rde.common.profiles import load_profile
+from rde.vedje.features import cached_tensors
+from rde.vedje.training import build_model, joint_scores
 from storage import ArtifactWriter
 
 

@@ -21,8 +21,8 @@ import torch
 from saft_ablation import feature_cache, largefine_root, load_features, model_dims, training_captions
 
 from models.retrieval.dual_encoder import FeatureDualEncoder
-from rde.metrics import person_search_metrics
-from rde.retrieval_training import TrainConfig, TrainingPairs, train
+from rde.common.metrics import person_search_metrics
+from rde.training.retrieval_training import TrainConfig, TrainingPairs, train
 
 
 def main() -> None:

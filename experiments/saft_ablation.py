@@ -22,12 +22,12 @@ import torch
 
 from models.backends.registry import ModelRegistry
 from models.retrieval.dual_encoder import FeatureDualEncoder
-from rde.expert_check import load_check_set, load_check_yaml, relevance_lists
-from rde.image_decoding import decode_rgb
-from rde.metrics import mean_ap_at_k
-from rde.profiles import load_profile
-from rde.retrieval_features import image_features
-from rde.retrieval_training import TrainConfig, TrainingPairs, train
+from rde.common.expert_check import load_check_set, load_check_yaml, relevance_lists
+from rde.common.image_decoding import decode_rgb
+from rde.common.metrics import mean_ap_at_k
+from rde.common.profiles import load_profile
+from rde.training.retrieval_features import image_features
+from rde.training.retrieval_training import TrainConfig, TrainingPairs, train
 from storage import Artifact
 from storage.locations import state_dir
 from tasks.context import RunContext

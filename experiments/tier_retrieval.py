@@ -26,8 +26,8 @@ import numpy as np
 
 from models.backends.interfaces import l2_normalize
 from models.backends.registry import ModelRegistry
-from rde.metrics import average_precision_at_k
-from rde.profiles import load_profile
+from rde.common.metrics import average_precision_at_k
+from rde.common.profiles import load_profile
 from storage import Artifact
 from storage.locations import resolve_location
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from models.backends.registry import ModelRegistry
-from rde.expert_check import load_check_set
-from rde.mecf import topk_exact
-from rde.profiles import load_profile
+from rde.common.expert_check import load_check_set
+from rde.common.profiles import load_profile
+from rde.common.topk import topk_exact
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rde.profiles import load_profile
-from rde.vedje_features import cached_tensors
-from rde.vedje_training import VedjeTensors, build_model, evaluate_rerank, stored_caches, train_config, train_vedje
+from rde.common.profiles import load_profile
+from rde.vedje.features import cached_tensors
+from rde.vedje.training import VedjeTensors, build_model, evaluate_rerank, stored_caches, train_config, train_vedje
 from storage.locations import state_dir
 
 SOURCES = {"images": {"source": "largefine", "stage1": "attributes", "negatives_from": 20},

@@ -10,7 +10,7 @@ from typing import Any
 
 from prefect import flow
 
-from rde.task_runners import default_task_runner
+from rde.common.task_runners import default_task_runner
 from tasks.context import RunContext, run_locked
 from tasks.denoise import CLEAN_POOL
 from tasks.runner import run_pipeline

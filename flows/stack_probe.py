@@ -11,7 +11,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from rde.task_runners import default_task_runner
+from rde.common.task_runners import default_task_runner
 from tasks.reporting import publish_table
 
 FLOW_NAME = "stack-probe"

@@ -8,7 +8,7 @@ from typing import Any
 
 from prefect import flow
 
-from rde.task_runners import default_task_runner
+from rde.common.task_runners import default_task_runner
 from tasks import training
 from tasks.context import RunContext, run_locked
 

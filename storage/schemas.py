@@ -57,7 +57,7 @@ REJECTS = pa.schema(
         pa.field("source", pa.string(), nullable=False),
         pa.field("domain", pa.string()),
         pa.field("stage", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),  # a code from rde.reasons.Reason
+        pa.field("reason", pa.string(), nullable=False),  # a code from rde.common.reasons.Reason
         pa.field("all_reasons", pa.list_(pa.string()), nullable=False),
         pa.field("detail", pa.string()),
         pa.field("width", pa.int32()),

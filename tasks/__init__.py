@@ -1,5 +1,5 @@
 """Prefect tasks, grouped by stage. Each is a thin wrapper around plain functions in ``rde``."""
 
-from rde.runtime import configure_prefect_env
+from rde.common.runtime import configure_prefect_env
 
 configure_prefect_env()

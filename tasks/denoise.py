@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from models.backends.detectors import load_detector
 from models.backends.registry import detector_lineage
-from rde.denoise import DenoiseCounts, decide_shards, measure_table
+from rde.common.denoise import DenoiseCounts, decide_shards, measure_table
 from storage.locations import state_dir
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
 from tasks.context import RunContext

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rde.ingest import allowed_roots, describe_listing, ingest_shard, list_inputs, shard_refs
+from rde.common.ingest import allowed_roots, describe_listing, ingest_shard, list_inputs, shard_refs
 from storage import Artifact
 from storage.locations import project_root, resolve_location
 from storage.schemas import IMAGES, REJECTS

@@ -15,12 +15,13 @@ import pyarrow as pa
 from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
-from rde import caption_stats
-from rde.embedding_cache import EmbeddingCache
-from rde.hard_negatives import draw_seed, hard_negative_neighbours
-from rde.image_decoding import decode_rgb
-from rde.template_gallery import Gallery, Template, build_gallery
-from rde.tiered_captions import TIERS, TierCaptioner, TierImage, TierOutputs, assign_generator
+from rde.common import caption_stats
+from rde.common.embedding_cache import EmbeddingCache
+from rde.common.image_decoding import decode_rgb
+from rde.common.seeds import draw_seed
+from rde.largefine.hard_negatives import hard_negative_neighbours
+from rde.largefine.template_gallery import Gallery, Template, build_gallery
+from rde.largefine.tiered_captions import TIERS, TierCaptioner, TierImage, TierOutputs, assign_generator
 from storage import Artifact
 from storage.schemas import NEIGHBOURS, QA_PAIRS, TEMPLATES, TEXT_REJECTS, TIER_CAPTIONS
 from tasks import sharded

@@ -15,7 +15,7 @@ from prefect.artifacts import (
 )
 from prefect.context import get_run_context
 
-from rde.progress import StageProgress
+from rde.common.progress import StageProgress
 
 
 def _in_prefect_run() -> bool:
@@ -87,7 +87,7 @@ def accounting_line(summary: dict[str, Any]) -> str:
 class Progress:
     """A stage's progress, reported once for both places people look: a Prefect progress artifact
     (0-100 %, stable key; a no-op outside a Prefect run; updated per whole percent) for the UI, and
-    the process-local display of :mod:`rde.progress` (drawn by the CLI on a terminal). ``done`` and
+    the process-local display of :mod:`rde.common.progress` (drawn by the CLI on a terminal). ``done`` and
     ``total`` count ``unit`` (shards, frames, steps...; a total first known later comes with ``update``).
     Update it from the thread that runs the stage."""
 

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rde.progress import StageProgress
+from rde.common.progress import StageProgress
 from storage import Artifact, ShardInfo, content_key
 from tasks import sharded
 from tasks.context import RunContext

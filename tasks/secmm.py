@@ -16,12 +16,14 @@ from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
-from rde import caption_stats, cgds, dap, labels, mecf, sentence_checks
-from rde.caption_pool import IMAGE_STAGE, SENTENCE_STAGE, pool_caption
-from rde.embedding_cache import EmbeddingCache
-from rde.evaluation import evaluate_expert
-from rde.expert_check import load_check_set, load_check_yaml
-from rde.image_decoding import decode_rgb
+from rde.common import caption_stats
+from rde.common.embedding_cache import EmbeddingCache
+from rde.common.evaluation import evaluate_expert
+from rde.common.expert_check import load_check_set, load_check_yaml
+from rde.common.image_decoding import decode_rgb
+from rde.common.topk import topk
+from rde.secmm import cgds, dap, labels, mecf, sentence_checks
+from rde.secmm.caption_pool import IMAGE_STAGE, SENTENCE_STAGE, pool_caption
 from storage import Artifact
 from storage.hashing import sha256_json
 from storage.locations import resolve_location
@@ -159,7 +161,7 @@ class CaptionStats(Stage):
 
 class DapQueries(Stage):
     """Distribution-Aware Prompting per domain: sampled keywords → generated queries, checked
-    (rde/dap.py) until ``queries.per_domain`` are kept."""
+    (rde/secmm/dap.py) until ``queries.per_domain`` are kept."""
 
     name = "dap"
     version = "5"  # 5: a combination needs grammar_min_pair_count captions
@@ -282,7 +284,7 @@ class Mecf(Stage):
                 name = f"{spec.backend}:{spec.model_id}"
                 qv = expert.encode_text([queries[i]["text"] for i in q_idx])
                 gv = expert.encode_image([images[i] for i in g_idx])
-                per_expert[name] = mecf.topk(qv, gv, retrieval.top_k, retrieval.index_above)
+                per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above)
                 per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
             for cand in mecf.union_candidates(per_expert):
                 names = sorted(cand.ranks)

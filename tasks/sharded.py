@@ -27,7 +27,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
 
-from rde.reasons import unregistered
+from rde.common.reasons import unregistered
 from storage import Artifact, ArtifactWriter, ShardInfo
 from tasks.context import RunContext
 from tasks.reporting import Progress, log, warn
@@ -75,15 +75,17 @@ class AccountingError(RuntimeError):
 
 
 class UnregisteredReason(AccountingError):
-    """A stage rejected rows with a reason code that ``rde.reasons`` does not list."""
+    """A stage rejected rows with a reason code that ``rde.common.reasons`` does not list."""
 
 
 def check_reasons(stage: str, stats: dict[str, Any], where: str = "") -> None:
-    """Raise ``UnregisteredReason`` when a rejected reason is not in the one registry (rde/reasons.py)."""
+    """Raise ``UnregisteredReason`` when a rejected reason is not in the one registry
+    (rde/common/reasons.py)."""
     unknown = unregistered(stats.get("rejected", {}))
     if unknown:
-        raise UnregisteredReason(f"{stage}{where}: rejected rows with reason codes {unknown} that rde/reasons.py does "
-                                 "not register (add each with its one-line meaning); nothing was marked complete")
+        raise UnregisteredReason(f"{stage}{where}: rejected rows with reason codes {unknown} that "
+                                 "rde/common/reasons.py does not register (add each with its one-line meaning); "
+                                 "nothing was marked complete")
 
 
 def check_balance(stage: str, stats: dict[str, Any], where: str = "") -> bool:

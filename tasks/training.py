@@ -15,13 +15,13 @@ import torch
 
 from models.backends.registry import models_lineage
 from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
-from rde.expert_check import CheckSet, load_check_set, load_check_yaml, relevance_lists
-from rde.hard_negatives import draw_seed
-from rde.image_decoding import decode_rgb
-from rde.metrics import mean_ap_at_k, person_search_metrics
-from rde.reasons import Reason
-from rde.retrieval_features import image_features
-from rde.retrieval_training import EpochRecord, TrainConfig, TrainingPairs, TrainResult, train
+from rde.common.expert_check import CheckSet, load_check_set, load_check_yaml, relevance_lists
+from rde.common.image_decoding import decode_rgb
+from rde.common.metrics import mean_ap_at_k, person_search_metrics
+from rde.common.reasons import Reason
+from rde.common.seeds import draw_seed
+from rde.training.retrieval_features import image_features
+from rde.training.retrieval_training import EpochRecord, TrainConfig, TrainingPairs, TrainResult, train
 from storage import Artifact
 from storage.locations import resolve_location
 from storage.schemas import EVALUATION

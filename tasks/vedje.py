@@ -19,9 +19,9 @@ from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, spec_lineage
 from models.reranker.cache_store import CACHE, CacheIndex, cache_rows
 from models.reranker.vedje import Vedje
 from models.specs import ModelSpec
-from rde.vedje_data import ItemSet, clip_spans, load_items
-from rde.vedje_features import FRAME_FEATURES, ITEMS, QUERIES, build_tables, item_embeddings, tensors_from_tables
-from rde.vedje_training import (
+from rde.vedje.data import ItemSet, clip_spans, load_items
+from rde.vedje.features import FRAME_FEATURES, ITEMS, QUERIES, build_tables, item_embeddings, tensors_from_tables
+from rde.vedje.training import (
     VedjeTensors,
     build_model,
     evaluate_rerank,

@@ -18,7 +18,7 @@ os.environ["RDE_AUTO_BATCH_CACHE"] = str(_STATE / "auto_batch.json")
 for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "YOLO_CONFIG_DIR"):
     os.environ.pop(_key, None)
 
-from rde.runtime import configure_prefect_env  # noqa: E402
+from rde.common.runtime import configure_prefect_env  # noqa: E402
 
 configure_prefect_env()
 
@@ -68,7 +68,7 @@ def pool_rows(demo_pool_url: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="session")
 def person_crop(pool_rows: dict[str, dict]):
-    from rde.image_decoding import decode_rgb
+    from rde.common.image_decoding import decode_rgb
 
     return decode_rgb(pool_rows[PERSON_A]["image_bytes"])
 

@@ -14,7 +14,7 @@ from models.backends import auto_batch
 from models.backends.auto_batch import AutoBatchSettings, BatchSize, Measurement, choose
 from models.backends.registry import ModelRegistry, models_lineage, spec_lineage
 from models.specs import ModelSpec
-from rde.profiles import load_profile
+from rde.common.profiles import load_profile
 
 
 class FakeModel:
@@ -120,7 +120,7 @@ def test_batch_size_stays_out_of_stage_keys() -> None:
 def test_auto_embeddings_equal_fixed_batch_embeddings(pool_rows: dict[str, dict], tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever auto picks, vectors match batch 1 and batch 16 within float tolerance (real weights)."""
-    from rde.image_decoding import decode_rgb
+    from rde.common.image_decoding import decode_rgb
 
     monkeypatch.setenv(auto_batch.CACHE_ENV, str(tmp_path / "auto_batch.json"))
     images = [decode_rgb(r["image_bytes"]) for r in pool_rows.values() if r["variant"] == "crop"][:20]

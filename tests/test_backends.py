@@ -31,7 +31,7 @@ from models.backends.interfaces import ChatMessage, GenerationRequest, Generatio
 from models.backends.model_errors import ModelLoadError
 from models.backends.registry import ModelRegistry
 from models.specs import ModelSpec
-from rde.profiles import ProfileError, load_profile
+from rde.common.profiles import ProfileError, load_profile
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def registry() -> ModelRegistry:
 @pytest.fixture(scope="module")
 def crops(pool_rows: dict[str, dict]) -> dict[str, list[np.ndarray]]:
     """Real crops grouped by identity (persons with >= 3 crops, and the two parked vehicles)."""
-    from rde.image_decoding import decode_rgb
+    from rde.common.image_decoding import decode_rgb
 
     groups: dict[str, list[np.ndarray]] = {}
     for row in pool_rows.values():
@@ -156,7 +156,7 @@ def test_person_mask_keeps_pavement_out_of_the_garment_colours() -> None:
 def test_person_mask_is_the_same_whatever_ran_before(pool_rows: dict[str, dict]) -> None:
     """GrabCut seeds its colour models from OpenCV's RNG; unseeded, 21 of 40 demo crops got another
     mask once anything had drawn from it (and the attribute expert's vectors changed with call order)."""
-    from rde.image_decoding import decode_rgb
+    from rde.common.image_decoding import decode_rgb
 
     crops = [decode_rgb(r["image_bytes"]) for r in list(pool_rows.values())[:20]]
     boxes = [np.array([c.shape[1] * 0.2, c.shape[0] * 0.05, c.shape[1] * 0.8, c.shape[0] * 0.95], np.float32)

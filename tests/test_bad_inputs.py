@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from bad_input_corpus import make_corpus
 
-from rde.image_decoding import DecodeError, decode_rgb, read_header
-from rde.ingest import InputError, _list_paths_file, allowed_roots, ingest_shard, list_inputs
-from rde.profiles import IngestSpec, InputSpec
+from rde.common.image_decoding import DecodeError, decode_rgb, read_header
+from rde.common.ingest import InputError, _list_paths_file, allowed_roots, ingest_shard, list_inputs
+from rde.common.profiles import IngestSpec, InputSpec
 
 DOMAINS = ["pedestrian", "vehicle"]
 
@@ -212,7 +212,7 @@ def test_exif_orientation_is_applied_and_recorded(tmp_path: Path, person: np.nda
 
 def test_run_parameters_cannot_widen_confinement() -> None:
     """Deployment parameters and --set are untrusted: only a profile file may turn confinement off."""
-    from rde.profiles import ProfileError, load_profile
+    from rde.common.profiles import ProfileError, load_profile
 
     for key, value in (("confine", False), ("roots", ["/"])):
         with pytest.raises(ProfileError, match=f"input.{key} can only be set in a profile file"):

@@ -6,9 +6,10 @@ from collections import Counter
 
 import numpy as np
 
-from rde.cgds import kmeans_clusters, sample_gallery, sample_per_cluster
-from rde.mecf import topk_exact, topk_faiss, union_candidates
-from rde.profiles import SamplingSpec
+from rde.common.profiles import SamplingSpec
+from rde.common.topk import topk_exact, topk_faiss
+from rde.secmm.cgds import kmeans_clusters, sample_gallery, sample_per_cluster
+from rde.secmm.mecf import union_candidates
 
 
 def test_sampling_respects_bounds_and_cluster_sizes() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rde.cli import app
+from rde.entry.cli import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def test_profile_validate_reports_key(tmp_path: Path) -> None:
 
 def _rde(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ}
-    return subprocess.run([sys.executable, "-m", "rde.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "rde.entry.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=120)
 
 
@@ -67,7 +67,7 @@ def _in_terminal(args: list[str], timeout: float = 600) -> str:
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "rde.cli", *args], stdin=slave, stdout=slave, stderr=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "rde.entry.cli", *args], stdin=slave, stdout=slave, stderr=slave,
                             cwd=ROOT, env={**os.environ, "TERM": "xterm-256color"}, close_fds=True)
     os.close(slave)
     raw, deadline = b"", time.monotonic() + timeout
@@ -99,7 +99,7 @@ def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, sma
     measured = {int(n) for n in re.findall(r"measure[\s━╸╺]+(\d+)/6 shards", shown)}
     assert len(measured) >= 2 and 6 in measured, shown[-3000:]  # it advanced, and was drawn finished
     assert "Finished in state Completed()" in shown and "inputs 96 = accepted" in shown
-    piped = subprocess.run([sys.executable, "-m", "rde.cli", *args, "--output", str(tmp_path / "pipe")],
+    piped = subprocess.run([sys.executable, "-m", "rde.entry.cli", *args, "--output", str(tmp_path / "pipe")],
                            capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert piped.returncode == 0, piped.stderr[-3000:]
     assert "inputs 96 = accepted" in piped.stdout and "Finished in state Completed()" in piped.stderr

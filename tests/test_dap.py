@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from models.prompt_files import load_prompt
-from rde import caption_stats
-from rde.dap import (
+from rde.common import caption_stats
+from rde.common.profiles import QueriesSpec
+from rde.secmm.dap import (
     LineContext,
     attested_uses,
     build_grammar,
@@ -20,8 +21,7 @@ from rde.dap import (
     sample_keywords,
     split_queries,
 )
-from rde.profiles import QueriesSpec
-from rde.sentence_checks import clean_caption
+from rde.secmm.sentence_checks import clean_caption
 
 SPEC = QueriesSpec(min_words=5, max_words=15, per_request=7, keywords_per_pos=3, near_duplicate_cosine=0.9,
                    grammar_min_pair_count=1)  # the toy pools below say each pair once
@@ -123,7 +123,7 @@ def test_keywords_follow_the_statistics_and_fill_the_table11_prompt() -> None:
 
 
 def test_generation_failures_map_to_reason_codes() -> None:
-    from rde.generation_retries import error_reason as generation_reason
+    from rde.common.generation_retries import error_reason as generation_reason
 
     assert generation_reason("ungrounded: every sentence ...") == "ungrounded"
     assert generation_reason("refused: content_filter") == "refused"
@@ -246,7 +246,7 @@ def test_ungrounded_attribute_sentences_are_dropped_and_grounded_ones_kept() -> 
 
 
 def test_a_caption_with_nothing_left_is_rendered_from_the_measured_values() -> None:
-    from rde.sentence_checks import facts_caption
+    from rde.secmm.sentence_checks import facts_caption
 
     templates = load_prompt("caption_pool").extras["from_facts"]
     text = facts_caption({"top": ["red", "black"], "bottom": ["blue"], "carried": [], "clothing": []},
@@ -378,7 +378,7 @@ POOL_FACTS = load_prompt("caption_pool").extras["from_facts"]["pedestrian"]
 
 def _pool(text: str, error: str | None = None, values: dict | None = None):
     from models.backends.interfaces import GenerationResult
-    from rde.caption_pool import pool_caption
+    from rde.secmm.caption_pool import pool_caption
 
     res = GenerationResult("img", "" if error else text, [], "cap", "stop", error)
     check = clean_caption(res.text, {"black", "blue", "top", "bottoms"}, GENERIC, needs_object=NEEDS_OBJECT)

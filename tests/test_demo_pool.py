@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from rde.demo_pool import PoolParams, select_street_crops, spread_per_identity
-from rde.expert_check import load_check_yaml
-from rde.profiles import load_profile
+from rde.common.expert_check import load_check_yaml
+from rde.common.profiles import load_profile
+from rde.entry.demo_pool import PoolParams, select_street_crops, spread_per_identity
 from storage import Artifact
 
 MIN_VEHICLE_CROPS = 40  # issue 21: the demo's vehicle gallery needs >= 40 images ...

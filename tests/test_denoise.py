@@ -10,9 +10,9 @@ from conftest import PERSON_A, PERSON_B
 
 from models.backends.detectors import Detections, load_detector
 from models.specs import DetectorSpec
-from rde.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
-from rde.image_decoding import decode_rgb
-from rde.profiles import DenoiseSpec, DomainSpec, load_profile
+from rde.common.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
+from rde.common.image_decoding import decode_rgb
+from rde.common.profiles import DenoiseSpec, DomainSpec, load_profile
 from storage.schemas import IMAGES, MEASUREMENTS
 
 SPEC = DenoiseSpec()

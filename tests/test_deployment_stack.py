@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rde.stack import StackConfig, down, free_port, healthy, start_server, status, stop_server, up
+from rde.entry.stack import StackConfig, down, free_port, healthy, start_server, status, stop_server, up
 
 pytestmark = pytest.mark.slow
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -38,7 +38,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 def pg_stack():
     """A stack on a PostgreSQL cluster of its own. Its folder is outside pytest's 0700 temporary
     root (the ``postgres`` OS user must reach the data folder when the tests run as root)."""
-    from rde.local_postgres import PostgresError, server_binaries
+    from rde.entry.local_postgres import PostgresError, server_binaries
 
     try:
         server_binaries()
@@ -315,7 +315,7 @@ def test_concurrent_probe_runs_complete_on_sqlite_and_postgres(stack: StackConfi
     deployment, 20 shard tasks each, on each database; every run and task completes on both. SQLite
     may log "database is locked" at this load (the server retries; seen here at 6 runs while the
     rest of the suite ran): recorded, not asserted. PostgreSQL must have no lock and no retry."""
-    from rde.orchestration_load import submit_and_wait
+    from rde.entry.orchestration_load import submit_and_wait
 
     rows = []
     for cfg in (stack, pg_stack):

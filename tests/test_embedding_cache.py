@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rde.embedding_cache import EmbeddingCache
+from rde.common.embedding_cache import EmbeddingCache
 
 
 class CountingEmbedder:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rde.mecf import topk_exact
-from rde.metrics import average_precision_at_k, mean_ap_at_k
+from rde.common.metrics import average_precision_at_k, mean_ap_at_k
+from rde.common.topk import topk_exact
 
 
 def test_average_precision_at_k_hand_computed() -> None:
@@ -31,8 +31,8 @@ def test_ranking_breaks_ties_by_gallery_order() -> None:
 @pytest.mark.slow
 def test_offline_experts_beat_random_by_a_wide_margin() -> None:
     from models.backends.registry import ModelRegistry
-    from rde.expert_check import expert_map, load_check_set, random_map
-    from rde.profiles import load_profile
+    from rde.common.expert_check import expert_map, load_check_set, random_map
+    from rde.common.profiles import load_profile
 
     check = load_check_set()
     baseline = random_map(check, 10)
@@ -45,7 +45,7 @@ def test_offline_experts_beat_random_by_a_wide_margin() -> None:
 
 
 def test_evaluate_rankings_hand_computed() -> None:
-    from rde.evaluation import evaluate_rankings
+    from rde.common.evaluation import evaluate_rankings
 
     ranked = [["a", "x", "b"], ["y", "z", "c"], ["d"]]
     relevant = [{"a", "b"}, {"c"}, set()]  # the third query has no relevant image: left out
@@ -56,7 +56,7 @@ def test_evaluate_rankings_hand_computed() -> None:
 
 
 def test_evaluate_expert_ranks_within_the_query_domain() -> None:
-    from rde.evaluation import evaluate_expert
+    from rde.common.evaluation import evaluate_expert
 
     q = np.array([[1, 0], [0, 1]], np.float32)
     g = np.array([[1, 0], [0.9, 0.1], [0, 1]], np.float32)

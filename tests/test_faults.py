@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from openai_stub import StubServer, _completion
 
-from rde.run_lock import RunLockedError, output_lock
+from rde.common.run_lock import RunLockedError, output_lock
 from storage import Artifact, ArtifactWriter
 from storage.filesystem import StorageWriteError
 
@@ -69,7 +69,7 @@ def test_disk_full_names_the_path_and_leaves_no_partial_file(tmp_path: Path, mon
 def test_a_file_where_the_output_folder_should_be_is_a_clear_cli_error(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from rde.cli import app
+    from rde.entry.cli import app
 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the artifacts folder should be")
@@ -85,7 +85,7 @@ def test_a_file_where_the_output_folder_should_be_is_a_clear_cli_error(tmp_path:
 # -- two runs on one output --------------------------------------------------------------------------
 
 def test_second_run_on_the_same_output_fails_clearly_and_a_killed_holder_frees_it(tmp_path: Path) -> None:
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from rde.run_lock import output_lock\n"
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from rde.common.run_lock import output_lock\n"
             f"with output_lock({str(tmp_path)!r}, 'build-secmm'):\n    print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"

@@ -13,8 +13,8 @@ from artifact_readers import assert_every_artifact_opens
 from tiny_models import build_tiny_qwen2vl
 
 from flows.build_largefine import build_largefine
-from rde.caption_quality import gate_caption, repeated_sentence_share
-from rde.profiles import load_profile
+from rde.common.profiles import load_profile
+from rde.largefine.caption_quality import gate_caption, repeated_sentence_share
 from storage import Artifact
 from storage.schemas import TIER_CAPTIONS
 from tasks.summary import summary_markdown

@@ -13,8 +13,8 @@ from bad_input_corpus import make_corpus
 from typer.testing import CliRunner
 
 from flows.build_secmm import build_secmm
-from rde.cli import app
-from rde.profiles import load_profile
+from rde.common.profiles import load_profile
+from rde.entry.cli import app
 from storage import Artifact
 from tasks import secmm as secmm_tasks
 

@@ -11,7 +11,7 @@ from artifact_readers import assert_every_artifact_opens
 from flows.build_largefine import build_largefine
 from flows.train_gtr import train_gtr
 from flows.train_saft import train_saft
-from rde import progress
+from rde.common import progress
 from storage import Artifact
 
 pytestmark = pytest.mark.slow

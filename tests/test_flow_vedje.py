@@ -16,8 +16,8 @@ from flows.index_cache import index_cache
 from flows.rerank import rerank
 from flows.train_vedje import train_vedje
 from models.reranker.cache_store import CacheLineageError
-from rde import progress
-from rde.demo_clips import ClipParams, write_clip_set
+from rde.common import progress
+from rde.entry.demo_clips import ClipParams, write_clip_set
 from storage import Artifact
 from storage.locations import project_root
 
@@ -138,7 +138,7 @@ def test_train_index_rerank_end_to_end(tmp_path: Path, overrides: dict) -> None:
     # the command prints the ranked list (a table, or JSON), and no progress outside a terminal
     from typer.testing import CliRunner
 
-    from rde.cli import app
+    from rde.entry.cli import app
 
     args = ["rerank", "--query", "a person walks to the left", "--top", "3", "--output", out, *_sets(overrides)]
     printed = CliRunner().invoke(app, args)
@@ -177,7 +177,7 @@ def test_rerank_before_training_is_a_clear_error(tmp_path: Path, overrides: dict
 def test_cli_rerank_without_a_model_exits_with_a_message(tmp_path: Path, overrides: dict) -> None:
     from typer.testing import CliRunner
 
-    from rde.cli import app
+    from rde.entry.cli import app
 
     result = CliRunner().invoke(app, ["rerank", "--output", str(tmp_path), "--set",
                                       f"vedje.clips_path={overrides['vedje']['clips_path']}"])

@@ -18,7 +18,7 @@ def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Pat
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    from rde.profiles import load_profile
+    from rde.common.profiles import load_profile
     from tasks import sharded
     from tasks.context import RunContext
 

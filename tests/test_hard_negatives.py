@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from models.backends.interfaces import l2_normalize
-from rde.hard_negatives import hard_negative_neighbours
+from rde.largefine.hard_negatives import hard_negative_neighbours
 
 
 def _vectors(n: int, dim: int = 16, seed: int = 0) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Imports run one way: entry points → flows → tasks → pipeline logic (rde) → models, storage.
+"""Imports run one way: entry points → flows → tasks → pipeline logic → common → models, storage.
 
 Read from the source with ``ast`` (every ``import``, also those inside functions, since a lazy
 import is still a dependency), so a new upward import fails here and not in a newcomer's head.
@@ -12,17 +12,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# lower number = higher layer; a module may import its own layer and the layers below it
-LAYERS = {"flows": 1, "tasks": 2, "rde": 3, "models": 4, "storage": 4}
-# entry points: they start flows and read their results, so they sit above everything
-ENTRY_POINTS = {"rde.cli"}
+# lower number = higher layer; a unit (the longest matching prefix) may import itself and the layers
+# below it. Entry points start flows and read their results, so they sit above everything; each
+# pipeline's logic is a unit of its own, and pipelines share code only through rde.common.
+LAYERS = {"rde.entry": 0, "flows": 1, "tasks": 2, "rde.secmm": 3, "rde.largefine": 3, "rde.training": 3,
+          "rde.vedje": 3, "rde.common": 4, "rde": 5, "models": 5, "storage": 5}  # rde itself: its version only
+PACKAGES = ("flows", "tasks", "rde", "models", "storage")
 # models and storage are both at the bottom, but only in this direction
 SIBLING_EDGES = {("models", "storage")}
 
 
+def unit(module: str) -> str | None:
+    """The layer unit a module belongs to: the longest prefix of it in LAYERS."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYERS:
+            return ".".join(parts[:n])
+    return None
+
+
 def _modules() -> dict[str, Path]:
     found = {}
-    for package in LAYERS:
+    for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -49,12 +60,12 @@ def upward_imports() -> list[str]:
     """Every import that runs against the layer order, as ``file:line imports module``."""
     bad = []
     for module, path in _modules().items():
-        if module in ENTRY_POINTS:
+        own = unit(module)
+        if own is None:
             continue
-        own = module.split(".")[0]
         for line, target in _imports(path, module):
-            top = target.split(".")[0]
-            if top not in LAYERS or top == own:
+            top = unit(target)
+            if top is None or top == own:
                 continue
             if LAYERS[top] < LAYERS[own] or (LAYERS[top] == LAYERS[own] and (own, top) not in SIBLING_EDGES):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
@@ -66,7 +77,7 @@ def test_imports_run_one_way() -> None:
 
 
 @pytest.mark.parametrize(("source", "text", "target"), [
-    ("models/backends/fake.py", "from rde.profiles import ModelSpec\n", "rde.profiles"),
+    ("models/backends/fake.py", "from rde.common.profiles import ModelSpec\n", "rde.common.profiles"),
     ("rde/fake.py", "def f():\n    from tasks.context import RunContext\n", "tasks.context"),  # lazy
     ("storage/fake.py", "import models.backends\n", "models.backends"),
     ("tasks/fake.py", "from flows.build_secmm import build_secmm\n", "flows.build_secmm"),
@@ -75,11 +86,14 @@ def test_an_upward_import_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                                    target: str) -> None:
     """The check can fail: a planted upward import (also a lazy one) is reported with its line,
     while an allowed sibling edge and an entry point's imports are not."""
-    for package in LAYERS:
+    for package in PACKAGES:
         (tmp_path / package).mkdir()
     (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / source).write_text(text)
     (tmp_path / "models" / "ok.py").write_text("from storage import Artifact\n")
-    (tmp_path / "rde" / "cli.py").write_text("from flows.build_secmm import build_secmm\n")
+    (tmp_path / "rde" / "entry").mkdir(exist_ok=True)
+    (tmp_path / "rde" / "entry" / "cli.py").write_text("from flows.build_secmm import build_secmm\n")
+    (tmp_path / "rde" / "secmm" / "ok.py").parent.mkdir(exist_ok=True)
+    (tmp_path / "rde" / "secmm" / "ok.py").write_text("from rde.common.profiles import Profile\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert upward_imports() == [f"{source}:{text.count(chr(10))} imports {target}"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rde.labels import DecisionError, import_decisions, label_studio_tasks, review_page
+from rde.secmm.labels import DecisionError, import_decisions, label_studio_tasks, review_page
 
 QUERIES = {"q1": {"query_id": "q1", "domain": "pedestrian", "text": "a man in a red jacket"},
            "q2": {"query_id": "q2", "domain": "vehicle", "text": "a white van"}}

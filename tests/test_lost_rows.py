@@ -36,7 +36,7 @@ def test_build_secmm_fails_when_ingest_drops_an_image(tmp_path: Path, small_pool
 def test_build_largefine_fails_when_a_tier_caption_vanishes(tmp_path: Path, small_pool_url: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.build_largefine import build_largefine
-    from rde.tiered_captions import TierCaptioner
+    from rde.largefine.tiered_captions import TierCaptioner
 
     real = TierCaptioner._accept
     dropped: list[str] = []
@@ -57,9 +57,9 @@ def test_build_largefine_fails_when_a_tier_caption_vanishes(tmp_path: Path, smal
 
 
 def test_train_vedje_fails_when_a_clip_is_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rde.vedje_data
+    import rde.vedje.data
     from flows.train_vedje import train_vedje
-    from rde.demo_clips import ClipParams, write_clip_set
+    from rde.entry.demo_clips import ClipParams, write_clip_set
     from storage.locations import project_root
 
     src = project_root() / "data" / "demo_clips"
@@ -68,7 +68,7 @@ def test_train_vedje_fails_when_a_clip_is_lost(tmp_path: Path, monkeypatch: pyte
     frames = {i for c in chosen for i in c["frame_indices"]}
     write_clip_set([r for r in Artifact(str(src / "frames")).rows() if r["frame_index"] in frames], chosen,
                    str(tmp_path / "clips"), ClipParams(), "vtest.avi", fps=10.0)
-    real = rde.vedje_data._clips
+    real = rde.vedje.data._clips
 
     def loses_the_last_clip(path: str) -> Any:
         items = real(path)
@@ -80,7 +80,7 @@ def test_train_vedje_fails_when_a_clip_is_lost(tmp_path: Path, monkeypatch: pyte
         items.query_items = [items.query_items[k] for k in keep]
         return items
 
-    monkeypatch.setattr(rde.vedje_data, "_clips", loses_the_last_clip)
+    monkeypatch.setattr(rde.vedje.data, "_clips", loses_the_last_clip)
     with pytest.raises(Exception, match=r"vedje-features: 9 inputs counted, but 8 accepted \+ 0 rejected"):
         train_vedje(profile="demo", output_root=str(tmp_path / "out"),
                     until="features", overrides={"vedje": {"clips_path": str(tmp_path / "clips"), "epochs": 1}})

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rde.profiles import PROFILE_DIR, ProfileError, load_profile, parse_profile
+from rde.common.profiles import PROFILE_DIR, ProfileError, load_profile, parse_profile
 
 
 def _demo() -> dict:

@@ -11,8 +11,8 @@ import sys
 
 from rich.console import Console
 
-from rde import progress
-from rde.console_progress import describe, live_progress
+from rde.common import progress
+from rde.entry.console_progress import describe, live_progress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

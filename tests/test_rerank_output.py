@@ -6,8 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 from rich.console import Console
 
-from rde import cli
-from rde.profiles import load_profile
+from rde.common.profiles import load_profile
+from rde.entry import cli
 from storage import Artifact, ArtifactWriter
 from storage.locations import project_root
 from tasks.context import RunContext

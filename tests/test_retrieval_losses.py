@@ -16,7 +16,13 @@ from models.retrieval.losses import (
     sass_loss,
     weighted_itm_loss,
 )
-from rde.gmm_confidence import clean_confidence, combined_score, confidence_weights, fit_gmm_1d, pair_confidence
+from rde.training.gmm_confidence import (
+    clean_confidence,
+    combined_score,
+    confidence_weights,
+    fit_gmm_1d,
+    pair_confidence,
+)
 
 
 def _unit(rows: list[list[float]]) -> np.ndarray:
@@ -174,7 +180,7 @@ def test_gmm_matches_scikit_learn_and_posterior_by_hand() -> None:
 
 
 def test_person_search_metrics_by_hand() -> None:
-    from rde.metrics import person_search_metrics
+    from rde.common.metrics import person_search_metrics
 
     # query "a": matches at ranks 2 and 4 of 4 → R@1 0, AP = (1/2 + 2/4)/2 = 0.5, INP = 2/4
     # query "b": match at rank 1 → R@1 1, AP 1, INP 1

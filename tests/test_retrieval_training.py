@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.retrieval.dual_encoder import FeatureDualEncoder
-from rde.retrieval_training import TrainConfig, TrainingPairs, lr_at, train
+from rde.training.retrieval_training import TrainConfig, TrainingPairs, lr_at, train
 
 
 def _pairs(n_img: int = 24, per_image: int = 2, d: int = 8, c: int = 6, seed: int = 0) -> TrainingPairs:

@@ -13,7 +13,7 @@ from models.backends.detectors import SsdMobileNetDetector
 from models.backends.image_embedders import EfficientNetLiteEmbedder, fold_batch_norms
 from models.backends.registry import ModelRegistry, models_lineage, spec_lineage
 from models.specs import DetectorSpec, ModelSpec
-from rde.profiles import load_profile
+from rde.common.profiles import load_profile
 
 
 def _images(values: list[int]) -> list[np.ndarray]:
@@ -80,7 +80,7 @@ def test_fold_batch_norms_matches_a_hand_computed_value() -> None:
 
 @pytest.mark.slow  # two EfficientNet-Lite0 loads on real crops
 def test_folded_channels_last_embedder_equals_the_plain_one(pool_rows: dict[str, dict]) -> None:
-    from rde.image_decoding import decode_rgb
+    from rde.common.image_decoding import decode_rgb
 
     images = [decode_rgb(r["image_bytes"]) for r in pool_rows.values() if r["variant"] == "crop"][:6]
     plain = EfficientNetLiteEmbedder(ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0",
@@ -102,7 +102,7 @@ def test_bridge_embedder_and_attribute_expert_share_one_forward_and_one_detectio
     """``image_features``' order: the bridge (class probabilities + detections), the embedder on the
     same images, the attribute expert on the same images. The network runs once per image and the
     detector once, and the results equal those of backends that share nothing."""
-    from rde.image_decoding import decode_rgb
+    from rde.common.image_decoding import decode_rgb
 
     content_memo.clear_all()
     images = [decode_rgb(r["image_bytes"]) for r in pool_rows.values() if r["variant"] == "crop"][10:16]

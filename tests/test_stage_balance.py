@@ -59,7 +59,7 @@ class _Toy(Stage):
 
 
 def _run_whole(tmp_path: Path, lose: str | None) -> sharded.StageResult:
-    from rde.profiles import load_profile
+    from rde.common.profiles import load_profile
     from tasks.context import RunContext
 
     ctx = RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
@@ -80,7 +80,7 @@ def test_a_whole_input_stage_that_loses_a_row_is_refused(tmp_path: Path) -> None
 def test_run_sharded_checks_each_shard_and_reuses_footer_stats(tmp_path: Path) -> None:
     from prefect import flow
 
-    from rde.profiles import load_profile
+    from rde.common.profiles import load_profile
     from tasks.context import RunContext
 
     inputs = {0: ["a", "bx", "c"], 1: ["d", "e", "fx"], 2: ["g"]}

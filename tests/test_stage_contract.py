@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from prefect import flow
 
-from rde.profiles import load_profile
-from rde.reasons import MEANINGS, Reason, reasons_markdown
+from rde.common.profiles import load_profile
+from rde.common.reasons import MEANINGS, Reason, reasons_markdown
 from storage import Artifact
 from tasks.context import RunContext
 from tasks.runner import MissingInput, run_pipeline, run_stage
@@ -49,7 +49,7 @@ class Evens(Stage):
     writes = (Write("evens", "numbers", NUMBERS), Write("rejects", "rejects", REJECTS, folder="odd", rejects=True))
     balance = True
     lose_one = False  # a bug to plant: drop one accepted row on the floor
-    reason = "wrong_category"  # a registered code (rde/reasons.py)
+    reason = "wrong_category"  # a registered code (rde/common/reasons.py)
 
     def shard_count(self, run: StageRun) -> int:
         return 2
@@ -148,7 +148,7 @@ def test_the_runner_refuses_a_reason_code_the_registry_does_not_list(tmp_path: P
     ctx = _ctx(tmp_path, per_request=6)
     run_stage(ctx, Numbers())
     monkeypatch.setattr(Evens, "reason", "odd")
-    with pytest.raises(UnregisteredReason, match=r"reason codes \['odd'\] that rde/reasons.py does not register"):
+    with pytest.raises(UnregisteredReason, match=r"codes \['odd'\] that rde/common/reasons.py does not register"):
         _in_flow(lambda: run_stage(ctx, Evens()))
     assert not Artifact(str(tmp_path / "toy" / "demo" / "evens")).is_complete()
 
@@ -157,7 +157,7 @@ def test_every_reason_is_registered_with_its_meaning_and_listed_in_the_readme() 
     assert set(MEANINGS) == set(Reason)
     assert all(stages and len(meaning) > 10 for stages, meaning in MEANINGS.values())
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    assert reasons_markdown() in readme, "README's reason table differs from rde.reasons.reasons_markdown()"
+    assert reasons_markdown() in readme, "README's reason table differs from rde.common.reasons.reasons_markdown()"
 
 
 def test_a_stage_reads_only_what_it_declares(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rde.task_runners import default_task_runner
+from rde.common.task_runners import default_task_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,8 +12,8 @@ from scripted_generator import ScriptedGenerator
 
 from models.backends.interfaces import GenerationRequest
 from models.prompt_files import load_prompt
-from rde.reasons import Reason
-from rde.template_gallery import (
+from rde.common.reasons import Reason
+from rde.largefine.template_gallery import (
     CaptionPatternCheck,
     CaptionPatternRules,
     GalleryBuilder,

@@ -11,24 +11,24 @@ from scripted_generator import ScriptedGenerator
 
 from models.backends.interfaces import GenerationRequest, GenerationResult, TokenLogprob
 from models.prompt_files import load_prompt
-from rde.caption_quality import (
+from rde.common.generation_retries import generate_with_retries
+from rde.common.profiles import LargeFineSpec
+from rde.largefine.caption_quality import (
     drop_negative_mentions,
     drop_repeated_sentences,
     gate_caption,
     repeated_sentence_share,
     strip_boilerplate,
 )
-from rde.generation_retries import generate_with_retries
-from rde.profiles import LargeFineSpec
-from rde.qa_pairs import format_qa_pairs, parse_qa_pairs
-from rde.template_gallery import (
+from rde.largefine.qa_pairs import format_qa_pairs, parse_qa_pairs
+from rde.largefine.template_gallery import (
     GalleryBuilder,
     build_gallery,
     split_template_lines,
     template_key,
     validate_template,
 )
-from rde.tiered_captions import TierCaptioner, TierImage, TierOutputs, assign_generator
+from rde.largefine.tiered_captions import TierCaptioner, TierImage, TierOutputs, assign_generator
 
 GATES = {"min_words": 10, "max_words": 200, "boilerplate": LargeFineSpec().boilerplate,
          "max_repeated_sentence_share": 0.5}

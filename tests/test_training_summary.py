@@ -3,7 +3,7 @@ plus rejected rows by reason, and balances an independently counted input agains
 
 from __future__ import annotations
 
-from rde.profiles import load_profile
+from rde.common.profiles import load_profile
 from tasks.context import RunContext
 from tasks.reporting import accounting_line
 from tasks.sharded import StageResult

@@ -16,7 +16,7 @@ from models.reranker.future_delta import FutureDeltaHead, delta_loss, horizon_pa
 from models.reranker.joint_encoder import JointReranker, load_bert
 from models.reranker.losses import mlm_loss, vtc_loss, vtm_loss
 from models.reranker.vedje import Vedje, VedjeShape
-from rde.vedje_training import VedjeTrainConfig, learning_rate
+from rde.vedje.training import VedjeTrainConfig, learning_rate
 from storage import ArtifactWriter
 
 
@@ -199,8 +199,8 @@ def test_learning_rate_schedule() -> None:
 
 
 def test_recall_and_hard_negatives() -> None:
-    from rde.vedje_data import negatives_for
-    from rde.vedje_training import recall_at
+    from rde.vedje.data import negatives_for
+    from rde.vedje.training import recall_at
     from tasks.vedje import _recall_rows
 
     assert recall_at([["a", "b"], ["c", "a"], ["b", "c"]], ["a", "a", "a"], 1) == pytest.approx(100 / 3)

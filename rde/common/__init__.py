@@ -1,0 +1,2 @@
+"""Pieces every pipeline shares: profiles, reason codes, ingest and denoise, embeddings, top-K,
+metrics, progress, run locks."""

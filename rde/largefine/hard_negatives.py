@@ -1,0 +1,64 @@
+"""Hard-negative neighbours for the GTR+ intermediate tier (paper Sec. 3.1.2, Eq. 1).
+
+For every image: its top-k nearest neighbours by cosine similarity of image embeddings, never
+itself and never an exact duplicate (same content hash), then one of them drawn at random as the
+hard negative. The draw uses a generator seeded by (seed, image id), so it does not depend on the
+shard layout, the order of the pool or which worker computed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rde.common.seeds import draw_seed
+from rde.common.topk import topk
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """The neighbours of one image, best first, and the hard negative drawn from them."""
+
+    image_id: str
+    neighbour_ids: list[str]
+    scores: list[float]
+    hard_negative_id: str | None  # None when the pool holds no other distinct image
+
+
+def hard_negative_neighbours(embeddings: np.ndarray, image_ids: Sequence[str], k: int = 10, seed: int = 0,
+                             index_above: int = 100_000, query_rows: Sequence[int] | None = None
+                             ) -> list[Neighbours]:
+    """Top-``k`` neighbours of each query row among all rows, excluding rows with the same image id
+    (itself and exact duplicates), and one hard negative drawn uniformly from them.
+
+    ``embeddings`` are L2-normalised (cosine = inner product). Exact blocked search up to
+    ``index_above`` rows, a faiss index above. ``query_rows`` restricts which rows get neighbours
+    (one shard of a large pool); default all.
+    """
+    ids = list(image_ids)
+    if len(ids) != len(embeddings):
+        raise ValueError(f"{len(ids)} image ids for {len(embeddings)} embeddings")
+    rows = list(range(len(ids))) if query_rows is None else list(query_rows)
+    if not rows:
+        return []
+    copies: dict[str, int] = {}
+    for image_id in ids:
+        copies[image_id] = copies.get(image_id, 0) + 1
+    # Enough extra results that k survive after dropping the query's own copies.
+    search_k = min(len(ids), k + max(copies.values()))
+    vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
+    idx, val = topk(vectors[rows], vectors, search_k, index_above)
+    out: list[Neighbours] = []
+    for row, found, scores in zip(rows, idx, val, strict=True):
+        own = ids[row]
+        kept = [(ids[j], float(s)) for j, s in zip(found, scores, strict=True) if j >= 0 and ids[j] != own]
+        seen: set[str] = set()
+        unique = [(i, s) for i, s in kept if not (i in seen or seen.add(i))][:k]
+        choice = None
+        if unique:
+            rng = np.random.default_rng(draw_seed(seed, own))
+            choice = unique[int(rng.integers(len(unique)))][0]
+        out.append(Neighbours(own, [i for i, _ in unique], [s for _, s in unique], choice))
+    return out

@@ -1,0 +1,1 @@
+"""SecMM (DSMM-TBIR) logic: caption pool, DAP queries, CGDS sampling, MECF union, review and labels."""

@@ -1,0 +1,1 @@
+"""Retrieval training logic: SAFT and GTR+ objectives, features, GMM confidence weighting."""

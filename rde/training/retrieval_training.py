@@ -1,0 +1,268 @@
+"""Training loop for the retrieval dual encoder: SAFT objectives and baselines, GTR+ confidence
+weighting and baselines, AdamW with warmup + cosine, per-epoch checkpoints with resume, seeded
+and deterministic on the CPU.
+
+Pairs index cached features (see ``rde/training/retrieval_features.py``): ``images`` holds V augmented views
+of each image's tower features, so "random resized crop" augmentation costs no tower forward
+during training; each step takes one random view per pair.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from models.retrieval.losses import (
+    cusa_loss,
+    hard_negative_itc,
+    iss_loss,
+    itc_loss,
+    saft_loss,
+    sass_loss,
+    weighted_itm_loss,
+)
+from rde.common.seeds import draw_seed
+from rde.training.gmm_confidence import ConfidenceFit, confidence_weights, pair_confidence
+from rde.training.retrieval_features import random_resized_crop
+
+Objective = Literal["itc", "itc+sass", "saft", "cusa", "hnm", "itc+iss"]
+Weighting = Literal["none", "fix", "ada"]
+
+
+@dataclass
+class TrainingPairs:
+    """The training pairs. Cached path (CPU model): ``images`` V×N_img×D tower features of V views,
+    ``texts`` P×d text features. Raw path (CLIP-like models): ``raw_images`` (N_img RGB arrays) and
+    ``raw_texts`` (P strings), with ``views`` fixed views per image (view 0 the image, the others
+    seeded random resized crops), preprocessed by the model at each step. ``pair_image``: P image
+    indices; teacher vectors for images (N_img×t) and texts (P×t); ``q_txt``: P confidences."""
+
+    images: torch.Tensor | None
+    pair_image: torch.Tensor
+    texts: torch.Tensor | None
+    teacher_images: torch.Tensor | None = None
+    teacher_texts: torch.Tensor | None = None
+    q_txt: torch.Tensor | None = None
+    raw_images: list[np.ndarray] | None = None
+    raw_texts: list[str] | None = None
+    views: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        # unit teacher vectors once here, not in every training step
+        if self.teacher_images is not None:
+            self.teacher_images = torch.nn.functional.normalize(self.teacher_images, dim=-1)
+        if self.teacher_texts is not None:
+            self.teacher_texts = torch.nn.functional.normalize(self.teacher_texts, dim=-1)
+
+    def __len__(self) -> int:
+        return len(self.pair_image)
+
+    @property
+    def n_views(self) -> int:
+        return self.images.shape[0] if self.images is not None else self.views
+
+    def image_input(self, model: Any, views: torch.Tensor, rows: torch.Tensor) -> Any:
+        """What ``model.encode_image`` takes for these (view, image) pairs."""
+        if self.raw_images is None:
+            return self.images[views, rows]
+        crops = [self.raw_images[r] if v == 0 else random_resized_crop(
+            self.raw_images[r], np.random.default_rng(draw_seed(self.seed, f"{r}#view{v}")))
+            for v, r in zip(views.tolist(), rows.tolist(), strict=True)]
+        return model.pixel_values(crops)
+
+    def text_input(self, model: Any, idx: torch.Tensor) -> Any:
+        if self.raw_texts is None:
+            return self.texts[idx]
+        return model.tokens([self.raw_texts[i] for i in idx.tolist()])
+
+
+@dataclass
+class TrainConfig:
+    objective: Objective = "itc"
+    weighting: Weighting = "none"  # GTR+: none | fix (w = q_txt) | ada (GMM confidence^β)
+    use_itm: bool = False  # GTR+ adds the ITM loss (weighted like ITC)
+    epochs: int = 5
+    batch_size: int = 64
+    lr_start: float = 5e-7  # SAFT: linear warmup from 5e-7 to 5e-6 over 10 % of steps, then cosine
+    lr_peak: float = 5e-6
+    warmup_frac: float = 0.1
+    weight_decay: float = 0.05
+    tau_teacher: float = 0.05  # τ_o of SAFT Eq. 5 and 7
+    alpha: float = 1.0  # SASS weight (Eq. 10)
+    beta: float = 0.75  # ISD weight (Eq. 10)
+    hnm_margin: float = 0.0  # Eq. 2 β
+    hnm_top_k: int = 8
+    gamma: float = 0.2  # GTR+ Eq. 7
+    confidence_beta: float = 0.8  # GTR+ Eq. 10 β
+    gmm_components: int = 2
+    gmm_min_fit_pairs: int = 10  # a population (with / without q_txt) smaller than this is not fitted
+    seed: int = 0
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    mean_loss: float
+    seconds: float
+    gmm_means: list[float] = field(default_factory=list)
+    clean_share: float | None = None
+    s_hat: np.ndarray | None = None  # ŝ of every pair at the refit (for the histogram plot)
+    confidence: np.ndarray | None = None
+    weight_mean: float = 1.0  # mean loss weight C^β applied during this epoch (1 before the first fit)
+
+
+@dataclass
+class TrainResult:
+    step_losses: list[dict[str, float]]
+    epochs: list[EpochRecord]
+    resumed_from: int
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Linear warmup lr_start → lr_peak over ``warmup_frac`` of the steps, then cosine to 0."""
+    warm = max(1, round(cfg.warmup_frac * total))
+    if step < warm:
+        return cfg.lr_start + (cfg.lr_peak - cfg.lr_start) * step / warm
+    progress = (step - warm) / max(1, total - warm)
+    return 0.5 * cfg.lr_peak * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def batch_loss(model: Any, pairs: TrainingPairs, idx: torch.Tensor, views: torch.Tensor,
+               cfg: TrainConfig, weights: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """All loss terms of one batch for the configured objective; ``total`` is what is optimised."""
+    image_rows = pairs.pair_image[idx]
+    img = model.encode_image(pairs.image_input(model, views, image_rows))
+    txt = model.encode_text(pairs.text_input(model, idx))
+    tau = model.tau
+    out: dict[str, torch.Tensor] = {}
+    if cfg.objective in ("saft", "itc+sass", "cusa"):
+        t_img, t_txt = pairs.teacher_images[image_rows], pairs.teacher_texts[idx]
+    if cfg.objective == "saft":  # the fused pass: shared student logits, teacher terms without autograd
+        out = saft_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher, cfg.alpha, cfg.beta, weights)
+        total = out.pop("total")
+    else:
+        out["itc"] = hard_negative_itc(img, txt, tau, cfg.hnm_margin, cfg.hnm_top_k) if cfg.objective == "hnm" \
+            else itc_loss(img, txt, tau, weights)
+        total = out["itc"]
+        if cfg.objective == "cusa":
+            out["cusa"] = cusa_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
+            total = total + cfg.alpha * out["cusa"]
+        elif cfg.objective == "itc+sass":
+            out["sass"] = sass_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
+            total = total + cfg.alpha * out["sass"]
+        elif cfg.objective == "itc+iss":
+            other = (views + 1) % pairs.n_views
+            out["iss"] = iss_loss(img, model.encode_image(pairs.image_input(model, other, image_rows)), tau)
+            total = total + out["iss"]
+    if cfg.use_itm:
+        with torch.no_grad():
+            sims = img @ txt.T
+            same = image_rows[:, None] == image_rows[None, :]
+            hardest = sims.masked_fill(same, float("-inf")).argmax(dim=1)
+        logits = torch.cat([model.itm_logits(img, txt), model.itm_logits(img, txt[hardest])])
+        labels = torch.cat([torch.ones(len(idx), dtype=torch.long), torch.zeros(len(idx), dtype=torch.long)])
+        pos_w = None if weights is None else torch.cat([weights, torch.ones_like(weights)])
+        out["itm"] = weighted_itm_loss(logits, labels, pos_w)
+        total = total + out["itm"]
+    out["total"] = total
+    return out
+
+
+@torch.no_grad()
+def positive_cosines(model: Any, pairs: TrainingPairs, batch: int = 4096) -> np.ndarray:
+    """s of every training pair (original view) under the current model."""
+    out = []
+    for start in range(0, len(pairs), batch):
+        rows = pairs.pair_image[start:start + batch]
+        img = model.encode_image(pairs.image_input(model, torch.zeros_like(rows), rows))
+        txt = model.encode_text(pairs.text_input(model, torch.arange(start, start + len(rows))))
+        out.append((img * txt).sum(dim=1).numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _save(path: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, epoch: int, step: int,
+          weights: torch.Tensor | None) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": optim.state_dict(), "epoch": epoch, "step": step,
+                "weights": weights, "torch_rng": torch.get_rng_state()}, tmp)
+    tmp.replace(path)
+
+
+def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
+          checkpoint_dir: Path | None = None, on_step: Callable[[int, int], None] | None = None) -> TrainResult:
+    """Train in place. With ``checkpoint_dir`` every epoch is saved (atomically) and a rerun resumes
+    after the last saved epoch (``torch.load(weights_only=True)``: tensors and plain values only).
+    ``on_step(steps done, steps in all)`` after every step, for progress displays."""
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=cfg.lr_start, weight_decay=cfg.weight_decay)
+    steps_per_epoch = max(1, math.ceil(len(pairs) / cfg.batch_size))
+    total = steps_per_epoch * cfg.epochs
+    if cfg.weighting == "fix":
+        if pairs.q_txt is None:
+            raise ValueError("FixWeight needs q_txt for every pair")
+        weights: torch.Tensor | None = torch.nan_to_num(pairs.q_txt, nan=1.0).float()
+    else:
+        weights = None  # ada: 1 until the first GMM fit
+    start_epoch, step = 0, 0
+    if checkpoint_dir is not None:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        saved = sorted(checkpoint_dir.glob("epoch-*.pt"))
+        if saved:
+            state = torch.load(saved[-1], weights_only=True)
+            model.load_state_dict(state["model"])
+            optim.load_state_dict(state["optimizer"])
+            start_epoch, step, weights = state["epoch"] + 1, state["step"], state["weights"]
+            torch.set_rng_state(state["torch_rng"])
+            gen.manual_seed(cfg.seed + 1000 * start_epoch)
+    losses: list[dict[str, float]] = []
+    records: list[EpochRecord] = []
+    gmm: ConfidenceFit | None = None  # the previous epoch's fits warm-start the next
+    for epoch in range(start_epoch, cfg.epochs):
+        began = time.perf_counter()
+        gen.manual_seed(cfg.seed + 1000 * epoch)  # the epoch's shuffle does not depend on resuming
+        order = torch.randperm(len(pairs), generator=gen)
+        views = torch.randint(pairs.n_views, (len(pairs),), generator=gen)
+        epoch_losses = []
+        model.train()
+        for start in range(0, len(pairs), cfg.batch_size):
+            idx = order[start:start + cfg.batch_size]
+            if len(idx) < 2:
+                continue
+            for group in optim.param_groups:
+                group["lr"] = lr_at(step, total, cfg)
+            terms = batch_loss(model, pairs, idx, views[idx], cfg, None if weights is None else weights[idx])
+            optim.zero_grad()
+            terms["total"].backward()
+            optim.step()
+            step += 1
+            if on_step is not None:
+                on_step(step, total)
+            losses.append({k: float(v.detach()) for k, v in terms.items()} | {"step": step, "epoch": epoch})
+            epoch_losses.append(float(terms["total"].detach()))
+        record = EpochRecord(epoch, float(np.mean(epoch_losses)) if epoch_losses else 0.0, 0.0,
+                             weight_mean=float(weights.mean()) if weights is not None else 1.0)
+        if cfg.weighting == "ada":
+            model.eval()
+            q = pairs.q_txt.numpy() if pairs.q_txt is not None else np.full(len(pairs), np.nan)
+            conf, s_hat, gmm = pair_confidence(positive_cosines(model, pairs), q, cfg.gamma, cfg.gmm_components,
+                                               gmm, cfg.gmm_min_fit_pairs)
+            weights = torch.tensor(confidence_weights(conf, cfg.confidence_beta), dtype=torch.float32)
+            fitted = gmm.with_q_txt or gmm.cosine_only
+            record.gmm_means = fitted.means.tolist() if fitted is not None else []
+            record.clean_share = float((conf > 0.5).mean())
+            record.s_hat, record.confidence = s_hat, conf
+        record.seconds = time.perf_counter() - began
+        records.append(record)
+        if checkpoint_dir is not None:
+            _save(checkpoint_dir / f"epoch-{epoch:03d}.pt", model, optim, epoch, step, weights)
+    return TrainResult(losses, records, start_epoch)

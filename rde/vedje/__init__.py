@@ -1,0 +1,1 @@
+"""VEDJE cached joint reranker logic: items, frozen features, training and evaluation."""
