@@ -161,15 +161,10 @@ def _tables(out: TierOutputs, images: int) -> tuple[dict[str, pa.Table], dict[st
 
 # -- base + intermediate tiers ----------------------------------------------------------------------
 
-class QaTiers(Stage):
-    """Base and intermediate tiers, one task per neighbours shard holding a GPU slot."""
+class _TierStage(Stage):
+    """A captioning tier: the profile's generators with the tier prompt, one task per neighbours
+    shard holding a GPU slot; every (image, tier) asked for ends as a caption or a reject."""
 
-    name = "qa-tiers"
-    version = "2"
-    reads = ("neighbours", "accepted")
-    writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="tier12_captions"),
-              Write("qa", "qa_pairs", QA_PAIRS, folder="qa_pairs"),
-              Write("rejects", "text_rejects", TEXT_REJECTS, folder="tier12_rejects", rejects=True))
     config = GENERATION
     resources = Resources(device="gpu")
     balance = True
@@ -181,6 +176,17 @@ class QaTiers(Stage):
 
     def shard_count(self, run: StageRun) -> int:
         return len(run.input("neighbours").manifest().shards)
+
+
+class QaTiers(_TierStage):
+    """Base and intermediate tiers, one task per neighbours shard holding a GPU slot."""
+
+    name = "qa-tiers"
+    version = "2"
+    reads = ("neighbours", "accepted")
+    writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="tier12_captions"),
+              Write("qa", "qa_pairs", QA_PAIRS, folder="qa_pairs"),
+              Write("rejects", "text_rejects", TEXT_REJECTS, folder="tier12_rejects", rejects=True))
 
     def process(self, run: StageRun, index: int) -> Work:
         rows = run.input("neighbours").read_shard(index).to_pylist()
@@ -248,7 +254,7 @@ def load_gallery(url: str) -> Gallery:
 
 # -- advanced tier ----------------------------------------------------------------------------------
 
-class AdvancedTier(Stage):
+class AdvancedTier(_TierStage):
     """T_adv per image from a drawn template and its T_base + T_inter; one task per shard."""
 
     name = "adv-tier"
@@ -256,17 +262,6 @@ class AdvancedTier(Stage):
     reads = ("neighbours", "tier12_captions", "template_gallery", "accepted")
     writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="adv_captions"),
               Write("rejects", "text_rejects", TEXT_REJECTS, folder="adv_rejects", rejects=True))
-    config = GENERATION
-    resources = Resources(device="gpu")
-    balance = True
-
-    def lineage(self, run: StageRun) -> Lineage:
-        prompt = load_prompt(run.section("largefine").tier_prompt)
-        run.prepared["prompt"] = prompt
-        return Lineage(models=_generator_lineage(run), prompts={prompt.name: prompt.identity})
-
-    def shard_count(self, run: StageRun) -> int:
-        return len(run.input("neighbours").manifest().shards)
 
     def process(self, run: StageRun, index: int) -> Work:
         rows = run.input("neighbours").read_shard(index).to_pylist()

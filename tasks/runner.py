@@ -10,6 +10,7 @@ writes the manifests, publishes the stage's table (and its report) and logs one 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -61,7 +62,8 @@ def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
     outs = outputs(stage, ctx)
     upstream = [run.input(n) for n in stage.reads] + \
         [run.input(n) for n in stage.optional_reads if run.input(n).is_complete()] + list(lineage.upstream)
-    common: dict[str, Any] = {"upstream": upstream, "config": run.config_dump(), "models": lineage.models,
+    config = {**run.config_dump(), **lineage.extra, "resources": resources(stage, ctx)}  # the manifest's config
+    common: dict[str, Any] = {"upstream": upstream, "config": config, "models": lineage.models,
                               "prompt_versions": lineage.prompts}
     if stage.per_shard:
         limit = ctx.profile.prefect.gpu_concurrency_limit if stage.resources.device == "gpu" else None
@@ -75,6 +77,19 @@ def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
         result = replace(result, rejects_from_upstream=True)
     _publish(ctx, stage, run, result)
     return result
+
+
+def resources(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    """What the stage declared it needs, with its batch size read from the profile field it names
+    (recorded in each output's manifest; not part of the key: a batch size does not change rows)."""
+    declared = stage.resources
+    size: Any = None
+    if declared.batch_size:
+        size = ctx.profile
+        for part in declared.batch_size.split("."):
+            size = getattr(size, part, None)
+    return {"device": declared.device, "holds_gpu_slot": declared.device == "gpu" and declared.hold_slot,
+            "batch_size_field": declared.batch_size, "batch_size": size}
 
 
 class _ShardWork:
@@ -131,15 +146,20 @@ def _run_whole(ctx: RunContext, stage: Stage, run: StageRun, outs: Sequence[shar
     return result
 
 
+def artifact_key(flow_name: str, suffix: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes): ``train-saft-train-saft``."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{flow_name}-{suffix}".lower())
+
+
 def _publish(ctx: RunContext, stage: Stage, run: StageRun, result: StageResult) -> None:
     """The stage table (rows in, kept, rejected by reason) under ``<flow>-<stage>``, then its report."""
-    publish_table(f"{ctx.flow_name}-{stage.name}", stage_table(stage.name, result.input_rows, result.accepted,
-                                                                result.rejected, result.skipped),
+    publish_table(artifact_key(ctx.flow_name, stage.name),
+                  stage_table(stage.name, result.input_rows, result.accepted, result.rejected, result.skipped),
                   stage.title or f"{stage.name}: rows in, kept, rejected by reason")
     report = stage.report(run, result)
     for suffix, rows, description in report.tables:
-        publish_table(f"{ctx.flow_name}-{suffix}", rows, description)
+        publish_table(artifact_key(ctx.flow_name, suffix), rows, description)
     for suffix, text, description in report.markdown:
-        publish_markdown(f"{ctx.flow_name}-{suffix}", text, description)
+        publish_markdown(artifact_key(ctx.flow_name, suffix), text, description)
     if report.log:
         log(report.log)

@@ -57,6 +57,7 @@ class CaptionPool(Stage):
               Write("rejects", "text_rejects", TEXT_REJECTS, folder="caption_pool_rejects", rejects=True))
     config = ("queries.caption_file", "queries.caption_sample_per_domain", "queries.caption_max_tokens",
               "queries.seed", "input.default_domain")
+    resources = Resources(device="gpu", hold_slot=False)  # the captioner (an MLLM in production)
     balance = True
 
     def lineage(self, run: StageRun) -> Lineage:
@@ -169,6 +170,7 @@ class DapQueries(Stage):
     writes = (Write("queries", "queries", QUERIES),
               Write("rejects", "text_rejects", TEXT_REJECTS, folder="query_rejects", rejects=True))
     config = ("queries", "domains")
+    resources = Resources(device="gpu", hold_slot=False)  # the query generator and the text encoder
     balance = True
 
     def lineage(self, run: StageRun) -> Lineage:

@@ -46,9 +46,11 @@ class Write:
 
 @dataclass(frozen=True)
 class Resources:
-    """What a stage's work needs. ``device="gpu"``: its shard tasks carry the profile's GPU tag
-    (``prefect.gpu_concurrency_limit``) and, with ``hold_slot``, hold one slot of that global
-    concurrency limit while computing, so a pool's GPUs are never oversubscribed."""
+    """What a stage's work needs, recorded in its manifests (``config.resources``). ``device="gpu"``:
+    its shard tasks carry the profile's GPU tag (``prefect.gpu_concurrency_limit``) and, with
+    ``hold_slot``, hold one slot of that global concurrency limit while computing, so a pool's GPUs
+    are never oversubscribed (a whole-input stage runs in the flow's own process). ``batch_size``
+    names the profile field that sets its batch size; the manifest records the value used."""
 
     device: Literal["cpu", "gpu"] = "cpu"
     hold_slot: bool = True
@@ -75,8 +77,9 @@ class Work:
 @dataclass
 class Lineage:
     """What a stage's outputs depend on beyond its reads and config sections: the models (their
-    lineage), prompt versions, other inputs (a caption file's path, a listing's fingerprint) and
-    upstream artifacts outside the flow's folder. All of it feeds the stage key and the manifest."""
+    lineage), prompt versions, other inputs (a caption file's path, a listing's fingerprint; kept in
+    the manifest's ``config`` too, where readers such as the cache index check them) and upstream
+    artifacts outside the flow's folder. All of it feeds the stage key and the manifest."""
 
     models: dict[str, Any] = field(default_factory=dict)
     prompts: dict[str, str] = field(default_factory=dict)

@@ -123,13 +123,14 @@ def test_bad_input_folder_through_the_flow(tmp_path: Path, person_crop: np.ndarr
 
 
 @pytest.mark.timeout(1800)  # three demo builds, a label import and every artifact opened three ways
-def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(tmp_path: Path,
+def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple[str, dict], tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stage on the demo pool: queries and gallery for both domains, the MECF union with
-    provenance, the benchmark folder, and verified check-set metrics for each expert."""
+    provenance, the benchmark folder, and verified check-set metrics for each expert. It continues
+    the module's demo build (ingest, measure and denoise are reused, not measured again)."""
     import pyarrow.dataset as pads
 
-    out = str(tmp_path / "full")
+    out = demo_run[0]
     summary = build_secmm(profile="demo", output_root=out)
     stages = _stages(summary)
     assert list(stages) == ["ingest", "measure", "denoise", "caption-pool", "caption-stats", "dap", "cgds", "mecf",

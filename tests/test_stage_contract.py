@@ -16,9 +16,9 @@ from rde.common.profiles import load_profile
 from rde.common.reasons import MEANINGS, Reason, reasons_markdown
 from storage import Artifact
 from tasks.context import RunContext
-from tasks.runner import MissingInput, run_pipeline, run_stage
+from tasks.runner import MissingInput, artifact_key, run_pipeline, run_stage
 from tasks.sharded import AccountingError, UnregisteredReason
-from tasks.stage import Lineage, Pipeline, Stage, StageRun, WiringError, Work, Write
+from tasks.stage import Lineage, Pipeline, Resources, Stage, StageRun, WiringError, Work, Write
 
 NUMBERS = pa.schema([pa.field("n", pa.int64(), nullable=False)])
 REJECTS = pa.schema([pa.field("n", pa.int64(), nullable=False), pa.field("reason", pa.string(), nullable=False)])
@@ -48,6 +48,7 @@ class Evens(Stage):
     reads = ("numbers",)
     writes = (Write("evens", "numbers", NUMBERS), Write("rejects", "rejects", REJECTS, folder="odd", rejects=True))
     balance = True
+    resources = Resources(device="gpu", hold_slot=False, batch_size="queries.per_request")
     lose_one = False  # a bug to plant: drop one accepted row on the floor
     reason = "wrong_category"  # a registered code (rde/common/reasons.py)
 
@@ -111,6 +112,10 @@ def test_a_pipeline_runs_skips_and_reruns_only_what_a_change_touches(tmp_path: P
         ("numbers", 7, 7, {}, None), ("evens", 7, 4, {"wrong_category": 3}, True)]
     assert sorted(Artifact(str(tmp_path / "toy" / "demo" / "evens")).to_pandas().n) == [0, 2, 4, 6]
     assert sorted(Artifact(str(tmp_path / "toy" / "demo" / "odd")).to_pandas().n) == [1, 3, 5]
+    # the manifest records the declared config and resources (the batch size read from its field)
+    config = Artifact(str(tmp_path / "toy" / "demo" / "evens")).manifest().config
+    assert config["resources"] == {"device": "gpu", "holds_gpu_slot": False,
+                                   "batch_size_field": "queries.per_request", "batch_size": 7}
     # the same inputs: everything skipped, nothing computed
     CALLS.clear()
     assert _ran(_pipeline(_ctx(tmp_path, per_request=7), toy)) == [] and CALLS == []
@@ -170,6 +175,12 @@ def test_a_stage_reads_only_what_it_declares(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="without declaring it"):
         run.input("gallery")
     assert run.config_dump() == {"queries.per_request": ctx.profile.queries.per_request}
+
+
+def test_artifact_keys_are_what_prefect_accepts() -> None:
+    """A stage named after its method (``train_saft``) still publishes under a valid key."""
+    assert artifact_key("train-saft", "train_saft") == "train-saft-train-saft"
+    assert artifact_key("build-secmm", "cgds-clusters") == "build-secmm-cgds-clusters"
 
 
 def test_a_pipeline_that_does_not_fit_together_is_refused() -> None:

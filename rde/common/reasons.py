@@ -56,6 +56,10 @@ class Reason(StrEnum):
     UNSUPPORTED = "unsupported"
     TIMEOUT = "timeout"
     MALFORMED_OUTPUT = "malformed_output"
+    MALFORMED_QA = "malformed_qa"
+    NO_HARD_NEGATIVE = "no_hard_negative"
+    MISSING_TIER_INPUT = "missing_tier_input"
+    NO_TEMPLATE = "no_template"
     REPETITIVE = "repetitive"
     META_COMMENTARY = "meta_commentary"
     NOT_ABOUT_PERSON = "not_about_person"
@@ -64,6 +68,7 @@ class Reason(StrEnum):
     MALFORMED_TEMPLATE = "malformed_template"
     NO_SLOT = "no_slot"
     UNKNOWN_SLOT = "unknown_slot"
+    GALLERY_FULL = "gallery_full"
     CHECK_SET_IDENTITY = "check_set_identity"
     OVER_MAX_PAIRS = "over_max_pairs"
     SPLIT_GAP = "split_gap"
@@ -82,7 +87,8 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.OUTSIDE_ROOT: ("ingest", "a path or link that leads outside the input's root"),
     Reason.NOT_A_REGULAR_FILE: ("ingest", "a device, socket or folder where a file was listed"),
     Reason.UNKNOWN_DOMAIN: ("ingest", "a row names a domain the profile does not declare"),
-    Reason.DUPLICATE: ("denoise, dap", "the same pixels (image) or the same text (query) as an earlier row"),
+    Reason.DUPLICATE: ("denoise, dap, template-gallery", "the same pixels (image) or text (query, template) as an "
+                       "earlier row"),
     Reason.TOO_SMALL: ("denoise", "below the domain's minimum width or height"),
     Reason.BLURRY: ("denoise", "Laplacian variance below denoise.min_laplacian_variance"),
     Reason.NO_TARGET: ("denoise", "the detector finds no person/vehicle of the domain"),
@@ -112,6 +118,10 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.UNSUPPORTED: ("caption-pool, tiers", "the generator cannot take this input (e.g. no image support)"),
     Reason.TIMEOUT: ("caption-pool, tiers", "the generator did not answer in time, after its retries"),
     Reason.MALFORMED_OUTPUT: ("tiers", "not the asked format: Q/A markers in a description, an unfilled [slot]"),
+    Reason.MALFORMED_QA: ("qa-tiers", "a Q&A answer with fewer than largefine.min_qa_pairs distinct answered pairs"),
+    Reason.NO_HARD_NEGATIVE: ("qa-tiers", "no intermediate tier: the pool holds no other distinct image"),
+    Reason.MISSING_TIER_INPUT: ("adv-tier", "no T_adv: the image's T_base or T_inter was rejected"),
+    Reason.NO_TEMPLATE: ("adv-tier", "no T_adv: the template gallery is empty"),
     Reason.REPETITIVE: ("tiers", "more than largefine.max_repeated_sentence_share of sentences repeat"),
     Reason.META_COMMENTARY: ("template-gallery", "talks about the task or itself (\"I've created a template\")"),
     Reason.NOT_ABOUT_PERSON: ("template-gallery", "no sentence has the person as its subject or topic"),
@@ -120,6 +130,7 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.MALFORMED_TEMPLATE: ("template-gallery", "unbalanced brackets or Q:/A: markers"),
     Reason.NO_SLOT: ("template-gallery", "a template without any [slot]"),
     Reason.UNKNOWN_SLOT: ("template-gallery", "a [slot] outside the slot vocabulary"),
+    Reason.GALLERY_FULL: ("template-gallery", "valid, but largefine.templates.max_templates were already kept"),
     Reason.CHECK_SET_IDENTITY: ("training-features", "a caption of a check-set identity: kept out of training"),
     Reason.OVER_MAX_PAIRS: ("training-features", "beyond training.max_pairs (a seeded sample is kept)"),
     Reason.SPLIT_GAP: ("vedje-features", "a clip between the train and test periods (no test frame trained on)"),
