@@ -369,6 +369,35 @@ def pool_build(
     console.print(f"wrote {n} pool images to {out}")
 
 
+@pool_app.command("synth")
+def pool_synth(
+    n: Annotated[int, typer.Option("--n", help="Images to write.")],
+    out: Annotated[str, typer.Option(help="Output pool artifact folder.")] = "data/synth_pool",
+    source: Annotated[str, typer.Option(help="Pool artifact the images are derived from.")] = "data/demo_pool",
+    seed: Annotated[int, typer.Option(help="Seed of the transformations (image i depends on seed and i).")] = 0,
+    shard_size: Annotated[int, typer.Option(help="Images per shard (one shard in memory at a time).")] = 1000,
+    duplicate_share: Annotated[float, typer.Option(help="Share of exact copies of an earlier image.")] = 0.01,
+) -> None:
+    """A scale pool for load tests: N distinct images derived from the demo pool by seeded crops,
+    rescales, flips, colour shifts, noise and blur (domains, identities and failing variants kept).
+    For load, not for quality: the images are the demo crops again. Build with it:
+    `rde build-secmm --input data/synth_pool --until candidates`."""
+    from rde.common.progress import StageProgress
+    from rde.entry.synth_pool import SynthParams, write_synth_pool
+    from storage.locations import resolve_location
+
+    params = SynthParams(n=n, seed=seed, shard_size=shard_size, duplicate_share=duplicate_share)
+    with live_progress(), StageProgress("pool synth", None, "shards") as shown:
+        try:
+            stats = write_synth_pool(resolve_location(source), resolve_location(out), params,
+                                     on_shard=lambda done, total: shown.update(done, total))
+        except ValueError as exc:
+            _fail(str(exc))
+    reused = f", {stats['shards_reused']} shards reused" if stats["shards_reused"] else ""
+    console.print(f"wrote {stats['rows']} synthetic pool images to {out}{reused}: "
+                  + ", ".join(f"{k} {v}" for k, v in stats["counts"].items()))
+
+
 @labels_app.command("import")
 def labels_import_cmd(
     decisions: Annotated[Path, typer.Argument(help="decisions.json from the review page, or a Label Studio JSON "
