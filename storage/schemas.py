@@ -49,16 +49,19 @@ _MEASURED_COLUMNS = [
 # Images that passed every filter, with their measurements.
 ACCEPTED_IMAGES = pa.schema(list(IMAGES) + _MEASURED_COLUMNS)
 
-# One schema for every rejected row of every stage: who, where, why, and what was measured.
+# One schema for every rejected row of every stage (images, generated texts, templates, items):
+# what was rejected, where, why, and what was measured. Rows are made by rde.common.reasons.rejected_row.
 REJECTS = pa.schema(
     [
-        pa.field("input_id", pa.string(), nullable=False),
+        pa.field("input_id", pa.string(), nullable=False),  # input id, image id, request id or item id
+        pa.field("kind", pa.string(), nullable=False),  # image | caption | sentence | query | template | item
         pa.field("image_id", pa.string()),
-        pa.field("source", pa.string(), nullable=False),
+        pa.field("source", pa.string()),
         pa.field("domain", pa.string()),
         pa.field("stage", pa.string(), nullable=False),
         pa.field("reason", pa.string(), nullable=False),  # a code from rde.common.reasons.Reason
         pa.field("all_reasons", pa.list_(pa.string()), nullable=False),
+        pa.field("text", pa.string()),  # the rejected text (captions, queries, templates)
         pa.field("detail", pa.string()),
         pa.field("width", pa.int32()),
         pa.field("height", pa.int32()),
@@ -88,18 +91,6 @@ CAPTIONS = pa.schema(
         pa.field("q_txt", pa.float64()),  # mean token probability (GTR+ Eq. 8)
         pa.field("generator", pa.string(), nullable=False),
         pa.field("prompt", pa.string(), nullable=False),  # prompt identity name@version#sha
-    ]
-)
-
-# Rejected generated texts (captions or queries): what was produced and why it was not kept.
-TEXT_REJECTS = pa.schema(
-    [
-        pa.field("source_id", pa.string(), nullable=False),  # image id or request id
-        pa.field("domain", pa.string(), nullable=False),
-        pa.field("stage", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("text", pa.string()),
-        pa.field("detail", pa.string()),
     ]
 )
 
@@ -254,7 +245,6 @@ SCHEMAS: dict[str, pa.Schema] = {
     "rejects": REJECTS,
     "pool": POOL,
     "captions": CAPTIONS,
-    "text_rejects": TEXT_REJECTS,
     "caption_stats": CAPTION_STATS,
     "queries": QUERIES,
     "sampling": SAMPLING,

@@ -18,12 +18,13 @@ from models.specs import ModelSpec
 from rde.common import caption_stats
 from rde.common.embedding_cache import EmbeddingCache
 from rde.common.image_decoding import decode_rgb
+from rde.common.reasons import Reason, rejected_row
 from rde.common.seeds import draw_seed
 from rde.largefine.hard_negatives import hard_negative_neighbours
 from rde.largefine.template_gallery import Gallery, Template, build_gallery
 from rde.largefine.tiered_captions import TIERS, TierCaptioner, TierImage, TierOutputs, assign_generator
 from storage import Artifact
-from storage.schemas import NEIGHBOURS, QA_PAIRS, TEMPLATES, TEXT_REJECTS, TIER_CAPTIONS
+from storage.schemas import NEIGHBOURS, QA_PAIRS, REJECTS, TEMPLATES, TIER_CAPTIONS
 from tasks import sharded
 from tasks.context import RunContext
 from tasks.sharded import StageResult
@@ -52,7 +53,7 @@ class HardNegatives(Stage):
     version = "2"
     reads = ("accepted",)
     writes = (Write("neighbours", "neighbours", NEIGHBOURS),
-              Write("rejects", "text_rejects", TEXT_REJECTS, folder="select_rejects", rejects=True))
+              Write("rejects", "rejects", REJECTS, folder="select_rejects", rejects=True))
     config = ("largefine.domains", "largefine.max_images", "largefine.neighbours_k", "largefine.seed",
               "largefine.shard_size", "largefine.neighbour_index_above")
     resources = Resources(device="gpu", hold_slot=False, batch_size="models.image_embedder.batch_size")
@@ -94,9 +95,9 @@ class HardNegatives(Stage):
                     for r, nb in zip(chosen, found, strict=True)]
         table = pa.Table.from_pylist(out_rows, schema=NEIGHBOURS)
         n_shards = max(1, -(-len(out_rows) // lf.shard_size))
-        reject_table = pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)
+        reject_table = pa.Table.from_pylist(rejects, schema=REJECTS)
         shards = [{"neighbours": table.slice(i * lf.shard_size, lf.shard_size),
-                   "rejects": reject_table if i == 0 else TEXT_REJECTS.empty_table()} for i in range(n_shards)]
+                   "rejects": reject_table if i == 0 else REJECTS.empty_table()} for i in range(n_shards)]
         return Work(shards, {"input_rows": len(rows), "accepted": len(chosen),
                              "rejected": dict(Counter(r["reason"] for r in rejects)), "embedded": cache.embedded,
                              "without_hard_negative": sum(nb.hard_negative_id is None for nb in found)})
@@ -112,15 +113,17 @@ def _select(rows: list[dict[str, Any]], domains: list[str], max_images: int | No
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Rows in the profile's domains, capped at ``max_images`` by a seeded, order-independent draw;
     every other row becomes a rejected row (``out_of_domain`` / ``not_sampled``)."""
-    rejects = [{"source_id": r["image_id"], "domain": r["domain"], "stage": "select", "reason": "out_of_domain",
-                "text": None, "detail": f"domain {r['domain']!r} not in largefine.domains {domains}"}
+    rejects = [rejected_row(r["image_id"], "select", Reason.OUT_OF_DOMAIN, kind="image", domain=r["domain"],
+                            image_id=r["image_id"], source=r["source"],
+                            detail=f"domain {r['domain']!r} not in largefine.domains {domains}")
                for r in rows if r["domain"] not in domains]
     kept = [r for r in rows if r["domain"] in domains]
     if max_images is not None and len(kept) > max_images:
         ranked = sorted(kept, key=lambda r: draw_seed(seed, r["image_id"] + "#sample"))
         chosen_ids = {r["image_id"] for r in ranked[:max_images]}
-        rejects += [{"source_id": r["image_id"], "domain": r["domain"], "stage": "select", "reason": "not_sampled",
-                     "text": None, "detail": f"largefine.max_images = {max_images}"}
+        rejects += [rejected_row(r["image_id"], "select", Reason.NOT_SAMPLED, kind="image", domain=r["domain"],
+                                 image_id=r["image_id"], source=r["source"],
+                                 detail=f"largefine.max_images = {max_images}")
                     for r in kept if r["image_id"] not in chosen_ids]
         kept = [r for r in kept if r["image_id"] in chosen_ids]
     return kept, rejects
@@ -156,7 +159,7 @@ def _tier_images(accepted_url: str, rows: list[dict[str, Any]], with_negatives: 
 def _tables(out: TierOutputs, images: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     return ({"captions": pa.Table.from_pylist(out.captions, schema=TIER_CAPTIONS),
              "qa": pa.Table.from_pylist(out.qa, schema=QA_PAIRS),
-             "rejects": pa.Table.from_pylist(out.rejects, schema=TEXT_REJECTS)}, out.stats(images))
+             "rejects": pa.Table.from_pylist(out.rejects, schema=REJECTS)}, out.stats(images))
 
 
 # -- base + intermediate tiers ----------------------------------------------------------------------
@@ -186,7 +189,7 @@ class QaTiers(_TierStage):
     reads = ("neighbours", "accepted")
     writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="tier12_captions"),
               Write("qa", "qa_pairs", QA_PAIRS, folder="qa_pairs"),
-              Write("rejects", "text_rejects", TEXT_REJECTS, folder="tier12_rejects", rejects=True))
+              Write("rejects", "rejects", REJECTS, folder="tier12_rejects", rejects=True))
 
     def process(self, run: StageRun, index: int) -> Work:
         rows = run.input("neighbours").read_shard(index).to_pylist()
@@ -208,7 +211,7 @@ class TemplateGallery(Stage):
     version = "2"
     reads = ("tier12_captions",)
     writes = (Write("templates", "templates", TEMPLATES, folder="template_gallery"),
-              Write("rejects", "text_rejects", TEXT_REJECTS, folder="template_rejects", rejects=True))
+              Write("rejects", "rejects", REJECTS, folder="template_rejects", rejects=True))
     config = ("largefine.templates",)
     balance = True
 
@@ -231,10 +234,10 @@ class TemplateGallery(Stage):
                                 max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed)
         rows = [{"template_id": t.template_id, "text": t.text, "slots": list(t.slots), "origin": t.origin,
                  "round": t.round} for t in gallery.templates]
-        rejects = [{"source_id": f"round-{r.round}", "domain": "template", "stage": f"template-{r.origin}",
-                    "reason": r.reason, "text": r.text, "detail": r.detail} for r in gallery.rejected]
+        rejects = [rejected_row(f"round-{r.round}", f"template-{r.origin}", r.reason, kind="template",
+                                domain="template", text=r.text, detail=r.detail) for r in gallery.rejected]
         return Work.one({"templates": pa.Table.from_pylist(rows, schema=TEMPLATES),
-                         "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)},
+                         "rejects": pa.Table.from_pylist(rejects, schema=REJECTS)},
                         {"input_rows": gallery.candidates, "accepted": len(rows),
                          "rejected": dict(Counter(r["reason"] for r in rejects)), "gallery_version": gallery.version,
                          "sampled_captions": len(sample),
@@ -261,7 +264,7 @@ class AdvancedTier(_TierStage):
     version = "2"
     reads = ("neighbours", "tier12_captions", "template_gallery", "accepted")
     writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="adv_captions"),
-              Write("rejects", "text_rejects", TEXT_REJECTS, folder="adv_rejects", rejects=True))
+              Write("rejects", "rejects", REJECTS, folder="adv_rejects", rejects=True))
 
     def process(self, run: StageRun, index: int) -> Work:
         rows = run.input("neighbours").read_shard(index).to_pylist()
@@ -289,7 +292,7 @@ class ExportLargeFine(Stage):
     version = "2"
     reads = ("neighbours", "tier12_captions", "tier12_rejects", "adv_captions", "adv_rejects")
     writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="largefine"),
-              Write("rejects", "text_rejects", TEXT_REJECTS, folder="caption_rejects", rejects=True))
+              Write("rejects", "rejects", REJECTS, folder="caption_rejects", rejects=True))
     balance = True
     rejects_from_upstream = True  # the tier stages rejected them; counted there
 

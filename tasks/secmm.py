@@ -35,8 +35,8 @@ from storage.schemas import (
     GALLERY,
     QRELS,
     QUERIES,
+    REJECTS,
     SAMPLING,
-    TEXT_REJECTS,
 )
 from tasks.context import RunContext
 from tasks.reporting import log
@@ -54,7 +54,7 @@ class CaptionPool(Stage):
     version = "4"
     reads = ("accepted",)
     writes = (Write("captions", "captions", CAPTIONS, folder="caption_pool"),
-              Write("rejects", "text_rejects", TEXT_REJECTS, folder="caption_pool_rejects", rejects=True))
+              Write("rejects", "rejects", REJECTS, folder="caption_pool_rejects", rejects=True))
     config = ("queries.caption_file", "queries.caption_sample_per_domain", "queries.caption_max_tokens",
               "queries.seed", "input.default_domain")
     resources = Resources(device="gpu", hold_slot=False)  # the captioner (an MLLM in production)
@@ -74,7 +74,7 @@ class CaptionPool(Stage):
         if run.prepared["caption_file"]:
             rows = _captions_from_file(Path(run.prepared["caption_file"]), run.section("input").default_domain)
             return Work.one({"captions": pa.Table.from_pylist(rows, schema=CAPTIONS),
-                             "rejects": TEXT_REJECTS.empty_table()}, {"input_rows": len(rows), "accepted": len(rows)})
+                             "rejects": REJECTS.empty_table()}, {"input_rows": len(rows), "accepted": len(rows)})
         if gen_spec is None:
             raise ValueError("queries: no caption_file and no models.generators to caption the pool with")
         generator = run.registry().generator(gen_spec)
@@ -115,7 +115,7 @@ class CaptionPool(Stage):
                  "dropped_sentences": dict(Counter(r["reason"] for r in rejects if r["stage"] == SENTENCE_STAGE)),
                  "generated_captions_clean": clean_before, "rendered_from_facts": rendered}
         return Work.one({"captions": pa.Table.from_pylist(captions, schema=CAPTIONS),
-                         "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)}, stats)
+                         "rejects": pa.Table.from_pylist(rejects, schema=REJECTS)}, stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         stats = run.output_artifact("captions").manifest().stats
@@ -168,7 +168,7 @@ class DapQueries(Stage):
     version = "5"  # 5: a combination needs grammar_min_pair_count captions
     reads = ("caption_stats", "caption_pool")
     writes = (Write("queries", "queries", QUERIES),
-              Write("rejects", "text_rejects", TEXT_REJECTS, folder="query_rejects", rejects=True))
+              Write("rejects", "rejects", REJECTS, folder="query_rejects", rejects=True))
     config = ("queries", "domains")
     resources = Resources(device="gpu", hold_slot=False)  # the query generator and the text encoder
     balance = True
@@ -202,7 +202,7 @@ class DapQueries(Stage):
             lines_in += made.lines_in
         mean_keywords = sum(len(q["keywords"]) for q in queries) / len(queries) if queries else 0.0
         return Work.one({"queries": pa.Table.from_pylist(queries, schema=QUERIES),
-                         "rejects": pa.Table.from_pylist(rejects, schema=TEXT_REJECTS)},
+                         "rejects": pa.Table.from_pylist(rejects, schema=REJECTS)},
                         {"input_rows": lines_in, "accepted": len(queries),
                          "rejected": dict(Counter(r["reason"] for r in rejects)),
                          "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen})

@@ -19,6 +19,7 @@ from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, spec_lineage
 from models.reranker.cache_store import CACHE, CacheIndex, cache_rows
 from models.reranker.vedje import Vedje
 from models.specs import ModelSpec
+from rde.common.reasons import rejected_row
 from rde.vedje.data import ItemSet, clip_spans, load_items
 from rde.vedje.features import FRAME_FEATURES, ITEMS, QUERIES, build_tables, item_embeddings, tensors_from_tables
 from rde.vedje.training import (
@@ -32,14 +33,13 @@ from rde.vedje.training import (
     train_vedje,
 )
 from storage import Artifact
+from storage.schemas import REJECTS
 from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import Progress, log
 from tasks.sharded import StageResult
 from tasks.stage import Lineage, Report, Resources, Stage, StageRun, Work, Write
 
-REJECTS = pa.schema([pa.field("item_id", pa.string(), nullable=False), pa.field("reason", pa.string(), nullable=False),
-                     pa.field("detail", pa.string())])
 LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
                  pa.field("terms", pa.string(), nullable=False)])
 RECALL = pa.schema([pa.field("ranking", pa.string(), nullable=False), pa.field("n_candidates", pa.int32()),
@@ -80,7 +80,8 @@ def _source(ctx: RunContext) -> tuple[ItemSet, list[Artifact]]:
 
 def _rejects(items: ItemSet) -> pa.Table:
     detail = {"split_gap": "clip between the train and test periods (so no test frame is trained on)"}
-    return pa.Table.from_pylist([{"item_id": f"{reason}:{k}", "reason": reason, "detail": detail.get(reason)}
+    return pa.Table.from_pylist([rejected_row(f"{reason}:{k}", "vedje-features", reason, kind="item",
+                                              detail=detail.get(reason))
                                  for reason, n in items.rejected.items() for k in range(n)], schema=REJECTS)
 
 

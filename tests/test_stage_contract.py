@@ -192,6 +192,24 @@ def test_a_pipeline_that_does_not_fit_together_is_refused() -> None:
         Pipeline("toy", (Numbers(),), until={"x": "evens"})
 
 
+def test_every_rejects_artifact_of_every_flow_has_the_one_schema() -> None:
+    """One rejects contract: each stage's rejected rows go to an artifact of ``REJECTS``, made by
+    ``rejected_row`` (which refuses an unknown kind)."""
+    from flows.build_largefine import PIPELINE as LARGEFINE
+    from flows.build_secmm import PIPELINE as SECMM
+    from flows.train_vedje import PIPELINE as VEDJE
+    from rde.common.reasons import rejected_row
+    from storage.schemas import REJECTS
+
+    rejects = [(s.name, w) for p in (SECMM, LARGEFINE, VEDJE) for s in p.stages for w in s.writes if w.rejects]
+    assert len(rejects) >= 9
+    assert [name for name, w in rejects if not w.schema.equals(REJECTS) or w.kind != "rejects"] == []
+    row = rejected_row("q-1", "dap", "near_duplicate", kind="query", domain="vehicle", text="a red car")
+    assert pa.Table.from_pylist([row], schema=REJECTS).num_rows == 1 and row["all_reasons"] == ["near_duplicate"]
+    with pytest.raises(ValueError, match="kind 'line' is not one of"):
+        rejected_row("q-1", "dap", "near_duplicate", kind="line")
+
+
 def test_build_secmm_is_a_list_of_stages_that_fits_together() -> None:
     from flows.build_secmm import PIPELINE
 

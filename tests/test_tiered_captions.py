@@ -193,7 +193,7 @@ def test_failures_become_rejected_rows_with_reasons() -> None:
     base = cap.qa_tier(items, "base", out)
     inter = cap.qa_tier(items, "inter", out)
     cap.advanced_tier(items, base, inter, GalleryBuilder([], 1, 5, 1).gallery, out)
-    reasons = {(r["source_id"], r["stage"]): r["reason"] for r in out.rejects}
+    reasons = {(r["input_id"], r["stage"]): r["reason"] for r in out.rejects}
     assert reasons[("bad-qa-0", "tier-base")] == "malformed_qa"
     assert reasons[("boom-1", "tier-base")] == "generation_failed"
     assert reasons[(items[2].image_id, "tier-inter")] == "no_hard_negative"

@@ -18,7 +18,7 @@ import pyarrow as pa
 from models.backends.detectors import Detections, Detector, box_iou
 from rde.common.image_decoding import DecodeError, decode_rgb
 from rde.common.profiles import DenoiseSpec, DomainSpec
-from rde.common.reasons import Reason
+from rde.common.reasons import Reason, rejected_row
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
 
 
@@ -156,11 +156,11 @@ def decide_shards(pairs: Iterator[tuple[pa.Table, pa.Table]], spec: DenoiseSpec,
                     seen[rec["image_id"]] = rec["input_id"]
             if reasons:
                 counts.add_reject(reasons[0])
-                rejected.append({"input_id": rec["input_id"], "image_id": rec["image_id"], "source": rec["source"],
-                                 "domain": rec["domain"], "stage": "denoise", "reason": reasons[0],
-                                 "all_reasons": reasons, "detail": detail or _detail(reasons[0], rec, m, spec),
-                                 "width": rec["width"], "height": rec["height"],
-                                 "laplacian_variance": m["laplacian_variance"], "target_count": m["target_count"]})
+                rejected.append(rejected_row(
+                    rec["input_id"], "denoise", reasons[0], kind="image", domain=rec["domain"], source=rec["source"],
+                    image_id=rec["image_id"], all_reasons=reasons, detail=detail or _detail(reasons[0], rec, m, spec),
+                    width=rec["width"], height=rec["height"], laplacian_variance=m["laplacian_variance"],
+                    target_count=m["target_count"]))
             else:
                 counts.accepted += 1
                 accepted.append({**rec, **{k: m[k] for k in

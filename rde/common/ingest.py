@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from rde.common.image_decoding import DecodeError, decode_rgb, read_header
 from rde.common.profiles import IngestSpec, InputSpec
-from rde.common.reasons import Reason
+from rde.common.reasons import Reason, rejected_row
 from storage import Artifact
 from storage.hashing import sha256_bytes, sha256_json
 from storage.schemas import IMAGES, REJECTS
@@ -220,12 +220,9 @@ def _file_kind(mode: int) -> str:
 
 def reject_row(ref: InputRef, stage: str, reasons: list[str], detail: str | None,
                image_id: str | None = None, **measured: Any) -> dict[str, Any]:
-    """A row of the common rejects schema."""
-    return {"input_id": ref.input_id, "image_id": image_id, "source": ref.source, "domain": ref.domain,
-            "stage": stage, "reason": reasons[0], "all_reasons": reasons, "detail": detail,
-            "width": measured.get("width"), "height": measured.get("height"),
-            "laplacian_variance": measured.get("laplacian_variance"),
-            "target_count": measured.get("target_count")}
+    """A row of the common rejects schema for an input that did not become an image."""
+    return rejected_row(ref.input_id, stage, reasons[0], kind="image", domain=ref.domain, source=ref.source,
+                        image_id=image_id, detail=detail, all_reasons=reasons, **measured)
 
 
 def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str],

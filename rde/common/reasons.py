@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
+from typing import Any
 
 
 class Reason(StrEnum):
@@ -135,6 +136,24 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.OVER_MAX_PAIRS: ("training-features", "beyond training.max_pairs (a seeded sample is kept)"),
     Reason.SPLIT_GAP: ("vedje-features", "a clip between the train and test periods (no test frame trained on)"),
 }
+
+
+KINDS = ("image", "caption", "sentence", "query", "template", "item")  # what a rejected row stands for
+
+
+def rejected_row(input_id: str, stage: str, reason: str, *, kind: str, domain: str | None = None,
+                 source: str | None = None, image_id: str | None = None, text: str | None = None,
+                 detail: str | None = None, all_reasons: list[str] | None = None,
+                 **measured: float | int | None) -> dict[str, Any]:
+    """One row of the rejects schema (``storage.schemas.REJECTS``), for any stage: ``input_id``
+    names what was rejected (an input, an image, a generation request, an item), ``kind`` what it
+    is (one of KINDS); ``measured`` holds width, height, laplacian_variance, target_count."""
+    if kind not in KINDS:
+        raise ValueError(f"rejected_row: kind {kind!r} is not one of {KINDS}")
+    return {"input_id": input_id, "kind": kind, "image_id": image_id, "source": source, "domain": domain,
+            "stage": stage, "reason": str(reason), "all_reasons": [str(r) for r in (all_reasons or [reason])],
+            "text": text, "detail": detail, "width": measured.get("width"), "height": measured.get("height"),
+            "laplacian_variance": measured.get("laplacian_variance"), "target_count": measured.get("target_count")}
 
 
 def unregistered(codes: Iterable[str]) -> list[str]:

@@ -26,6 +26,7 @@ from models.backends.interfaces import ChatMessage, GenerationRequest, Generatio
 from models.prompt_files import PromptFile
 from rde.common.generation_retries import error_reason, generate_with_retries
 from rde.common.profiles import LargeFineSpec
+from rde.common.reasons import rejected_row
 from rde.common.seeds import draw_seed
 from rde.largefine.caption_quality import gate_caption, word_count
 from rde.largefine.qa_pairs import QAPair, format_qa_pairs, parse_qa_pairs
@@ -114,8 +115,9 @@ class TierCaptioner:
     def _reject(self, out: TierOutputs, item: TierImage, tier: str, reason: str, text: str | None,
                 detail: str) -> None:
         generator = self.generators[item.generator_index].model_id
-        out.rejects.append({"source_id": item.image_id, "domain": item.domain, "stage": f"tier-{tier}",
-                            "reason": reason, "text": text, "detail": f"{detail} [generator {generator}]"[:2000]})
+        out.rejects.append(rejected_row(item.image_id, f"tier-{tier}", reason, kind="caption", domain=item.domain,
+                                        image_id=item.image_id, source=item.source, text=text,
+                                        detail=f"{detail} [generator {generator}]"[:2000]))
 
     def _accept(self, out: TierOutputs, item: TierImage, tier: str, result: GenerationResult, prompt_step: str,
                 template_id: str | None = None, gallery: str | None = None) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from models.backends.interfaces import GenerationResult
 from rde.common.generation_retries import error_reason
-from rde.common.reasons import Reason
+from rde.common.reasons import Reason, rejected_row
 from rde.secmm.sentence_checks import CaptionCheck, facts_caption
 
 IMAGE_STAGE = "caption-pool"  # the image's one row
@@ -57,7 +57,8 @@ def pool_caption(result: GenerationResult, check: CaptionCheck, values: dict[str
     return PoolCaption(row, details, check.clean, rendered)
 
 
-def _reject(source_id: str, domain: str, stage: str, reason: str | None, text: str | None,
+def _reject(image_id: str, domain: str, stage: str, reason: str, text: str | None,
             detail: str | None) -> dict[str, Any]:
-    return {"source_id": source_id, "domain": domain, "stage": stage, "reason": reason, "text": text,
-            "detail": detail}
+    """A rejected pool caption (kind ``caption``) or one sentence dropped from a kept one (``sentence``)."""
+    return rejected_row(image_id, stage, reason, kind="sentence" if stage == SENTENCE_STAGE else "caption",
+                        domain=domain, image_id=image_id, text=text, detail=detail)

@@ -33,6 +33,7 @@ from models.prompt_files import PromptFile
 from rde.common import caption_stats
 from rde.common.caption_stats import NounUse
 from rde.common.profiles import QueriesSpec
+from rde.common.reasons import Reason, rejected_row
 
 _BULLET = re.compile(r"^\s*(?:[-*•·]+|\d+[.)]|\(?\d+\)|[a-z][.)])\s*", re.IGNORECASE)
 _WORD = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*")
@@ -481,8 +482,8 @@ def domain_queries(domain: str, prompt: PromptFile, stats: dict[str, Counter], t
                                                 grammar=grammar)])
         if not res.ok:
             out.lines_in += 1
-            out.rejects.append({"source_id": rid, "domain": domain, "stage": "dap", "reason": "generation_failed",
-                                "text": None, "detail": res.error})
+            out.rejects.append(rejected_row(rid, "dap", Reason.GENERATION_FAILED, kind="query", domain=domain,
+                                            detail=res.error))
             continue
         lines = split_queries(res.text)
         out.lines_in += len(lines)
@@ -494,6 +495,6 @@ def domain_queries(domain: str, prompt: PromptFile, stats: dict[str, Counter], t
                                     "source": v.source, "generator": generator.model_id, "prompt": prompt.identity,
                                     "keywords": v.keywords})
             else:
-                out.rejects.append({"source_id": v.source, "domain": domain, "stage": "dap",
-                                    "reason": v.reason or "over_target", "text": v.text, "detail": v.detail})
+                out.rejects.append(rejected_row(v.source, "dap", v.reason or Reason.OVER_TARGET, kind="query",
+                                                domain=domain, text=v.text, detail=v.detail))
     return out
