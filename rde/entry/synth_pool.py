@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from rde.common.image_decoding import decode_rgb
+from rde.entry.demo_pool import _jpeg
 from storage import Artifact, ArtifactWriter, content_key
 from storage.schemas import POOL
 
@@ -60,13 +61,6 @@ def load_sources(pool_url: str) -> list[Source]:
     rows = Artifact(pool_url).rows(["pool_id", "domain", "identity", "variant", "image_bytes"])
     return [Source(r["pool_id"], r["domain"], r["identity"], r["variant"], decode_rgb(r["image_bytes"]))
             for r in rows]
-
-
-def _jpeg(rgb: np.ndarray, quality: int) -> bytes:
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise RuntimeError("JPEG encoding failed")
-    return buf.tobytes()
 
 
 def transform(rgb: np.ndarray, variant: str, rng: np.random.Generator, p: SynthParams) -> tuple[np.ndarray, dict]:
