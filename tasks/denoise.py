@@ -11,10 +11,7 @@ from models.backends.registry import detector_lineage
 from rde.common.denoise import DenoiseCounts, decide_shards, measure_table
 from storage.locations import state_dir
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
-from tasks.context import RunContext
 from tasks.ingest import Ingest
-from tasks.runner import run_stage
-from tasks.sharded import StageResult
 from tasks.stage import Lineage, Resources, Stage, StageRun, Work, Write
 
 
@@ -78,8 +75,3 @@ class Decide(Stage):
 
 CLEAN_POOL: tuple[Stage, ...] = (Ingest(), Measure(), Decide())  # every building flow starts with these
 
-
-def run_clean_pool(ctx: RunContext) -> list[StageResult]:
-    """ingest → measure → denoise for a flow not yet expressed as a stage list. Returns the three
-    results; the last holds ``accepted``."""
-    return [run_stage(ctx, stage) for stage in CLEAN_POOL]

@@ -53,6 +53,11 @@ def publish_markdown(key: str, markdown: str, description: str) -> None:
         create_markdown_artifact(key=key, markdown=markdown, description=description)
 
 
+def rounded_rows(rows: list[dict[str, Any]], digits: int) -> list[dict[str, Any]]:
+    """Rows for a table artifact with every float rounded to ``digits`` (metrics read at a glance)."""
+    return [{k: (round(v, digits) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+
+
 def stage_table(stage: str, input_rows: int, accepted: int, rejected: dict[str, int],
                 skipped: bool) -> list[dict[str, Any]]:
     """Rows of a stage table: totals, then one row per rejection reason with its share."""

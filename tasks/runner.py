@@ -24,7 +24,7 @@ from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 from tasks.sharded import StageResult
-from tasks.stage import Pipeline, Stage, StageRun, Work
+from tasks.stage import Lineage, Pipeline, Stage, StageRun, Work
 
 
 class MissingInput(RuntimeError):
@@ -35,13 +35,14 @@ def outputs(stage: Stage, ctx: RunContext) -> list[sharded.Output]:
     return [sharded.Output(w.name, ctx.artifact_url(w.location), w.kind, w.schema) for w in stage.writes]
 
 
-def stage_key(stage: Stage, run: StageRun, lineage_parts: dict[str, Any]) -> str:
-    """The content key: what the stage's outputs depend on, and nothing else."""
-    reads = {name: run.input(name).manifest().fingerprint for name in stage.reads}
-    optional = {name: (run.input(name).manifest().fingerprint if run.input(name).is_complete() else None)
-                for name in stage.optional_reads}
-    return content_key(stage=stage.name, version=stage.version, reads=reads, optional=optional,
-                       config=run.config_dump(), **lineage_parts)
+def stage_key(stage: Stage, reads: dict[str, Artifact], optional: dict[str, Artifact | None],
+              config: dict[str, Any], lineage: Lineage) -> str:
+    """The content key: what the stage's outputs depend on, and nothing else (an optional read
+    that is not there keys as None)."""
+    return content_key(stage=stage.name, version=stage.version,
+                       reads={name: a.manifest().fingerprint for name, a in reads.items()},
+                       optional={name: a.manifest().fingerprint if a else None for name, a in optional.items()},
+                       config=config, models=lineage.models, prompts=lineage.prompts, extra=lineage.extra)
 
 
 def run_pipeline(ctx: RunContext, pipeline: Pipeline, until: str | None) -> list[StageResult]:
@@ -52,19 +53,22 @@ def run_pipeline(ctx: RunContext, pipeline: Pipeline, until: str | None) -> list
 def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
     """Run (or skip) one stage, publish its table and report; returns what it did."""
     run = StageRun(stage, ctx)
-    missing = [name for name in stage.reads if not run.input(name).is_complete()]
+    reads = {name: run.input(name) for name in stage.reads}
+    missing = [name for name, artifact in reads.items() if not artifact.is_complete()]
     if missing:
         raise MissingInput(f"stage {stage.name!r} needs {missing} under {ctx.root}, which are not complete: run "
                            "the stages before it first")
+    optional = {name: run.input(name) for name in stage.optional_reads}
+    present = {name: artifact for name, artifact in optional.items() if artifact.is_complete()}
     lineage = stage.lineage(run)
-    key = stage_key(stage, run, {"models": lineage.models, "prompts": lineage.prompts, "extra": lineage.extra})
+    config = run.config_dump()
+    key = stage_key(stage, reads, {name: present.get(name) for name in optional}, config, lineage)
     run.key = key
     outs = outputs(stage, ctx)
-    upstream = [run.input(n) for n in stage.reads] + \
-        [run.input(n) for n in stage.optional_reads if run.input(n).is_complete()] + list(lineage.upstream)
-    config = {**run.config_dump(), **lineage.extra, "resources": resources(stage, ctx)}  # the manifest's config
-    common: dict[str, Any] = {"upstream": upstream, "config": config, "models": lineage.models,
-                              "prompt_versions": lineage.prompts}
+    common: dict[str, Any] = {
+        "upstream": [*reads.values(), *present.values(), *lineage.upstream],
+        "config": {**config, **lineage.extra, "resources": resources(stage, ctx)},  # the manifest's config
+        "models": lineage.models, "prompt_versions": lineage.prompts}
     if stage.per_shard:
         limit = ctx.profile.prefect.gpu_concurrency_limit if stage.resources.device == "gpu" else None
         result = sharded.run_sharded(ctx, stage.name, outs, key, stage.shard_count(run), _ShardWork(stage, run),

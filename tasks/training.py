@@ -27,7 +27,7 @@ from storage.locations import resolve_location
 from storage.schemas import EVALUATION
 from tasks import sharded
 from tasks.context import RunContext
-from tasks.reporting import Progress, accounting_line, inline_png, publish_markdown, split_name
+from tasks.reporting import Progress, accounting_line, inline_png, publish_markdown, rounded_rows, split_name
 from tasks.runner import run_pipeline
 from tasks.sharded import StageResult
 from tasks.stage import Lineage, Pipeline, Report, Resources, Stage, StageRun, Work, Write
@@ -39,6 +39,13 @@ FEATURES = pa.schema([pa.field("kind", pa.string(), nullable=False),  # pair | i
                       pa.field("vector", VEC, nullable=False), pa.field("teacher", VEC)])
 LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
                  pa.field("terms", pa.string(), nullable=False)])
+
+
+def step_log_table(step_losses: Sequence[dict[str, Any]]) -> pa.Table:
+    """A training run's per-step losses as ``LOG`` rows (the loss terms as JSON), for SAFT, GTR+ and VEDJE."""
+    return pa.Table.from_pylist([{"step": int(s["step"]), "epoch": int(s["epoch"]),
+                                  "terms": json.dumps({k: v for k, v in s.items() if k not in ("step", "epoch")})}
+                                 for s in step_losses], schema=LOG)
 
 
 def _source_root(ctx: RunContext) -> str:
@@ -314,14 +321,11 @@ class Train(Stage):
         torch.save(model.state_dict(), folder / "model.pt")
         loss_plot(result, folder / "loss.png", f"{self.method} ({len(data['pairs'])} pairs)")
         run.prepared["result"] = result
-        log_rows = [{"step": int(s["step"]), "epoch": int(s["epoch"]),
-                     "terms": json.dumps({k: v for k, v in s.items() if k not in ("step", "epoch")})}
-                    for s in result.step_losses]
         stats = {"input_rows": len(data["pairs"]), "accepted": len(data["pairs"]), "rejected": {},
                  "resumed_from_epoch": result.resumed_from,
                  "epoch_loss": [round(e.mean_loss, 5) for e in result.epochs],
                  "gmm": [gmm_epoch_stats(e) for e in result.epochs if e.confidence is not None]}
-        return Work.one({"log": pa.Table.from_pylist(log_rows, schema=LOG),
+        return Work.one({"log": step_log_table(result.step_losses),
                          "evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)}, stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
@@ -339,8 +343,7 @@ class Train(Stage):
             *[f"| {i} | {v:.4f} |" for i, v in enumerate(epoch_loss)], "", *[f"{p}\n" for p in plots],
             f"Loss curve `{folder / 'loss.png'}`; weights `{folder / 'model.pt'}`; checkpoints (per epoch, keyed by "
             f"the stage key) `{folder / 'checkpoints'}`."])
-        return Report(tables=[("evaluation", [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
-                                              for r in evaluation],
+        return Report(tables=[("evaluation", rounded_rows(evaluation, 4),
                                f"{self.method}: zero-shot vs trained (check set mAP@K per domain; held-out person "
                                "search)")],
                       markdown=[("loss", loss, "Training loss per epoch with the loss curve (and for GTR+ the ŝ "

@@ -36,12 +36,11 @@ from storage import Artifact
 from storage.schemas import REJECTS
 from tasks import sharded
 from tasks.context import RunContext
-from tasks.reporting import Progress, log
+from tasks.reporting import Progress, log, rounded_rows
 from tasks.sharded import StageResult
 from tasks.stage import Lineage, Report, Resources, Stage, StageRun, Work, Write
+from tasks.training import LOG, step_log_table
 
-LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
-                 pa.field("terms", pa.string(), nullable=False)])
 RECALL = pa.schema([pa.field("ranking", pa.string(), nullable=False), pa.field("n_candidates", pa.int32()),
                     pa.field("metric", pa.string(), nullable=False), pa.field("value", pa.float64(), nullable=False),
                     pa.field("queries", pa.int32()), pa.field("gallery", pa.int32()),
@@ -214,15 +213,12 @@ class VedjeTrain(Stage):
         for precision in ("bf16", "fp8", "fp4"):
             rows += [{**r, "precision": precision} for r in evaluate_rerank(
                 model, data, stored_caches(model, data, precision), spec.candidates, batch=spec.score_batch)]
-        log_rows = [{"step": int(s["step"]), "epoch": int(s["epoch"]),
-                     "terms": json.dumps({k: v for k, v in s.items() if k not in ("step", "epoch")})}
-                    for s in result.step_losses]
         n_train = len(data.rows("train")[1])
         stats = {"input_rows": n_train, "accepted": n_train, "rejected": {}, "resumed_from_epoch": result.resumed_from,
                  "epoch_loss": [round(v, 5) for v in result.epoch_loss], "seconds": round(result.seconds, 1),
                  "vtm_share": round(result.vtm_share, 4),
                  "compressor": meta["cache_lineage"]["compressor"]}
-        return Work.one({"log": pa.Table.from_pylist(log_rows, schema=LOG),
+        return Work.one({"log": step_log_table(result.step_losses),
                          "evaluation": pa.Table.from_pylist(rows, schema=RECALL)}, stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
@@ -232,8 +228,7 @@ class VedjeTrain(Stage):
         loss = "\n".join(["# train-vedje: loss per epoch", "", "| epoch | loss |", "|---|---|",
                           *[f"| {i} | {v:.4f} |" for i, v in enumerate(losses)], "",
                           f"Weights: `{folder / 'model.pt'}`"])
-        return Report(tables=[("evaluation", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}
-                                              for r in evaluation],
+        return Report(tables=[("evaluation", rounded_rows(evaluation, 2),
                                "Stage-1 vs VEDJE rerank on the test split: R@1/5/10 per N_c and cache precision")],
                       markdown=[("loss", loss, "VEDJE training loss")],
                       log=f"vedje-train: {len(evaluation)} evaluation rows; model in {folder}")
@@ -379,8 +374,7 @@ class Rerank(Stage):
     def report(self, run: StageRun, result: StageResult) -> Report:
         evaluation = run.output_artifact("evaluation").rows()
         stats = run.output_artifact("reranked").manifest().stats
-        tables = [("evaluation", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}
-                                  for r in evaluation],
+        tables = [("evaluation", rounded_rows(evaluation, 2),
                    "Stage-1 vs VEDJE rerank (R@K, test split) from the stored caches")] if evaluation else []
         return Report(tables=tables, log=f"rerank: {result.accepted} queries, median {stats.get('median_query_ms')} "
                                          f"ms/query, {stats.get('cache_bytes_per_query')} cache bytes read per query")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -260,14 +260,6 @@ def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str
                        "exif_orientation": header.orientation,
                        "source_meta": ref.source_meta, "image_bytes": data})
     return pa.Table.from_pylist(images, schema=IMAGES), pa.Table.from_pylist(rejects, schema=REJECTS)
-
-
-def ref_to_dict(ref: InputRef) -> dict[str, Any]:
-    return asdict(ref)
-
-
-def ref_from_dict(data: dict[str, Any]) -> InputRef:
-    return InputRef(**data)
 
 
 def describe_listing(refs: list[InputRef]) -> str:

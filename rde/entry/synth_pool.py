@@ -126,12 +126,14 @@ def write_synth_pool(source_url: str, out: str, p: SynthParams,
         if found is None:
             start = index * p.shard_size
             rows = [synth_row(sources, i, p) for i in range(start, min(p.n, start + p.shard_size))]
-            found = writer.write_shard(index, pa.Table.from_pylist(rows, schema=POOL))
-        else:
+            table = pa.Table.from_pylist(rows, schema=POOL)
+            found = writer.write_shard(index, table)
+        else:  # a shard a previous run wrote: its labels are read back, its images are not
             reused += 1
+            table = writer.read_shard(index, ["domain", "variant"])
         shards.append(found)
-        for domain, variant in zip(*[writer.read_shard(index, ["domain", "variant"]).column(c).to_pylist()
-                                     for c in ("domain", "variant")], strict=True):
+        for domain, variant in zip(table.column("domain").to_pylist(), table.column("variant").to_pylist(),
+                                   strict=True):
             counts[f"{domain}/{variant}"] = counts.get(f"{domain}/{variant}", 0) + 1
         if on_shard:
             on_shard(index + 1, total)
