@@ -9,23 +9,25 @@ from tasks.context import RunContext
 from tasks.reporting import publish_markdown
 from tasks.sharded import StageResult
 
-POOL_STAGES = ("ingest", "denoise")  # the image accounting: inputs = accepted + rejected over these
+POOL_STAGES = ("ingest", "measure", "denoise")  # the image chain: inputs = accepted + rejected over these
 
 
 def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
     """Totals across stages; ``balanced`` asserts that no input was lost. ``rejected`` holds every
     stage's reasons (``stage:reason``; a stage that only gathers earlier stages' rejects is not
-    counted twice), ``total_rejected`` the images rejected by ingest and denoise."""
+    counted twice), ``total_rejected`` the images rejected along the image chain (ingest, measure,
+    denoise) and ``accepted`` those the last of its stages that ran kept (``--until ingest`` too)."""
     by_name = {s.stage: s for s in stages}
+    chain = [name for name in POOL_STAGES if name in by_name]
     inputs = by_name["ingest"].input_rows
-    accepted = by_name["denoise"].accepted
+    accepted = by_name[chain[-1]].accepted
     rejected: dict[str, int] = {}
     for stage in stages:
         if stage.rejects_from_upstream:
             continue
         for reason, count in stage.rejected.items():
             rejected[f"{stage.stage}:{reason}"] = rejected.get(f"{stage.stage}:{reason}", 0) + count
-    total_rejected = sum(sum(by_name[name].rejected.values()) for name in POOL_STAGES)
+    total_rejected = sum(sum(by_name[name].rejected.values()) for name in chain)
     artifacts = {}
     for stage in stages:
         for name, url in stage.artifacts.items():

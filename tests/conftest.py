@@ -17,6 +17,11 @@ os.environ["RDE_STATE_DIR"] = str(_STATE)
 os.environ["RDE_AUTO_BATCH_CACHE"] = str(_STATE / "auto_batch.json")
 for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "YOLO_CONFIG_DIR"):
     os.environ.pop(_key, None)
+# under pytest-xdist (``make test``: two workers on this machine's two cores) each worker process,
+# and every CLI process a test starts, computes on one thread: two workers with a thread per core
+# each would oversubscribe the cores and stall torch's thread pool
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from rde.common.runtime import configure_prefect_env  # noqa: E402
 
@@ -26,6 +31,32 @@ import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_ARTIFACTS = ROOT / "test-artifacts"  # screenshots and reports kept by tests (git-ignored)
+
+
+# Modules in the order their measured cost (seconds, one process, 2026-12-01) says to start them,
+# so under ``--dist loadgroup --no-loadscope-reorder`` the long ones do not end up last on one
+# worker: the sqlite stack (~450 s, half of it waiting on a server outage), the demo build (~280),
+# the postgres stack (~120), then the CLI, Dask, faults and the other flows (40-80 each).
+LONG_FIRST = ("test_deployment_stack", "test_flow_build_secmm", "test_deployment_stack-postgres", "test_task_runners",
+              "test_cli", "test_faults", "test_flow_vedje", "test_flow_build_largefine", "test_flow_training",
+              "test_auto_batch", "test_lost_rows")
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """One worker per module: a module's tests share its module fixtures (a demo build, a stack) and
+    run in their written order. The stack's PostgreSQL tests are a group of their own."""
+    module = item.path.stem
+    if "pg_stack" in getattr(item, "fixturenames", ()):
+        return f"{module}-postgres"
+    return module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+    items.sort(key=lambda item: rank.get(xdist_group_of(item), len(rank)))  # stable: written order kept
 
 
 @pytest.fixture(scope="session")

@@ -99,7 +99,10 @@ def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, sma
     measured = {int(n) for n in re.findall(r"measure[\s━╸╺]+(\d+)/6 shards", shown)}
     assert len(measured) >= 2 and 6 in measured, shown[-3000:]  # it advanced, and was drawn finished
     assert "Finished in state Completed()" in shown and "inputs 96 = accepted" in shown
-    piped = subprocess.run([sys.executable, "-m", "rde.entry.cli", *args, "--output", str(tmp_path / "pipe")],
+    # the piped run stops after ingest (six shards, so a progress line would be drawn): what it must
+    # not print is the same for every stage, and the models' minute is spent once, above
+    piped_args = [*args[:args.index("--until")], "--until", "ingest", *args[args.index("--until") + 2:]]
+    piped = subprocess.run([sys.executable, "-m", "rde.entry.cli", *piped_args, "--output", str(tmp_path / "pipe")],
                            capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert piped.returncode == 0, piped.stderr[-3000:]
     assert "inputs 96 = accepted" in piped.stdout and "Finished in state Completed()" in piped.stderr

@@ -79,6 +79,19 @@ def test_rerun_skips_and_a_deleted_shard_recomputes_only_its_stage(demo_run: tup
     assert third["accepted"] == first["accepted"]
 
 
+def test_until_any_pool_stage_ends_with_a_balanced_summary(demo_run: tuple[str, dict]) -> None:
+    """``--until ingest`` and ``--until measure`` stop there and account for every input with the
+    last stage that ran (they once failed in the summary, which assumed denoise)."""
+    out, first = demo_run
+    whole = _stages(first)
+    for stop, names in (("ingest", ["ingest"]), ("measure", ["ingest", "measure"])):
+        part = build_secmm(profile="demo", output_root=out, until=stop)
+        assert [s["stage"] for s in part["stages"]] == names and all(s["skipped"] for s in part["stages"])
+        assert part["inputs"] == first["inputs"] and part["balanced"]
+        assert part["accepted"] == whole[stop]["accepted"] > first["accepted"]
+        assert part["accepted"] + part["total_rejected"] == first["inputs"]
+
+
 def test_threshold_change_reruns_only_the_decision(demo_run: tuple[str, dict]) -> None:
     out, first = demo_run
     stricter = build_secmm(profile="demo", output_root=out, overrides={"denoise": {"min_laplacian_variance": 600}},
@@ -217,3 +230,22 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     monkeypatch.setattr(secmm_tasks.Cgds, "version", secmm_tasks.Cgds.version + "-test")
     bumped = _stages(build_secmm(profile="demo", output_root=out))
     assert [name for name, s in bumped.items() if not s["skipped"]] == ["cgds", "mecf", "export", "evaluate"]
+
+
+def test_offline_experts_beat_random_by_a_wide_margin() -> None:
+    """mAP@10 of each offline expert on the whole check-set gallery (both domains ranked together)
+    against a random ranking. Placed after the whole flow: its evaluate stage ran the same crops
+    through the same detector and EfficientNet in this process, whose per-image results are kept
+    (models.backends.content_memo), so only GrabCut and the text side are computed again."""
+    from models.backends.registry import ModelRegistry
+    from rde.common.expert_check import expert_map, load_check_set, random_map
+    from rde.common.profiles import load_profile
+
+    check = load_check_set()
+    baseline = random_map(check, 10)
+    registry = ModelRegistry(load_profile("demo").models)
+    experts = load_profile("demo").models.experts
+    scores = {spec.backend: expert_map(registry.expert(spec), check, 10) for spec in experts}
+    assert baseline < 0.03
+    for backend, score in scores.items():
+        assert score > 5 * baseline, (backend, score, baseline)
