@@ -39,12 +39,12 @@ postgres:
 		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; \
 	else echo "note: PostgreSQL server binaries missing; the stack's --postgres tests will be skipped"; fi
 
-# Two pytest workers (pytest-xdist): each slow module runs whole on one worker, in its order, and
-# the long ones start first (tests/conftest.py), so a server outage or a stack start that waits
+# Two pytest workers (pytest-xdist): each module runs whole on one worker, in its order, and the
+# long ones start first (tests/conftest.py), so a server outage or a stack start that waits
 # overlaps with the other worker's model work. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 test: lint browser postgres
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow"

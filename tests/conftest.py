@@ -33,30 +33,20 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_ARTIFACTS = ROOT / "test-artifacts"  # screenshots and reports kept by tests (git-ignored)
 
 
-# Modules in the order their measured cost (seconds, one process, 2026-12-01) says to start them,
-# so under ``--dist loadgroup --no-loadscope-reorder`` the long ones do not end up last on one
-# worker: the sqlite stack (~450 s, half of it waiting on a server outage), the demo build (~280),
-# the postgres stack (~120), then the CLI, Dask, faults and the other flows (40-80 each).
-LONG_FIRST = ("test_deployment_stack", "test_flow_build_secmm", "test_deployment_stack-postgres", "test_task_runners",
+# Modules in the order their measured cost says to start them (seconds in one process,
+# 2026-12-01), so under ``make test`` (pytest-xdist ``--dist loadfile --no-loadscope-reorder``: a
+# module runs whole on one worker, in its written order, with its module fixtures) the long ones
+# do not end up last: the demo build (~280 s, the longest chain), the SQLite stack (~450 s, half of
+# it waiting out a server outage), the PostgreSQL stack (~120), then the CLI, Dask, faults and the
+# other flows (40-80 each); the rest keep their collection order.
+LONG_FIRST = ("test_flow_build_secmm", "test_deployment_stack", "test_deployment_stack_postgres", "test_task_runners",
               "test_cli", "test_faults", "test_flow_vedje", "test_flow_build_largefine", "test_flow_training",
               "test_auto_batch", "test_lost_rows")
 
 
-def xdist_group_of(item: pytest.Item) -> str:
-    """One worker per module: a module's tests share its module fixtures (a demo build, a stack) and
-    run in their written order. The stack's PostgreSQL tests are a group of their own."""
-    module = item.path.stem
-    if "pg_stack" in getattr(item, "fixturenames", ()):
-        return f"{module}-postgres"
-    return module
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
-    items.sort(key=lambda item: rank.get(xdist_group_of(item), len(rank)))  # stable: written order kept
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module's order kept
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sklearn.cluster import KMeans, MiniBatchKMeans
 
 from rde.common.profiles import SamplingSpec
 
@@ -43,6 +42,8 @@ def kmeans_clusters(vectors: np.ndarray, k: int, seed: int, backend: str = "auto
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     if backend == "faiss":
         return _faiss_kmeans(x, k, seed)
+    from sklearn.cluster import KMeans, MiniBatchKMeans  # here: sklearn costs every process ~2 s to import
+
     if backend == "sklearn-minibatch" or (backend == "auto" and n > minibatch_above):
         model = MiniBatchKMeans(n_clusters=k, random_state=seed, batch_size=4096, n_init=3)
     else:

@@ -1,0 +1,61 @@
+"""Shared by the stack tests (SQLite and PostgreSQL): REST calls, a deployment run of build-secmm
+through the cpu worker, the summary's measure row and the bounded orchestration load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from rde.entry.stack import StackConfig
+
+
+def api(cfg: StackConfig, path: str, body: dict) -> list[dict]:
+    response = httpx.post(f"{cfg.api_url}{path}", json=body, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def run_build_secmm(cfg: StackConfig, out: Path, small_pool_url: str) -> tuple[dict, list[dict], float]:
+    """``prefect deployment run 'build-secmm/demo'`` through the cpu worker up to denoise; the flow
+    run, its artifacts (read back over the API) and the seconds it took."""
+    params = {"until": "denoise", "output_root": str(out),
+              "overrides": {"input": {"kind": "pool", "path": small_pool_url}, "ingest": {"shard_size": 16}}}
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "build-secmm/demo",
+                          "--params", json.dumps(params), "--watch",
+                          "--watch-timeout", "600"], env=cfg.env(), capture_output=True, text=True, timeout=660)
+    elapsed = time.monotonic() - start
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    [flow_run] = api(cfg, "/flow_runs/filter", {"sort": "START_TIME_DESC", "limit": 1})
+    assert flow_run["state_type"] == "COMPLETED"
+    assert (out / "build-secmm" / "demo" / "accepted" / "_manifest.json").exists()
+    artifacts = api(cfg, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
+    keys = {a["key"] for a in artifacts if a.get("key")}
+    assert {"build-secmm-ingest", "build-secmm-denoise", "build-secmm-summary"} <= keys
+    summary = next(a for a in artifacts if a.get("key") == "build-secmm-summary")
+    assert "balanced: **True**" in summary["data"]
+    return flow_run, artifacts, elapsed
+
+
+def measure_row(summary_markdown: str) -> list[str]:
+    line = next(x for x in summary_markdown.splitlines() if x.startswith("| measure |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def probe_load(cfg: StackConfig, test_artifacts_dir: Path) -> dict:
+    """The bounded version of benchmarks/orchestration_load.py: 6 concurrent runs of the probe
+    deployment, 20 shard tasks each; every run and task completes. Its row is kept per database."""
+    from rde.entry.orchestration_load import submit_and_wait
+
+    result = submit_and_wait(cfg, concurrent=6, shards=20, work_ms=10, timeout_s=600, label="ci-")
+    row = result.row()
+    assert result.completed == 6 and result.failed == 0, row
+    assert result.task_runs_completed == 6 * 20, row
+    assert result.server_peak_rss_mb > 0 and result.start_p95_s >= result.start_p50_s > 0
+    (test_artifacts_dir / f"orchestration-load-{row['database']}.json").write_text(json.dumps(row, indent=1))
+    return row
