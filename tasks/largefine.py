@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from models.backends.registry import BUNDLED_LLM, spec_lineage
+from models.backends.registry import BUNDLED_LLM
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
@@ -39,7 +39,8 @@ GENERATION = tuple(f"largefine.{name}" for name in (
 
 
 def _generator_lineage(run: StageRun) -> dict[str, Any]:
-    return {"generators": [spec_lineage(g) for g in run.models.generators]}
+    registry = run.registry()
+    return {"generators": [registry.lineage(g) for g in run.models.generators]}
 
 
 # -- select + neighbours ----------------------------------------------------------------------------
@@ -219,7 +220,8 @@ class TemplateGallery(Stage):
         prompt = load_prompt(GALLERY_PROMPT)
         gen_spec = run.models.template_generator or ModelSpec(**BUNDLED_LLM)
         run.prepared.update(prompt=prompt, gen_spec=gen_spec)
-        return Lineage(models={"template_generator": spec_lineage(gen_spec)}, prompts={GALLERY_PROMPT: prompt.identity})
+        return Lineage(models={"template_generator": run.registry().lineage(gen_spec)},
+                       prompts={GALLERY_PROMPT: prompt.identity})
 
     def run(self, run: StageRun) -> Work:
         spec = run.section("largefine").templates

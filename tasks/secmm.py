@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
-from rde.common.embedding_cache import EmbeddingCache
+from rde.common.embedding_cache import EmbeddingCache, ExpertImages
 from rde.common.evaluation import evaluate_expert
 from rde.common.expert_check import load_check_set, load_check_yaml
 from rde.common.image_decoding import decode_rgb
@@ -66,8 +67,8 @@ class CaptionPool(Stage):
         gen_spec = run.models.generators[0] if run.models.generators else None
         caption_file = resolve_location(queries.caption_file) if queries.caption_file else None
         run.prepared.update(prompt=prompt, gen_spec=gen_spec, caption_file=caption_file)
-        return Lineage(models={"generator": spec_lineage(gen_spec)}, prompts={"caption_pool": prompt.identity},
-                       extra={"file": caption_file})
+        return Lineage(models={"generator": run.registry().lineage(gen_spec)},
+                       prompts={"caption_pool": prompt.identity}, extra={"file": caption_file})
 
     def run(self, run: StageRun) -> Work:
         q, prompt, gen_spec = run.section("queries"), run.prepared["prompt"], run.prepared["gen_spec"]
@@ -178,7 +179,8 @@ class DapQueries(Stage):
         prompts = {d.name: load_prompt(f"dap_{d.name}") for d in run.section("domains")}
         safety = load_prompt("query_safety")
         run.prepared.update(gen_spec=gen_spec, prompts=prompts, safety=safety)
-        return Lineage(models={"generator": spec_lineage(gen_spec), "encoder": spec_lineage(run.models.text_encoder)},
+        return Lineage(models={"generator": run.registry().lineage(gen_spec),
+                               "encoder": spec_lineage(run.models.text_encoder)},
                        prompts={**{f"dap_{k}": v.identity for k, v in prompts.items()},
                                 "query_safety": safety.identity})
 
@@ -254,6 +256,15 @@ class Cgds(Stage):
 
 # -- MECF -----------------------------------------------------------------------------------------
 
+def expert_caches(run: StageRun) -> list[EmbeddingCache]:
+    """One embedding cache per configured expert's image side (under the flow's root, as the hard
+    negatives' cache; keyed by the expert's lineage with its parts): MECF and the evaluation share
+    the gallery's vectors, and a re-evaluation after a label import encodes nothing."""
+    registry = run.registry()
+    return [EmbeddingCache(run.ctx.root, ExpertImages(registry.expert(spec), registry.lineage(spec)))
+            for spec in run.models.experts]
+
+
 class Mecf(Stage):
     """Every expert retrieves its top-K per query within the query's domain; keep the union (Eq. 1)."""
 
@@ -265,14 +276,14 @@ class Mecf(Stage):
     resources = Resources(device="gpu", hold_slot=False)
 
     def lineage(self, run: StageRun) -> Lineage:
-        return Lineage(models={"experts": [spec_lineage(s) for s in run.models.experts]})
+        return Lineage(models={"experts": [run.registry().lineage(s) for s in run.models.experts]})
 
     def run(self, run: StageRun) -> Work:
         retrieval = run.section("retrieval")
         registry = run.registry()
         queries = run.input("queries").rows(["query_id", "domain", "text"])
         gallery = run.input("gallery").rows(["image_id", "domain", "image_bytes"])
-        images = [decode_rgb(g["image_bytes"]) for g in gallery]
+        caches = expert_caches(run)
         rows = []
         per_expert_counts: dict[str, int] = {}
         for domain in sorted({q["domain"] for q in queries}):
@@ -281,11 +292,12 @@ class Mecf(Stage):
             if not q_idx or not g_idx:
                 continue
             per_expert = {}
-            for spec in run.models.experts:
+            for spec, cache in zip(run.models.experts, caches, strict=True):
                 expert = registry.expert(spec)
                 name = f"{spec.backend}:{spec.model_id}"
                 qv = expert.encode_text([queries[i]["text"] for i in q_idx])
-                gv = expert.encode_image([images[i] for i in g_idx])
+                gv = cache.embed([gallery[i]["image_id"] for i in g_idx],
+                                 lambda pos, g_idx=g_idx: [decode_rgb(gallery[g_idx[p]]["image_bytes"]) for p in pos])
                 per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above)
                 per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
             for cand in mecf.union_candidates(per_expert):
@@ -295,7 +307,7 @@ class Mecf(Stage):
                              "experts": names, "ranks": [cand.ranks[n] for n in names],
                              "scores": [cand.scores[n] for n in names], "best_rank": min(cand.ranks.values())})
         stats = {"input_rows": len(queries), "accepted": len(rows), "per_expert_candidates": per_expert_counts,
-                 "union_candidates": len(rows)}
+                 "union_candidates": len(rows), "embedded": sum(c.embedded for c in caches)}
         return Work.one({"candidates": pa.Table.from_pylist(rows, schema=CANDIDATES)}, stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
@@ -413,17 +425,20 @@ class Evaluate(Stage):
     def lineage(self, run: StageRun) -> Lineage:
         check_files = [resolve_location(f) for f in run.section("evaluation").check_sets]
         run.prepared["check_files"] = check_files
-        return Lineage(models={"experts": [spec_lineage(s) for s in run.models.experts]},
+        return Lineage(models={"experts": [run.registry().lineage(s) for s in run.models.experts]},
                        extra={"check_sets": [sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files]})
 
     def _score(self, run: StageRun, bench: str, labels: str, queries: list[dict], gallery: list[dict],
-               images: list[np.ndarray], qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
+               images: Callable[[list[int]], list[np.ndarray]], qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
+        """Every expert's metrics on one benchmark; gallery images come through the expert's
+        embedding cache (``gallery[i]["key"]``: the image's content hash), decoded only on a miss."""
         registry = run.registry()
         rows = []
-        for spec in run.models.experts:
+        keys = [g["key"] for g in gallery]
+        for spec, cache in zip(run.models.experts, run.prepared["caches"], strict=True):
             expert = registry.expert(spec)
             res = evaluate_expert(expert.encode_text([q["text"] for q in queries]), [q["domain"] for q in queries],
-                                  [q["query_id"] for q in queries], expert.encode_image(images),
+                                  [q["query_id"] for q in queries], cache.embed(keys, images),
                                   [g["domain"] for g in gallery], [g["image_id"] for g in gallery], qrels)
             for domain, metrics in res.items():
                 n = int(metrics.pop("queries"))
@@ -440,23 +455,27 @@ class Evaluate(Stage):
             if r["verified"] and r["relevant"]:
                 verified.setdefault(r["query_id"], set()).add(r["image_id"])
         pending = sum(not r["verified"] for r in qrels_rows)
+        run.prepared["caches"] = caches = expert_caches(run)
         if verified:
             queries = run.input("benchmark/queries").rows(["query_id", "domain", "text"])
             gallery = run.input("benchmark/gallery").rows(["image_id", "domain", "image_bytes"])
+            for g in gallery:
+                g["key"] = g["image_id"]
             rows += self._score(run, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
-                                [decode_rgb(g["image_bytes"]) for g in gallery], verified)
+                                lambda pos: [decode_rgb(gallery[p]["image_bytes"]) for p in pos], verified)
         for path in run.prepared["check_files"]:
             check = load_check_set(resolve_location(evaluation.check_set_pool), Path(path))
             data = load_check_yaml(Path(path))
             queries = [{"query_id": q["id"], "domain": q["domain"], "text": q["text"]} for q in data["queries"]]
-            gallery = [{"image_id": str(i), "domain": d} for i, d in enumerate(check.gallery_domains)]
+            gallery = [{"image_id": str(i), "domain": d, "key": key}
+                       for i, (d, key) in enumerate(zip(check.gallery_domains, check.gallery_ids or [], strict=True))]
             qrels = {q["query_id"]: {str(i) for i, ident in enumerate(check.gallery_identities) if ident in rel}
                      for q, rel in zip(queries, check.relevant, strict=True)}
             rows += self._score(run, f"check-set:{data.get('name', Path(path).stem)}", "verified", queries, gallery,
-                                check.gallery_images, qrels)
+                                lambda pos, check=check: [check.gallery_images[p] for p in pos], qrels)
         return Work.one({"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)},
                         {"input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
-                         "verified_queries": len(verified)})
+                         "verified_queries": len(verified), "embedded": sum(c.embedded for c in caches)})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         out = run.output_artifact("evaluation")

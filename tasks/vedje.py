@@ -104,7 +104,7 @@ class VedjeFeatures(Stage):
         items, upstream = _source(run.ctx)
         backbone, stage1 = _backbone_spec(run.ctx), _stage1_spec(run.ctx)
         run.prepared.update(items=items, backbone=backbone, stage1=stage1)
-        return Lineage(models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)},
+        return Lineage(models={"backbone": spec_lineage(backbone), "stage1": run.registry().lineage(stage1)},
                        extra={"source": [a.manifest().fingerprint for a in upstream]}, upstream=upstream)
 
     def run(self, run: StageRun) -> Work:
@@ -252,7 +252,7 @@ class IndexCache(Stage):
         items, upstream = _source(run.ctx)
         backbone, stage1 = _backbone_spec(run.ctx), _stage1_spec(run.ctx)
         run.prepared.update(model=model, lineage=lineage, items=items, backbone=backbone, stage1=stage1)
-        return Lineage(models={"backbone": spec_lineage(backbone), "stage1": spec_lineage(stage1)},
+        return Lineage(models={"backbone": spec_lineage(backbone), "stage1": run.registry().lineage(stage1)},
                        extra={"source": [a.manifest().fingerprint for a in upstream], "cache_lineage": lineage},
                        upstream=upstream)
 
@@ -317,7 +317,7 @@ class Rerank(Stage):
         cache = CacheIndex(idx_ctx.artifact_url("cache"), meta["cache_lineage"])
         index_art = Artifact(idx_ctx.artifact_url("stage1_index"))
         indexed_with = index_art.manifest().models.get("stage1")
-        if indexed_with != spec_lineage(_stage1_spec(ctx)):
+        if indexed_with != run.registry().lineage(_stage1_spec(ctx)):
             raise ValueError(f"the stage-1 index at {index_art.url} was built with another stage-1 expert "
                              f"({(indexed_with or {}).get('model_id')!r}, profile now "
                              f"{_stage1_spec(ctx).model_id!r}): run `rde index-cache` again")

@@ -375,3 +375,23 @@ def test_production_ids_fail_fast_offline_with_a_hint() -> None:
 def test_unknown_backend_is_a_profile_error() -> None:
     with pytest.raises(ProfileError, match=r"models\.experts\[0\]\.backend 'clip-magic'"):
         load_profile("demo", {"models": {"experts": [{"backend": "clip-magic", "model_id": "x"}]}})
+
+
+def test_a_composed_backends_lineage_names_the_parts_it_is_built_from() -> None:
+    """The semantic-bridge and attribute experts and the grounded captioner run the profile's
+    detector: its threshold is in their lineage (and so in MECF's, evaluate's and caption-pool's
+    keys); a speed-only field (memo_items) is not; a plain backend has no parts."""
+    models = load_profile("demo").models
+    bridge, attributes = models.experts
+    base = ModelRegistry(models)
+    stricter = ModelRegistry(models.model_copy(update={"detector": models.detector.model_copy(
+        update={"score_threshold": 0.7})}))
+    roomier = ModelRegistry(models.model_copy(update={"detector": models.detector.model_copy(
+        update={"memo_items": 16})}))
+    for spec in (bridge, attributes, models.generators[0]):
+        assert base.lineage(spec)["parts"]["detector"]["score_threshold"] == 0.5
+        assert stricter.lineage(spec) != base.lineage(spec) and roomier.lineage(spec) == base.lineage(spec)
+    assert set(base.lineage(bridge)["parts"]) == {"image_embedder", "detector", "text_encoder"}
+    assert set(base.lineage(attributes)["parts"]) == {"detector"}
+    llm = ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct")
+    assert "parts" not in base.lineage(llm)

@@ -45,3 +45,39 @@ def test_other_preprocessing_is_another_cache(tmp_path: Path) -> None:
     EmbeddingCache(str(tmp_path), b).embed(["x"], lambda pos: images)
     assert a.calls == 1 and b.calls == 1
     assert EmbeddingCache(str(tmp_path), a).url != EmbeddingCache(str(tmp_path), b).url
+
+
+class CountingExpert:
+    """A text-image expert whose image side counts the images it encodes."""
+
+    model_id, preprocessing, dim = "counting-expert", "p1", 3
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def encode_text(self, texts: list[str]) -> np.ndarray:
+        return np.ones((len(texts), self.dim), np.float32)
+
+    def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
+        self.calls += len(images)
+        return np.stack([np.full(self.dim, float(im.mean()), np.float32) for im in images])
+
+
+def test_an_experts_image_side_is_cached_per_lineage(tmp_path: Path) -> None:
+    from rde.common.embedding_cache import ExpertImages
+
+    images, ids = _images([4, 5]), ["a", "b"]
+    expert = CountingExpert()
+    lineage = {"backend": "attributes", "parts": {"detector": {"score_threshold": 0.5}}}
+    load = lambda pos: [images[p] for p in pos]  # noqa: E731
+    first = EmbeddingCache(str(tmp_path), ExpertImages(expert, lineage)).embed(ids, load)
+    again = EmbeddingCache(str(tmp_path), ExpertImages(expert, lineage))
+    assert np.array_equal(again.embed(ids, load), first)
+    assert expert.calls == 2 and again.embedded == 0 and first[:, 0].tolist() == [4, 5]
+    # another detector threshold is another cache: the expert encodes again
+    stricter = {**lineage, "parts": {"detector": {"score_threshold": 0.7}}}
+    other = EmbeddingCache(str(tmp_path), ExpertImages(expert, stricter))
+    other.embed(ids, load)
+    assert other.url != again.url and other.embedded == 2 and expert.calls == 4
+    # an image embedder's identity (no lineage) is what it was: the CGDS cache keeps its key
+    assert "lineage" not in EmbeddingCache(str(tmp_path), CountingEmbedder()).identity

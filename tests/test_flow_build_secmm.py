@@ -226,6 +226,10 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     assert set(qrels[qrels.verified].annotator) == {"tester"}
     ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
     assert (ev.benchmark == "build-secmm/demo").any() and set(ev.labels) == {"verified"}
+    # the re-evaluation read every gallery and check-set vector from the experts' caches; MECF had
+    # encoded each gallery image once per expert, and nothing since
+    assert Artifact(arts["evaluate.evaluation"]["url"]).manifest().stats["embedded"] == 0
+    assert Artifact(arts["mecf.candidates"]["url"]).manifest().stats["embedded"] == 2 * len(gallery)
     # per-stage versions: bumping CGDS's reruns CGDS and what reads its gallery, nothing upstream
     monkeypatch.setattr(secmm_tasks.Cgds, "version", secmm_tasks.Cgds.version + "-test")
     bumped = _stages(build_secmm(profile="demo", output_root=out))

@@ -142,17 +142,34 @@ class ModelRegistry:
             base = BUNDLED_IMAGE_EMBEDDER
         return base.model_copy(update={"batch_size": batch_size})
 
+    def _part_specs(self, spec: ModelSpec) -> dict[str, ModelSpec | DetectorSpec]:
+        """What a composed backend is built from: the semantic bridge from the bundled embedder, the
+        detector and the text encoder; the attribute expert from the detector; the grounded captioner
+        from the bundled embedder and the detector. Other backends: nothing."""
+        if spec.backend == "semantic-bridge":
+            return {"image_embedder": self._bundled_embedder_spec(spec.batch_size), "detector": self.models.detector,
+                    "text_encoder": self.models.text_encoder or BUNDLED_TEXT_ENCODER}
+        if spec.backend == "attributes":
+            return {"detector": self.models.detector}
+        if spec.backend == "grounded":
+            return {"image_embedder": self._bundled_embedder_spec("auto"), "detector": self.models.detector}
+        return {}
+
     def _parts(self, spec: ModelSpec) -> tuple[str, ...]:
         """The specs a composed backend is built from (see ``_cached``)."""
-        detector = self.models.detector.model_dump_json()
-        if spec.backend == "semantic-bridge":
-            return (self._bundled_embedder_spec(spec.batch_size).cache_key(), detector,
-                    (self.models.text_encoder or BUNDLED_TEXT_ENCODER).cache_key())
-        if spec.backend == "attributes":
-            return (detector,)
-        if spec.backend == "grounded":
-            return (self._bundled_embedder_spec("auto").cache_key(), detector)
-        return ()
+        return tuple(p.model_dump_json() if isinstance(p, DetectorSpec) else p.cache_key()
+                     for p in self._part_specs(spec).values())
+
+    def lineage(self, spec: ModelSpec) -> dict[str, Any]:
+        """``spec_lineage`` of a backend with the lineage of the parts it is composed of (``parts``):
+        the detector's threshold changes what the semantic-bridge and attribute experts encode and
+        what the grounded captioner states, so it is part of the keys of the stages that use them."""
+        out = spec_lineage(spec)
+        parts = self._part_specs(spec)
+        if parts:
+            out["parts"] = {name: detector_lineage(p) if isinstance(p, DetectorSpec) else spec_lineage(p)
+                            for name, p in parts.items()}
+        return out
 
     def expert(self, spec: ModelSpec) -> TextImageExpert:
         def build() -> TextImageExpert:

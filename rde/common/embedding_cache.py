@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from models.backends.interfaces import ImageEmbedder
+from models.backends.interfaces import ImageEmbedder, TextImageExpert
 from storage import Artifact, ArtifactWriter
 from storage.filesystem import join
 from storage.hashing import sha256_json
@@ -26,8 +26,30 @@ _locks_guard = threading.Lock()
 
 def embedder_identity(embedder: ImageEmbedder) -> dict[str, object]:
     spec = getattr(embedder, "spec", None)
-    return {"model_id": embedder.model_id, "revision": getattr(spec, "revision", None),
-            "preprocessing": embedder.preprocessing, "dim": int(embedder.dim)}
+    identity: dict[str, object] = {"model_id": embedder.model_id, "revision": getattr(spec, "revision", None),
+                                   "preprocessing": embedder.preprocessing, "dim": int(embedder.dim)}
+    lineage = getattr(embedder, "lineage", None)
+    if lineage is not None:
+        identity["lineage"] = lineage
+    return identity
+
+
+class ExpertImages:
+    """A retrieval expert's image side as an ``ImageEmbedder``, so its gallery vectors are cached
+    like any embedding: MECF and the evaluation encode the same gallery, and an evaluation rerun
+    (after a label import) or a check set met before costs a lookup, not a detector pass.
+    ``lineage``: the expert's spec with the parts it is built from (``ModelRegistry.lineage``);
+    it enters the cache key, so another detector threshold is another cache."""
+
+    def __init__(self, expert: TextImageExpert, lineage: dict[str, object]) -> None:
+        self.expert = expert
+        self.model_id = f"expert:{expert.model_id}"
+        self.dim = int(expert.dim)
+        self.preprocessing = expert.preprocessing
+        self.lineage = lineage
+
+    def embed(self, images: list[np.ndarray]) -> np.ndarray:
+        return self.expert.encode_image(images)
 
 
 class EmbeddingCache:

@@ -18,6 +18,7 @@ from rde.common.image_decoding import decode_rgb
 from rde.common.metrics import mean_ap_at_k
 from rde.common.topk import topk_exact
 from storage import Artifact
+from storage.hashing import sha256_bytes
 from storage.locations import project_root
 
 
@@ -28,6 +29,7 @@ class CheckSet:
     gallery_images: list[np.ndarray]
     gallery_identities: list[str]
     gallery_domains: list[str]
+    gallery_ids: list[str] | None = None  # content hashes of the images (image_id), where known
 
 
 def load_check_yaml(path: Path | None = None) -> dict:
@@ -41,7 +43,7 @@ def load_check_set(pool_url: str | None = None, queries_file: Path | None = None
     crops = [r for r in table if r["variant"] == "crop" and r["identity"] not in junk]
     return CheckSet([q["text"] for q in data["queries"]], [set(q["relevant_identities"]) for q in data["queries"]],
                     [decode_rgb(r["image_bytes"]) for r in crops], [r["identity"] for r in crops],
-                    [r["domain"] for r in crops])
+                    [r["domain"] for r in crops], [sha256_bytes(r["image_bytes"]) for r in crops])
 
 
 def relevance_lists(check: CheckSet, ranked: np.ndarray) -> tuple[list[list[bool]], list[int]]:
