@@ -17,11 +17,10 @@ os.environ["RDE_STATE_DIR"] = str(_STATE)
 os.environ["RDE_AUTO_BATCH_CACHE"] = str(_STATE / "auto_batch.json")
 for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "YOLO_CONFIG_DIR"):
     os.environ.pop(_key, None)
-# under pytest-xdist (``make test``: two workers on this machine's two cores) each worker process,
-# and every CLI process a test starts, computes on one thread: two workers with a thread per core
-# each would oversubscribe the cores and stall torch's thread pool
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Workers keep torch's default thread count: with one thread per worker the float sums differ
+# slightly, SmolLM2 then decodes other tokens for the same facts, and the largefine module's run
+# has no QA-tier reject for its summary test to list (measured: it fails serially too under
+# OMP_NUM_THREADS=1). The suite's model outputs are those of a plain run on this machine.
 
 from rde.common.runtime import configure_prefect_env  # noqa: E402
 
