@@ -428,14 +428,14 @@ class Evaluate(Stage):
         return Lineage(models={"experts": [run.registry().lineage(s) for s in run.models.experts]},
                        extra={"check_sets": [sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files]})
 
-    def _score(self, run: StageRun, bench: str, labels: str, queries: list[dict], gallery: list[dict],
-               images: Callable[[list[int]], list[np.ndarray]], qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
+    def _score(self, run: StageRun, caches: list[EmbeddingCache], bench: str, labels: str, queries: list[dict],
+               gallery: list[dict], keys: list[str], images: Callable[[list[int]], list[np.ndarray]],
+               qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
         """Every expert's metrics on one benchmark; gallery images come through the expert's
-        embedding cache (``gallery[i]["key"]``: the image's content hash), decoded only on a miss."""
+        embedding cache under ``keys`` (their content hashes), decoded only on a miss."""
         registry = run.registry()
         rows = []
-        keys = [g["key"] for g in gallery]
-        for spec, cache in zip(run.models.experts, run.prepared["caches"], strict=True):
+        for spec, cache in zip(run.models.experts, caches, strict=True):
             expert = registry.expert(spec)
             res = evaluate_expert(expert.encode_text([q["text"] for q in queries]), [q["domain"] for q in queries],
                                   [q["query_id"] for q in queries], cache.embed(keys, images),
@@ -455,23 +455,23 @@ class Evaluate(Stage):
             if r["verified"] and r["relevant"]:
                 verified.setdefault(r["query_id"], set()).add(r["image_id"])
         pending = sum(not r["verified"] for r in qrels_rows)
-        run.prepared["caches"] = caches = expert_caches(run)
+        caches = expert_caches(run)
         if verified:
             queries = run.input("benchmark/queries").rows(["query_id", "domain", "text"])
             gallery = run.input("benchmark/gallery").rows(["image_id", "domain", "image_bytes"])
-            for g in gallery:
-                g["key"] = g["image_id"]
-            rows += self._score(run, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
+            rows += self._score(run, caches, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
+                                [g["image_id"] for g in gallery],
                                 lambda pos: [decode_rgb(gallery[p]["image_bytes"]) for p in pos], verified)
         for path in run.prepared["check_files"]:
             check = load_check_set(resolve_location(evaluation.check_set_pool), Path(path))
             data = load_check_yaml(Path(path))
             queries = [{"query_id": q["id"], "domain": q["domain"], "text": q["text"]} for q in data["queries"]]
-            gallery = [{"image_id": str(i), "domain": d, "key": key}
-                       for i, (d, key) in enumerate(zip(check.gallery_domains, check.gallery_ids or [], strict=True))]
+            gallery = [{"image_id": str(i), "domain": d} for i, d in enumerate(check.gallery_domains)]
             qrels = {q["query_id"]: {str(i) for i, ident in enumerate(check.gallery_identities) if ident in rel}
                      for q, rel in zip(queries, check.relevant, strict=True)}
-            rows += self._score(run, f"check-set:{data.get('name', Path(path).stem)}", "verified", queries, gallery,
+            assert check.gallery_ids is not None  # load_check_set hashes every crop it reads
+            rows += self._score(run, caches, f"check-set:{data.get('name', Path(path).stem)}", "verified", queries,
+                                gallery, check.gallery_ids,
                                 lambda pos, check=check: [check.gallery_images[p] for p in pos], qrels)
         return Work.one({"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)},
                         {"input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
