@@ -17,6 +17,12 @@ os.environ["RDE_STATE_DIR"] = str(_STATE)
 os.environ["RDE_AUTO_BATCH_CACHE"] = str(_STATE / "auto_batch.json")
 for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "YOLO_CONFIG_DIR"):
     os.environ.pop(_key, None)
+# Threads of torch's OpenMP pool sleep while they wait instead of spinning (libgomp spins by
+# default). The suite's workers and the processes they start share two cores; spinning threads burn
+# the CPU another worker needs (measured: 3 concurrent EfficientNet loops use 25 % less CPU time and
+# wall time under PASSIVE), and the results are bit-identical (the thread count is unchanged).
+# Inherited by every subprocess the tests start (CLI runs, stack servers, workers, flow runs).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Workers keep torch's default thread count: with one thread per worker the float sums differ
 # slightly, SmolLM2 then decodes other tokens for the same facts, and the largefine module's run
 # has no QA-tier reject for its summary test to list (measured: it fails serially too under
@@ -73,6 +79,19 @@ def prefect_server(request: pytest.FixtureRequest):
         yield True
 
 
+@pytest.fixture(scope="session")
+def shared_server_env(prefect_server) -> dict[str, str]:
+    """The environment for a CLI subprocess that runs its flow against this session's Prefect server.
+    Without ``PREFECT_API_URL`` each such process starts an ephemeral server of its own: 12-20 CPU
+    seconds (migrations on a new state folder), measured, for each of the suite's CLI runs. The
+    tty progress test keeps that default path (``make demo``'s)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert prefect_server and url, "the session's Prefect server is not up"
+    return {**os.environ, "PREFECT_API_URL": str(url)}
+
+
 # Two sharp single-person crops of the demo pool (checked: SSD finds exactly one person in each,
 # score > 0.95, and two when they stand side by side on a canvas).
 PERSON_A = "vtest.avi:crop:00333"
@@ -93,19 +112,41 @@ def person_crop(pool_rows: dict[str, dict]):
     return decode_rgb(pool_rows[PERSON_A]["image_bytes"])
 
 
+def _pool_slice(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str, name: str, step: int, count: int,
+                shard_rows: int) -> str:
+    """Every ``step``-th row of the demo pool, ``count`` rows, written as a pool artifact of
+    ``shard_rows``-row shards (crops and filter exercises alike)."""
+    import pyarrow as pa
+
+    from storage import Artifact, ArtifactWriter
+    from storage.schemas import POOL
+
+    rows = Artifact(demo_pool_url).rows()[::step][:count]
+    url = str(tmp_path_factory.mktemp(name) / "pool")
+    writer = ArtifactWriter(url, "pool", POOL, name)
+    writer.begin()
+    shards = [writer.write_shard(i, pa.Table.from_pylist(rows[at:at + shard_rows], schema=POOL))
+              for i, at in enumerate(range(0, len(rows), shard_rows))]
+    writer.finalize(shards, code_version="test")
+    return url
+
+
 @pytest.fixture(scope="session")
 def small_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) -> str:
     """A 96-image slice of the demo pool (every 7th row: crops and filter exercises), written as a
     pool artifact of six 16-row shards, for end-to-end tests that need a real run but not all 750."""
-    from storage import Artifact, ArtifactWriter
-    from storage.schemas import POOL
+    return _pool_slice(tmp_path_factory, demo_pool_url, "small-pool", 7, 96, 16)
 
-    rows = Artifact(demo_pool_url).rows()[::7][:96]
-    url = str(tmp_path_factory.mktemp("small-pool") / "pool")
-    writer = ArtifactWriter(url, "pool", POOL, "small-pool")
-    writer.begin()
-    import pyarrow as pa
 
-    shards = [writer.write_shard(i, pa.Table.from_pylist(rows[i * 16:(i + 1) * 16], schema=POOL)) for i in range(6)]
-    writer.finalize(shards, code_version="test")
-    return url
+@pytest.fixture(scope="session")
+def tiny_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) -> str:
+    """The small pool's first 24 images (two 12-row shards): for runs whose subject is the path
+    (a deployment through a worker), not the pool; a quarter of the small pool's measuring."""
+    return _pool_slice(tmp_path_factory, demo_pool_url, "tiny-pool", 7, 24, 12)
+
+
+@pytest.fixture(scope="session")
+def outage_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) -> str:
+    """240 images (every 3rd row of the demo pool): enough measuring in 8-image shards that a run
+    is still mid-stage when the server is stopped, at 30 % of measuring the whole pool."""
+    return _pool_slice(tmp_path_factory, demo_pool_url, "outage-pool", 3, 240, 16)

@@ -20,11 +20,11 @@ def api(cfg: StackConfig, path: str, body: dict) -> list[dict]:
     return response.json()
 
 
-def run_build_secmm(cfg: StackConfig, out: Path, small_pool_url: str) -> tuple[dict, list[dict], float]:
+def run_build_secmm(cfg: StackConfig, out: Path, pool_url: str) -> tuple[dict, list[dict], float]:
     """``prefect deployment run 'build-secmm/demo'`` through the cpu worker up to denoise; the flow
     run, its artifacts (read back over the API) and the seconds it took."""
     params = {"until": "denoise", "output_root": str(out),
-              "overrides": {"input": {"kind": "pool", "path": small_pool_url}, "ingest": {"shard_size": 16}}}
+              "overrides": {"input": {"kind": "pool", "path": pool_url}, "ingest": {"shard_size": 16}}}
     start = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "build-secmm/demo",
                           "--params", json.dumps(params), "--watch",

@@ -89,7 +89,8 @@ def _in_terminal(args: list[str], timeout: float = 600) -> str:
 
 
 @pytest.mark.slow
-def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, small_pool_url: str) -> None:
+def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, small_pool_url: str,
+                                                            shared_server_env: dict[str, str]) -> None:
     """One line per running stage that advances (shards done of total) and finishes, with log lines
     above it; the same run piped prints no progress at all."""
     import re
@@ -103,7 +104,7 @@ def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, sma
     # not print is the same for every stage, and the models' minute is spent once, above
     piped_args = [*args[:args.index("--until")], "--until", "ingest", *args[args.index("--until") + 2:]]
     piped = subprocess.run([sys.executable, "-m", "rde.entry.cli", *piped_args, "--output", str(tmp_path / "pipe")],
-                           capture_output=True, text=True, cwd=ROOT, timeout=600)
+                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=shared_server_env)
     assert piped.returncode == 0, piped.stderr[-3000:]
     assert "inputs 96 = accepted" in piped.stdout and "Finished in state Completed()" in piped.stderr
     noise = re.findall(r"━\s*\d+/\d+ shards|\x1b\[\?25l|~\d+:\d\d left", piped.stdout + piped.stderr)

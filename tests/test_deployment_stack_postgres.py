@@ -58,13 +58,13 @@ def _postgres_rows(cfg: StackConfig, sql: str, *args: object) -> list:
 
 
 def test_postgres_stack_runs_the_build_secmm_deployment(pg_stack: StackConfig, tmp_path: Path,
-                                                        small_pool_url: str, test_artifacts_dir: Path) -> None:
+                                                        tiny_pool_url: str, test_artifacts_dir: Path) -> None:
     """``rde stack up --postgres``: the server's rows are in the stack's own PostgreSQL (loopback
     only), the deployment runs through the worker, and the password is in no log or state file."""
     pg = pg_stack.local_postgres()
     assert pg.running() and pg_stack.database_url == pg.url
     assert status(pg_stack)["processes"]["postgres"] and status(pg_stack)["database"] == "postgres (stack)"
-    flow_run, artifacts, elapsed = run_build_secmm(pg_stack, tmp_path / "out", small_pool_url)
+    flow_run, artifacts, elapsed = run_build_secmm(pg_stack, tmp_path / "out", tiny_pool_url)
     [row] = _postgres_rows(pg_stack, "SELECT state_type FROM flow_run WHERE id = $1::uuid", flow_run["id"])
     assert row["state_type"] == "COMPLETED"
     assert _postgres_rows(pg_stack, "SELECT count(*) AS n FROM artifact WHERE flow_run_id = $1::uuid",

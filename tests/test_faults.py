@@ -153,9 +153,9 @@ def test_failing_generator_calls_are_retried_then_recorded(tmp_path: Path, small
 # -- a killed run ------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_sigkill_mid_stage_then_rerun_completes_without_duplicates(tmp_path: Path, small_pool_url: str) -> None:
-    env = {**os.environ, "RDE_STATE_DIR": str(tmp_path / "state")}
-    env.pop("PREFECT_API_URL", None)
+def test_sigkill_mid_stage_then_rerun_completes_without_duplicates(tmp_path: Path, small_pool_url: str,
+                                                                   shared_server_env: dict[str, str]) -> None:
+    env = {**shared_server_env, "RDE_STATE_DIR": str(tmp_path / "state")}
     out = tmp_path / "out"
     cmd = [str(ROOT / ".venv" / "bin" / "rde") if (ROOT / ".venv" / "bin" / "rde").exists() else "rde",
            "build-secmm", "--until", "denoise", "--output", str(out), "--json", "--input", small_pool_url,

@@ -137,21 +137,29 @@ def test_every_artifact_opens_with_pandas_pyarrow_and_datasets(offline_run: tupl
     assert ds.num_rows == Artifact(str(run_folder / "largefine")).count_rows()
 
 
-def test_summary_lists_every_stages_reject_reasons(offline_run: tuple[str, dict, dict]) -> None:
-    """Issue 18.3: caption, template and selection rejects appear next to the denoise ones, each once."""
-    out, summary, _ = offline_run
-    root = Path(out, "build-largefine", "demo")
+def _assert_summary_lists_rejects(root: Path, summary: dict, stages: tuple[str, ...]) -> None:
+    """The summary lists each non-pool stage's rejects once, counted as in its rejects artifact
+    (read here, independently of the summary); each stage of ``stages`` has some."""
     expected: dict[str, int] = {}
     for name, stage in (("tier12_rejects", "qa-tiers"), ("adv_rejects", "adv-tier"),
                         ("select_rejects", "hard-negatives"), ("template_rejects", "template-gallery")):
         for row in Artifact(str(root / name)).rows(["reason"]):
             expected[f"{stage}:{row['reason']}"] = expected.get(f"{stage}:{row['reason']}", 0) + 1
-    assert any(k.startswith("hard-negatives:") for k in expected) and any(k.startswith("qa-tiers:") for k in expected)
+    assert all(any(k.startswith(f"{stage}:") for k in expected) for stage in stages), (stages, expected)
     listed = {k: v for k, v in summary["rejected"].items() if not k.startswith(("ingest:", "denoise:"))}
     assert listed == expected
     assert sum(summary["rejected"].values()) - sum(expected.values()) == summary["total_rejected"]
     markdown = summary_markdown(summary)
     assert all(f"| {key} | {count} |" in markdown for key, count in expected.items())
+
+
+def test_summary_lists_every_stages_reject_reasons(offline_run: tuple[str, dict, dict]) -> None:
+    """Issue 18.3: caption, template and selection rejects appear next to the denoise ones, each once.
+    Which caption tiers SmolLM2 fails here depends on its decoded tokens (thread count, measured batch
+    sizes), so this run is only required to have selection rejects (6 of 96 images are chosen); the
+    transformers run below, whose random weights fail every tier, requires the tiers' rejects."""
+    out, summary, _ = offline_run
+    _assert_summary_lists_rejects(Path(out, "build-largefine", "demo"), summary, ("hard-negatives",))
 
 
 def test_a_missing_concurrency_limit_is_reported_once_per_run(run_logs: list[str],
@@ -194,6 +202,7 @@ def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path, small_po
     # random weights write random tokens: every tier is rejected, each with a reason, none lost
     assert {r["reason"] for r in rejects} <= {"malformed_qa", "too_short", "too_long", "malformed_output",
                                               "repetitive", "missing_tier_input"}
+    _assert_summary_lists_rejects(root, summary, ("hard-negatives", "qa-tiers", "adv-tier"))
     neighbours = Artifact(str(root / "neighbours")).rows()
     assert {r["generator_index"] for r in neighbours} <= {0, 1}
     assert Artifact(str(root / "tier12_captions")).manifest().models["generators"][0]["model_id"] == tiny

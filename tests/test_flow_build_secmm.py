@@ -20,6 +20,11 @@ from tasks import secmm as secmm_tasks
 
 pytestmark = pytest.mark.slow
 
+# The whole-flow test's generation budget: half the demo's captioned images and DAP rounds. The same
+# stages and code paths run; what halves is SmolLM2's work (the demo's 150 s caption pool and 73 s
+# DAP on this machine), which decides the suite's length. `make demo` keeps the profile's values.
+GENERATION = {"queries": {"caption_sample_per_domain": 40, "max_rounds": 5}}
+
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
@@ -144,7 +149,7 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     import pyarrow.dataset as pads
 
     out = demo_run[0]
-    summary = build_secmm(profile="demo", output_root=out)
+    summary = build_secmm(profile="demo", output_root=out, overrides=GENERATION)
     stages = _stages(summary)
     assert list(stages) == ["ingest", "measure", "denoise", "caption-pool", "caption-stats", "dap", "cgds", "mecf",
                             "export", "evaluate"]
@@ -203,7 +208,7 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     tasks = json.loads((review / "label_studio_tasks.json").read_text())
     assert len(tasks) == len(cands) and Path(tasks[0]["data"]["image"].split("?d=")[1]).exists()
     # rerun: everything skipped
-    again = build_secmm(profile="demo", output_root=out)
+    again = build_secmm(profile="demo", output_root=out, overrides=GENERATION)
     assert all(s["skipped"] for s in again["stages"])
     # a person reviews five candidates (a decisions file edited by hand) and imports them
     first = cands.head(5)
@@ -219,7 +224,7 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     bad.write_text(json.dumps({"decisions": [{"query_id": "nope", "image_id": "x", "decision": "accept"}]}))
     refused = CliRunner().invoke(app, ["labels", "import", str(bad), "--output", out, "--no-rebuild"])
     assert refused.exit_code == 2 and "not candidates of this benchmark" in refused.output
-    rebuilt = _stages(build_secmm(profile="demo", output_root=out))
+    rebuilt = _stages(build_secmm(profile="demo", output_root=out, overrides=GENERATION))
     assert rebuilt["mecf"]["skipped"] and not rebuilt["export"]["skipped"] and not rebuilt["evaluate"]["skipped"]
     qrels = Artifact(str(bench / "qrels")).to_pandas()
     assert qrels.verified.sum() == 5 and qrels[qrels.verified].relevant.sum() == 3
@@ -232,7 +237,7 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     assert Artifact(arts["mecf.candidates"]["url"]).manifest().stats["embedded"] == 2 * len(gallery)
     # per-stage versions: bumping CGDS's reruns CGDS and what reads its gallery, nothing upstream
     monkeypatch.setattr(secmm_tasks.Cgds, "version", secmm_tasks.Cgds.version + "-test")
-    bumped = _stages(build_secmm(profile="demo", output_root=out))
+    bumped = _stages(build_secmm(profile="demo", output_root=out, overrides=GENERATION))
     assert [name for name, s in bumped.items() if not s["skipped"]] == ["cgds", "mecf", "export", "evaluate"]
 
 

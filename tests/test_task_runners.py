@@ -4,7 +4,6 @@ executed by a local cluster of worker processes, with the same accounting."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -29,15 +28,16 @@ def test_runner_is_chosen_by_environment(monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_build_secmm_on_a_local_dask_cluster(tmp_path: Path, small_pool_url: str) -> None:
-    env = {**os.environ, "RDE_TASK_RUNNER": "dask", "RDE_TASK_WORKERS": "2", "RDE_STATE_DIR": str(tmp_path / "s")}
-    env.pop("PREFECT_API_URL", None)
+def test_build_secmm_on_a_local_dask_cluster(tmp_path: Path, tiny_pool_url: str,
+                                             shared_server_env: dict[str, str]) -> None:
+    env = {**shared_server_env, "RDE_TASK_RUNNER": "dask", "RDE_TASK_WORKERS": "2",
+           "RDE_STATE_DIR": str(tmp_path / "s")}
     rde = ROOT / ".venv" / "bin" / "rde"
     done = subprocess.run([str(rde) if rde.exists() else "rde", "build-secmm", "--until", "denoise", "--input",
-                           small_pool_url, "--set", "ingest.shard_size=16", "--output", str(tmp_path / "out"),
+                           tiny_pool_url, "--set", "ingest.shard_size=4", "--output", str(tmp_path / "out"),
                            "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     summary = json.loads(done.stdout[done.stdout.index("{"):])
-    assert summary["balanced"] and summary["inputs"] == 96
+    assert summary["balanced"] and summary["inputs"] == 24
     assert {s["stage"]: s["shards"] for s in summary["stages"]}["measure"] == 6
     assert "distributed.scheduler" in done.stdout + done.stderr  # the shards went through a Dask cluster
