@@ -41,9 +41,9 @@ TEST_ARTIFACTS = ROOT / "test-artifacts"  # screenshots and reports kept by test
 # Modules in the order their measured cost says to start them (seconds in one process,
 # 2026-12-01), so under ``make test`` (pytest-xdist ``--dist loadfile --no-loadscope-reorder``: a
 # module runs whole on one worker, in its written order, with its module fixtures) the long ones
-# do not end up last: the demo build (~280 s, the longest chain), the SQLite stack (~450 s, half of
-# it waiting out a server outage), the PostgreSQL stack (~120), then the CLI, Dask, faults and the
-# other flows (40-80 each); the rest keep their collection order.
+# do not end up last. CPU seconds of each module under ``make test`` (three workers, 2026-12-01):
+# the demo build 398 (the longest chain), the SQLite stack 318, the PostgreSQL stack 157, the VEDJE
+# and largefine flows 113 and 104, the CLI 87, Dask 44, then the rest; they keep collection order.
 LONG_FIRST = ("test_flow_build_secmm", "test_deployment_stack", "test_deployment_stack_postgres", "test_task_runners",
               "test_cli", "test_faults", "test_flow_vedje", "test_flow_build_largefine", "test_flow_training",
               "test_auto_batch", "test_lost_rows")
