@@ -56,7 +56,7 @@ class HardNegatives(Stage):
     writes = (Write("neighbours", "neighbours", NEIGHBOURS),
               Write("rejects", "rejects", REJECTS, folder="select_rejects", rejects=True))
     config = ("largefine.domains", "largefine.max_images", "largefine.neighbours_k", "largefine.seed",
-              "largefine.shard_size", "largefine.neighbour_index_above")
+              "largefine.shard_size", "largefine.neighbour_index_above", "largefine.neighbour_ann")
     resources = Resources(device="gpu", hold_slot=False, batch_size="models.image_embedder.batch_size")
     balance = True
 
@@ -84,7 +84,7 @@ class HardNegatives(Stage):
 
         vectors = cache.embed([r["image_id"] for r in chosen], load) if chosen else np.zeros((0, 1), np.float32)
         found = hard_negative_neighbours(vectors, [r["image_id"] for r in chosen], lf.neighbours_k, lf.seed,
-                                         lf.neighbour_index_above)
+                                         lf.neighbour_index_above, ann=lf.neighbour_ann)
         shard_of = {r["image_id"]: r["accepted_shard"] for r in chosen}
         n_gen = len(run.models.generators)
         out_rows = [{**{k: r[k] for k in ("image_id", "source", "domain", "identity", "accepted_shard")},

@@ -298,7 +298,7 @@ class Mecf(Stage):
                 qv = expert.encode_text([queries[i]["text"] for i in q_idx])
                 gv = cache.embed([gallery[i]["image_id"] for i in g_idx],
                                  lambda pos, g_idx=g_idx: [decode_rgb(gallery[g_idx[p]]["image_bytes"]) for p in pos])
-                per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above)
+                per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above, retrieval.ann)
                 per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
             for cand in mecf.union_candidates(per_expert):
                 names = sorted(cand.ranks)

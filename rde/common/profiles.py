@@ -91,11 +91,29 @@ class SamplingSpec(Strict):
         return self
 
 
+class AnnSpec(Strict):
+    """The approximate top-K index used above a gallery size (faiss IVF-Flat, inner product), and the
+    recall check that guards it: ``check_queries`` sampled queries are also searched exactly; below
+    ``min_recall`` (recall@K against exact) the search falls back to exact. Defaults measured in
+    benchmarks/ann_recall.py (recall@10 ≥ 0.99 on clustered 768-d embeddings at 100k)."""
+
+    nlist: int | None = Field(None, ge=1)  # inverted lists; None = 4·√N
+    nprobe: int = Field(32, ge=1)  # lists visited per query
+    train_per_list: int = Field(64, ge=1)  # training vectors per list (a seeded sample of the gallery)
+    # building the index costs ~30× an exact search of 200 queries at 100k (benchmarks/ann_recall.py):
+    # fewer queries than this (MECF's text queries) are searched exactly at any gallery size
+    min_queries: int = Field(5_000, ge=1)
+    check_queries: int = Field(64, ge=0)  # queries searched exactly too, to measure recall; 0 = no check
+    min_recall: float = Field(0.99, ge=0.0, le=1.0)
+    seed: int = 0
+
+
 class RetrievalSpec(Strict):
     """Multi-Expert Collaborative Filtering (paper Eq. 1): top-K per expert, union of candidates."""
 
     top_k: int = Field(1000, ge=1)
     index_above: int = Field(200_000, ge=1)  # gallery size above which an ANN index is used
+    ann: AnnSpec = Field(default_factory=AnnSpec)
 
 
 class QueriesSpec(Strict):
@@ -174,7 +192,8 @@ class LargeFineSpec(Strict):
     shard_size: int = Field(64, ge=1)  # images per captioning task
     max_images: int | None = Field(None, ge=1)  # cap on accepted images captioned (None = all)
     neighbours_k: int = Field(10, ge=1)  # hard negative drawn from the top-k nearest neighbours (Eq. 1)
-    neighbour_index_above: int = Field(100_000, ge=1)  # pool size above which a faiss index is searched
+    neighbour_index_above: int = Field(100_000, ge=1)  # pool size above which the ANN index is searched
+    neighbour_ann: AnnSpec = Field(default_factory=AnnSpec)
     seed: int = 0  # hard-negative draw, generator assignment, template choice
     temperature: float = Field(0.0, ge=0.0)
     qa_max_tokens: int = Field(256, ge=16)

@@ -1,15 +1,30 @@
 """Top-K by inner product (cosine for normalised vectors): exact in gallery blocks, or through a
-faiss index above a size threshold. Shared by MECF, hard negatives, evaluation and check sets."""
+faiss IVF index above a size threshold, its recall measured on a sample of queries against exact
+search on every call. Shared by MECF, hard negatives, evaluation and check sets."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 import numpy as np
 
+from rde.common.profiles import AnnSpec
 
-def topk_exact(queries: np.ndarray, gallery: np.ndarray, k: int, block: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k by inner product (cosine for normalised vectors), gallery scanned in blocks so
-    memory stays at (queries × block). Returns (indices, scores), each queries × k, best first;
-    ties broken by the lower gallery index."""
+logger = logging.getLogger(__name__)
+
+
+def topk_exact(queries: np.ndarray, gallery: np.ndarray, k: int, block: int = 65_536,
+               max_scores: int = 1 << 26) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k by inner product (cosine for normalised vectors), gallery scanned in blocks and
+    queries in chunks, so at most ``max_scores`` scores (256 MB of float32) are alive at once, for
+    any number of queries (every image of a pool asks, for hard negatives). Returns (indices,
+    scores), each queries × k, best first; ties broken by the lower gallery index."""
+    rows = max(1, max_scores // max(1, min(block, len(gallery))))
+    if len(queries) > rows:
+        parts = [topk_exact(queries[at:at + rows], gallery, k, block, max_scores)
+                 for at in range(0, len(queries), rows)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     k = min(k, len(gallery))
     n_q = len(queries)
     best_idx = np.zeros((n_q, 0), np.int64)
@@ -29,7 +44,7 @@ def topk_exact(queries: np.ndarray, gallery: np.ndarray, k: int, block: int = 65
 
 
 def topk_faiss(queries: np.ndarray, gallery: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k through a faiss flat inner-product index (used above ``retrieval.index_above`` items)."""
+    """Exact top-k through a faiss flat inner-product index (the reference in benchmarks)."""
     import faiss
 
     index = faiss.IndexFlatIP(gallery.shape[1])
@@ -38,5 +53,76 @@ def topk_faiss(queries: np.ndarray, gallery: np.ndarray, k: int) -> tuple[np.nda
     return idx.astype(np.int64), scores.astype(np.float32)
 
 
-def topk(queries: np.ndarray, gallery: np.ndarray, k: int, index_above: int) -> tuple[np.ndarray, np.ndarray]:
-    return topk_faiss(queries, gallery, k) if len(gallery) > index_above else topk_exact(queries, gallery, k)
+def topk_ivf(queries: np.ndarray, gallery: np.ndarray, k: int, params: AnnSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Approximate top-k through a faiss IVF-Flat inner-product index: ``nlist`` lists (default
+    4·√N) trained by k-means on a seeded sample of ``train_per_list`` vectors per list, ``nprobe``
+    lists visited per query. Missing results (a query whose lists hold fewer than k) are -1."""
+    import faiss
+
+    x = np.ascontiguousarray(gallery, dtype=np.float32)
+    nlist = min(len(x), params.nlist or max(1, round(4 * float(np.sqrt(len(x))))))
+    rng = np.random.default_rng(params.seed)
+    n_train = min(len(x), nlist * params.train_per_list)
+    train = x[np.sort(rng.choice(len(x), size=n_train, replace=False))]
+    quantizer = faiss.IndexFlatIP(x.shape[1])
+    index = faiss.IndexIVFFlat(quantizer, x.shape[1], nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = params.seed
+    index.train(train)
+    index.add(x)
+    index.nprobe = min(nlist, params.nprobe)
+    scores, idx = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k, len(x)))
+    return idx.astype(np.int64), scores.astype(np.float32)
+
+
+def recall_at_k(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean over queries of |found ∩ exact| / |exact| (each row a query's top-k ids; -1 = none)."""
+    if exact.size == 0:
+        return 1.0
+    hits = [len(set(f[f >= 0].tolist()) & set(e[e >= 0].tolist())) / max(1, int((e >= 0).sum()))
+            for f, e in zip(found, exact, strict=True)]
+    return float(np.mean(hits))
+
+
+@dataclass(frozen=True)
+class TopK:
+    """A top-k search's result and how it was done: ``method`` exact | ivf | exact-fallback, and
+    the recall@k measured on ``checked`` sampled queries when the index was used."""
+
+    indices: np.ndarray
+    scores: np.ndarray
+    method: str
+    recall: float | None = None
+    checked: int = 0
+
+
+def search(queries: np.ndarray, gallery: np.ndarray, k: int, index_above: int,
+           ann: AnnSpec | None = None) -> TopK:
+    """Exact blocked top-k up to ``index_above`` gallery items or below ``ann.min_queries`` queries
+    (building the index costs more than a few hundred exact queries); otherwise the IVF index, whose
+    recall@k is measured on ``ann.check_queries`` seeded sampled queries against exact search.
+    Below ``ann.min_recall`` the whole search is redone exactly (``exact-fallback``), so an index
+    that does not fit the data costs time, never results."""
+    params = ann or AnnSpec()
+    if len(gallery) <= index_above or len(queries) < params.min_queries:
+        idx, val = topk_exact(queries, gallery, k)
+        return TopK(idx, val, "exact")
+    idx, val = topk_ivf(queries, gallery, k, params)
+    if params.check_queries <= 0 or len(queries) == 0:
+        return TopK(idx, val, "ivf")
+    rng = np.random.default_rng(params.seed)
+    sample = np.sort(rng.choice(len(queries), size=min(len(queries), params.check_queries), replace=False))
+    exact_idx, _ = topk_exact(queries[sample], gallery, k)
+    recall = recall_at_k(idx[sample], exact_idx)
+    if recall < params.min_recall:
+        logger.warning("ANN recall@%d %.4f on %d queries is below %.4f: searching exactly instead (raise "
+                       "nprobe or nlist)", k, recall, len(sample), params.min_recall)
+        idx, val = topk_exact(queries, gallery, k)
+        return TopK(idx, val, "exact-fallback", recall, len(sample))
+    return TopK(idx, val, "ivf", recall, len(sample))
+
+
+def topk(queries: np.ndarray, gallery: np.ndarray, k: int, index_above: int,
+         ann: AnnSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, scores) of :func:`search`."""
+    found = search(queries, gallery, k, index_above, ann)
+    return found.indices, found.scores

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rde.common.profiles import AnnSpec
 from rde.common.seeds import draw_seed
 from rde.common.topk import topk
 
@@ -28,14 +29,14 @@ class Neighbours:
 
 
 def hard_negative_neighbours(embeddings: np.ndarray, image_ids: Sequence[str], k: int = 10, seed: int = 0,
-                             index_above: int = 100_000, query_rows: Sequence[int] | None = None
-                             ) -> list[Neighbours]:
+                             index_above: int = 100_000, query_rows: Sequence[int] | None = None,
+                             ann: AnnSpec | None = None) -> list[Neighbours]:
     """Top-``k`` neighbours of each query row among all rows, excluding rows with the same image id
     (itself and exact duplicates), and one hard negative drawn uniformly from them.
 
     ``embeddings`` are L2-normalised (cosine = inner product). Exact blocked search up to
-    ``index_above`` rows, a faiss index above. ``query_rows`` restricts which rows get neighbours
-    (one shard of a large pool); default all.
+    ``index_above`` rows, the recall-checked IVF index (``ann``) above. ``query_rows`` restricts
+    which rows get neighbours (one shard of a large pool); default all.
     """
     ids = list(image_ids)
     if len(ids) != len(embeddings):
@@ -49,7 +50,7 @@ def hard_negative_neighbours(embeddings: np.ndarray, image_ids: Sequence[str], k
     # Enough extra results that k survive after dropping the query's own copies.
     search_k = min(len(ids), k + max(copies.values()))
     vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
-    idx, val = topk(vectors[rows], vectors, search_k, index_above)
+    idx, val = topk(vectors[rows], vectors, search_k, index_above, ann)
     out: list[Neighbours] = []
     for row, found, scores in zip(rows, idx, val, strict=True):
         own = ids[row]
