@@ -99,3 +99,13 @@ def test_production_clip_dual_encoder_trains_the_vision_tower_only(tmp_path: Pat
     text = [p.grad for n, p in model.model.named_parameters() if n.startswith("text_model")]
     assert any(g is not None and g.abs().sum() > 0 for g in vision)
     assert all(g is None for g in text)  # frozen, as SAFT fine-tunes the image tower only
+
+
+def test_a_last_batch_of_one_pair_is_not_a_step_of_the_schedule_or_the_progress() -> None:
+    """24 images × 2 captions = 48 pairs; in batches of 47 each epoch has one batch of 47 and one of a
+    single pair, which has no in-batch negative and is skipped: 1 step an epoch, 3 in all, and the
+    progress reaches its total (it once stopped at 3 of 6, and the LR schedule never finished)."""
+    seen: list[tuple[int, int]] = []
+    result = train(_model(), _pairs(), TrainConfig(epochs=3, batch_size=47, lr_start=1e-3, lr_peak=1e-2),
+                   on_step=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 3), (2, 3), (3, 3)] and len(result.step_losses) == 3

@@ -205,8 +205,10 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=cfg.lr_start, weight_decay=cfg.weight_decay)
-    steps_per_epoch = max(1, math.ceil(len(pairs) / cfg.batch_size))
-    total = steps_per_epoch * cfg.epochs
+    # a batch of one pair has no in-batch negative and is skipped, so it is not a step: the schedule
+    # and the progress total count only the batches that train (17 pairs in batches of 8: 2 a epoch)
+    steps_per_epoch = sum(min(cfg.batch_size, len(pairs) - at) >= 2 for at in range(0, len(pairs), cfg.batch_size))
+    total = max(1, steps_per_epoch * cfg.epochs)
     if cfg.weighting == "fix":
         if pairs.q_txt is None:
             raise ValueError("FixWeight needs q_txt for every pair")
