@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from rde.common.profiles import AnnSpec
-from rde.common.topk import recall_at_k, topk_exact, topk_ivf
+from rde.common.topk import ivf_lists, recall_at_k, topk_exact, topk_ivf
 
 
 def mixture(n: int, n_queries: int, dim: int, clusters: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +59,7 @@ def main() -> None:
             for nprobe in args.nprobe:
                 spec = AnnSpec(nprobe=nprobe)
                 t_ivf, (found, _) = timed(topk_ivf, queries, gallery, args.k, spec)
-                nlist = round(4 * float(np.sqrt(n)))
+                nlist = ivf_lists(n, spec)
                 r10, r_k = recall_at_k(found[:, :10], exact[:, :10]), recall_at_k(found, exact)
                 print(f"| {structure} | {n} | {n_queries} | {nlist} | {nprobe} | {r10:.4f} | {r_k:.4f} | "
                       f"{t_exact:.2f} | {t_ivf:.2f} | {t_ivf / t_exact:.2f} |", flush=True)

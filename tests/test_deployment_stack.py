@@ -6,7 +6,6 @@ artifacts read back through the REST API, a Chromium screenshot of the run's art
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -211,20 +210,15 @@ def test_server_stopped_mid_run_then_restarted_resumes(stack: StackConfig, tmp_p
 OUTAGE_S = 20.0
 
 
-def test_stack_retries_outlast_a_four_minute_outage(tmp_path: Path) -> None:
+def test_stack_retries_outlast_a_four_minute_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefect's client retries a lost API after 2, 4, 8, … s (``2 ** try``, base.py); its default of
     5 retries gives up after 62 s, which a server restart on a busy machine exceeded once (the run
     ended FAILED). The stack's processes get 7 (254 s), and a user's own value wins."""
     cfg = StackConfig(folder=tmp_path)
-    env_before = os.environ.pop("PREFECT_CLIENT_MAX_RETRIES", None)
-    try:
-        retries = int(cfg.env()["PREFECT_CLIENT_MAX_RETRIES"])
-        os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "9"
-        assert cfg.env()["PREFECT_CLIENT_MAX_RETRIES"] == "9"
-    finally:
-        os.environ.pop("PREFECT_CLIENT_MAX_RETRIES", None)
-        if env_before is not None:
-            os.environ["PREFECT_CLIENT_MAX_RETRIES"] = env_before
+    monkeypatch.delenv("PREFECT_CLIENT_MAX_RETRIES", raising=False)
+    retries = int(cfg.env()["PREFECT_CLIENT_MAX_RETRIES"])
+    monkeypatch.setenv("PREFECT_CLIENT_MAX_RETRIES", "9")
+    assert cfg.env()["PREFECT_CLIENT_MAX_RETRIES"] == "9"
     assert sum(2 ** t for t in range(1, 6)) == 62  # Prefect's default: 5 retries
     assert sum(2 ** t for t in range(1, retries + 1)) >= 240 > OUTAGE_S
 

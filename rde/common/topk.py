@@ -53,6 +53,11 @@ def topk_faiss(queries: np.ndarray, gallery: np.ndarray, k: int) -> tuple[np.nda
     return idx.astype(np.int64), scores.astype(np.float32)
 
 
+def ivf_lists(n: int, params: AnnSpec) -> int:
+    """Inverted lists of an IVF index over ``n`` vectors: ``params.nlist``, by default 4·√N; at most N."""
+    return min(n, params.nlist or max(1, round(4 * float(np.sqrt(n)))))
+
+
 def topk_ivf(queries: np.ndarray, gallery: np.ndarray, k: int, params: AnnSpec) -> tuple[np.ndarray, np.ndarray]:
     """Approximate top-k through a faiss IVF-Flat inner-product index: ``nlist`` lists (default
     4·√N) trained by k-means on a seeded sample of ``train_per_list`` vectors per list, ``nprobe``
@@ -60,7 +65,7 @@ def topk_ivf(queries: np.ndarray, gallery: np.ndarray, k: int, params: AnnSpec) 
     import faiss
 
     x = np.ascontiguousarray(gallery, dtype=np.float32)
-    nlist = min(len(x), params.nlist or max(1, round(4 * float(np.sqrt(len(x))))))
+    nlist = ivf_lists(len(x), params)
     rng = np.random.default_rng(params.seed)
     n_train = min(len(x), nlist * params.train_per_list)
     train = x[np.sort(rng.choice(len(x), size=n_train, replace=False))]
