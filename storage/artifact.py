@@ -246,10 +246,18 @@ class ArtifactWriter(Artifact):
         self.fs.makedirs(self.path, exist_ok=True)
         if self.fs.exists(self.manifest_path):
             self.fs.rm(self.manifest_path)
-        for entry in self.fs.ls(self.path, detail=False):
+        for entry in self._entries():
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             if ".tmp-" in name or (SHARD_PATTERN.match(name) and self._footer_key(entry) != self.stage_key):
                 self.fs.rm(entry)
+
+    def _entries(self) -> list[str]:
+        """The folder's entries; none where nothing was written yet (an object store has no
+        empty folders: listing a prefix without objects is FileNotFoundError)."""
+        try:
+            return list(self.fs.ls(self.path, detail=False, refresh=True))
+        except FileNotFoundError:
+            return []
 
     def _footer_key(self, path: str) -> str | None:
         value = self._footer(path).get(KEY_FIELD)
@@ -291,7 +299,7 @@ class ArtifactWriter(Artifact):
         if [s.index for s in shards] != list(range(len(shards))):
             raise ArtifactError(f"artifact {self.url}: shard indices are not 0..{len(shards) - 1}")
         keep = {s.file for s in shards}
-        for entry in self.fs.ls(self.path, detail=False):
+        for entry in self._entries():
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             if SHARD_PATTERN.match(name) and name not in keep:
                 self.fs.rm(entry)

@@ -30,13 +30,28 @@ _HINTS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exc
           errno.EPERM: "operation not permitted on the artifact folder", errno.EROFS: "the filesystem is read-only"}
 
 
+def is_object_store(fs: AbstractFileSystem) -> bool:
+    """An object store (S3, GCS, Azure...): no rename, but a single PUT is atomic."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return not any(p in ("file", "local", "memory") for p in protocols)
+
+
 def atomic_write_bytes(fs: AbstractFileSystem, path: str, data: bytes, tmp_tag: str) -> None:
     """Write ``data`` to ``path`` so that readers see either nothing or the whole file.
 
-    The bytes go to a temporary sibling first and are then renamed over the target;
-    on a local filesystem the rename is atomic (POSIX ``rename``). An OSError becomes a
-    ``StorageWriteError`` naming the path, after the temporary file is removed.
+    On a local filesystem the bytes go to a temporary sibling first and are then renamed over
+    the target (POSIX ``rename`` is atomic). An object store has no rename (fsspec's ``mv`` is a
+    copy and a delete), but one PUT of the whole object is atomic: the object is visible only
+    once complete, and a writer killed mid-upload leaves nothing (an unfinished multipart upload
+    is invisible to readers). So there the bytes are PUT once, straight to ``path``. An OSError
+    becomes a ``StorageWriteError`` naming the path, after any temporary file is removed.
     """
+    if is_object_store(fs):
+        try:
+            fs.pipe_file(path, data)
+        except OSError as exc:
+            raise StorageWriteError(f"cannot write artifact file {path}: {exc}") from exc
+        return
     parent = posixpath.dirname(path)
     tmp = f"{path}.tmp-{tmp_tag}"
     try:

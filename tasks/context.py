@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rde.common.profiles import Profile, load_profile
 from rde.common.run_lock import output_lock
 from rde.common.runtime import code_version
 from storage.filesystem import join
-from storage.locations import flow_root
+from storage.locations import flow_root, resolve_location
 
 T = TypeVar("T")
 
@@ -22,13 +22,29 @@ class RunContext:
     profile: Profile
     flow_name: str
     output_root: str | None = None
+    # folders of this run's shared (content-addressed) outputs, set by the runner: folder → URL
+    locations: dict[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def root(self) -> str:
         return flow_root(self.profile.artifacts_root, self.flow_name, self.profile.name, self.output_root)
 
     def artifact_url(self, name: str) -> str:
-        return join(self.root, name)
+        """Where the artifact ``name`` of this run lives: under the flow's folder, or where the runner
+        put a shared output of that name."""
+        return self.locations.get(name) or join(self.root, name)
+
+    @property
+    def base(self) -> str:
+        """The root every flow of this run's output writes under (``--output`` or the profile's
+        ``artifacts_root``): its ``cache/`` (content-keyed embeddings) and ``shared/`` folders are
+        shared by all flows and profiles writing there."""
+        return resolve_location(self.output_root or self.profile.artifacts_root)
+
+    def shared_url(self, folder: str, key: str) -> str:
+        """A content-addressed folder that every flow of the profile writing ``folder`` with the
+        same stage key shares: ``<base>/shared/<profile>/<folder>/<key[:16]>``."""
+        return join(self.base, "shared", self.profile.name, folder, key[:16])
 
     @property
     def code_version(self) -> str:

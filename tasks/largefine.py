@@ -63,7 +63,7 @@ class HardNegatives(Stage):
     def lineage(self, run: StageRun) -> Lineage:
         if not run.models.generators:
             raise ValueError("build-largefine: the profile names no models.generators to caption with")
-        cache = EmbeddingCache(run.ctx.root, run.registry().image_embedder())
+        cache = EmbeddingCache(run.ctx.base, run.registry().image_embedder())
         run.prepared["cache"] = cache
         # the generator count decides each image's generator (assign_generator)
         return Lineage(models={"image_embedder": cache.identity,

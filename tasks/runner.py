@@ -11,7 +11,8 @@ writes the manifests, publishes the stage's table (and its report) and logs one 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rde.common.progress import StageProgress
+from rde.common.run_lock import output_lock
 from storage import Artifact, ShardInfo, content_key
 from tasks import sharded
 from tasks.context import RunContext
@@ -31,7 +33,12 @@ class MissingInput(RuntimeError):
     """A stage's read is not a complete artifact: an earlier stage did not run (or failed)."""
 
 
-def outputs(stage: Stage, ctx: RunContext) -> list[sharded.Output]:
+def outputs(stage: Stage, ctx: RunContext, key: str) -> list[sharded.Output]:
+    """Where the stage's writes go for this key: the flow's folder, or a shared output's content-
+    addressed folder (recorded in ``ctx.locations`` so later stages of the run read it there)."""
+    for w in stage.writes:
+        if w.shared:
+            ctx.locations[w.location] = ctx.shared_url(w.location, key)
     return [sharded.Output(w.name, ctx.artifact_url(w.location), w.kind, w.schema) for w in stage.writes]
 
 
@@ -64,23 +71,35 @@ def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
     config = run.config_dump()
     key = stage_key(stage, reads, {name: present.get(name) for name in optional}, config, lineage)
     run.key = key
-    outs = outputs(stage, ctx)
+    outs = outputs(stage, ctx, key)
     common: dict[str, Any] = {
         "upstream": [*reads.values(), *present.values(), *lineage.upstream],
         "config": {**config, **lineage.extra, "resources": resources(stage, ctx)},  # the manifest's config
         "models": lineage.models, "prompt_versions": lineage.prompts}
-    if stage.per_shard:
-        limit = ctx.profile.prefect.gpu_concurrency_limit if stage.resources.device == "gpu" else None
-        result = sharded.run_sharded(ctx, stage.name, outs, key, stage.shard_count(run), _ShardWork(stage, run),
-                                     _recount(stage), tags=[limit] if limit else [],
-                                     concurrency_limit=limit if stage.resources.hold_slot else None,
-                                     balance=stage.balance, **common)
-    else:
-        result = _run_whole(ctx, stage, run, outs, key, **common)
+    with _shared_outputs_held(stage, ctx):
+        if stage.per_shard:
+            limit = ctx.profile.prefect.gpu_concurrency_limit if stage.resources.device == "gpu" else None
+            result = sharded.run_sharded(ctx, stage.name, outs, key, stage.shard_count(run),
+                                         _ShardWork(stage, run), _recount(stage), tags=[limit] if limit else [],
+                                         concurrency_limit=limit if stage.resources.hold_slot else None,
+                                         balance=stage.balance, **common)
+        else:
+            result = _run_whole(ctx, stage, run, outs, key, **common)
     if stage.rejects_from_upstream:
         result = replace(result, rejects_from_upstream=True)
     _publish(ctx, stage, run, result)
     return result
+
+
+@contextmanager
+def _shared_outputs_held(stage: Stage, ctx: RunContext) -> Iterator[None]:
+    """Hold the run lock of each shared output's folder: a second flow computing the same shared
+    output waits for the first, then finds it complete and skips."""
+    with ExitStack() as held:
+        for w in stage.writes:
+            if w.shared:
+                held.enter_context(output_lock(ctx.artifact_url(w.location), ctx.flow_name, wait=True))
+        yield
 
 
 def resources(stage: Stage, ctx: RunContext) -> dict[str, Any]:

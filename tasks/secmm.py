@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from rde.common import caption_stats
 from rde.common.embedding_cache import EmbeddingCache, ExpertImages
 from rde.common.evaluation import evaluate_expert
 from rde.common.expert_check import load_check_set, load_check_yaml
-from rde.common.image_decoding import decode_rgb
+from rde.common.image_decoding import decoded_images
 from rde.common.topk import topk
 from rde.secmm import cgds, dap, labels, mecf, sentence_checks
 from rde.secmm.caption_pool import IMAGE_STAGE, SENTENCE_STAGE, pool_caption
@@ -79,7 +79,8 @@ class CaptionPool(Stage):
         if gen_spec is None:
             raise ValueError("queries: no caption_file and no models.generators to caption the pool with")
         generator = run.registry().generator(gen_spec)
-        rows = run.input("accepted").rows(["image_id", "domain", "image_bytes"])
+        accepted = run.input("accepted")
+        rows = accepted.rows(["image_id", "domain"])  # no bytes: only the sampled images are read
         rng = np.random.default_rng(q.seed)
         captions, rejects = [], []
         generic = set(prompt.extras.get("generic_words", []))
@@ -89,7 +90,7 @@ class CaptionPool(Stage):
             mine = [r for r in rows if r["domain"] == domain]
             pick = rng.choice(len(mine), size=min(q.caption_sample_per_domain, len(mine)), replace=False)
             chosen = [mine[i] for i in sorted(pick)]
-            images = {r["image_id"]: decode_rgb(r["image_bytes"]) for r in chosen}
+            images = decoded_images(accepted, [r["image_id"] for r in chosen])
             requests = [GenerationRequest(r["image_id"], [ChatMessage("user", prompt.templates[domain],
                                                                       [images[r["image_id"]]])],
                                           max_tokens=q.caption_max_tokens, temperature=0.0)
@@ -228,22 +229,22 @@ class Cgds(Stage):
     resources = Resources(device="gpu", hold_slot=False, batch_size="models.image_embedder.batch_size")
 
     def lineage(self, run: StageRun) -> Lineage:
-        cache = EmbeddingCache(resolve_location(run.artifacts_root), run.registry().image_embedder())
+        cache = EmbeddingCache(run.ctx.base, run.registry().image_embedder())
         run.prepared["cache"] = cache
         return Lineage(models={"image_embedder": cache.identity})
 
     def run(self, run: StageRun) -> Work:
+        """The draw on embeddings (one shard of bytes alive while embedding), then the gallery
+        written streaming: per domain, one output shard per pool shard, with the drawn images'
+        bytes copied from that shard (same rows and order as drawing over the whole pool)."""
         cache: EmbeddingCache = run.prepared["cache"]
-        rows = run.input("accepted").rows(["image_id", "domain", "identity", "source", "width", "height",
-                                           "target_count", "image_bytes"])
-        ids = [r["image_id"] for r in rows]
-        vectors = cache.embed(ids, lambda pos: [decode_rgb(rows[i]["image_bytes"]) for i in pos])
+        accepted = run.input("accepted")
+        rows, vectors = cache.embed_artifact(accepted, [*cgds.GALLERY_FIELDS, "target_count"])
         drawn = cgds.sample_gallery(rows, vectors, run.section("sampling"))
         stats = {"input_rows": len(rows), "accepted": len(drawn.gallery),
                  "rejected": dict(Counter(s["reason"] for s in drawn.sampling if s["reason"])),
                  "clusters": drawn.clusters, "embedded": cache.embedded}
-        return Work.one({"gallery": pa.Table.from_pylist(drawn.gallery, schema=GALLERY),
-                         "sampling": pa.Table.from_pylist(drawn.sampling, schema=SAMPLING)}, stats)
+        return Work(_gallery_shards(accepted, drawn), stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         stats = run.output_artifact("gallery").manifest().stats
@@ -254,14 +255,38 @@ class Cgds(Stage):
                           f"clusters, embedded {0 if result.skipped else stats.get('embedded', 0)} new images")
 
 
+def _gallery_shards(accepted: Artifact, drawn: cgds.GallerySample) -> Iterator[dict[str, pa.Table]]:
+    """The gallery and sampling rows, per domain and pool shard, with the gallery's bytes read from
+    that pool shard only (empty pairs skipped; at least one shard, so an empty draw is written)."""
+    shard_of: dict[str, int] = {}
+    for index, table in accepted.iter_shards(["image_id"]):
+        for image_id in table.column("image_id").to_pylist():
+            shard_of.setdefault(image_id, index)
+    groups: dict[tuple[str, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    for s in drawn.sampling:  # input order within a domain: grouping by shard keeps it
+        groups.setdefault((s["domain"], shard_of[s["image_id"]]), ([], []))[1].append(s)
+    for g in drawn.gallery:
+        groups[(g["domain"], shard_of[g["image_id"]])][0].append(g)
+    for (_, index), (gallery, sampling) in sorted(groups.items()):
+        if gallery:
+            shard = accepted.read_shard(index, ["image_id", "image_bytes"])
+            data = dict(zip(shard.column("image_id").to_pylist(), shard.column("image_bytes").to_pylist(),
+                            strict=True))  # one pool shard's bytes
+            gallery = [{**g, "image_bytes": data[g["image_id"]]} for g in gallery]
+        yield {"gallery": pa.Table.from_pylist(gallery, schema=GALLERY),
+               "sampling": pa.Table.from_pylist(sampling, schema=SAMPLING)}
+    if not groups:
+        yield {"gallery": GALLERY.empty_table(), "sampling": SAMPLING.empty_table()}
+
+
 # -- MECF -----------------------------------------------------------------------------------------
 
 def expert_caches(run: StageRun) -> list[EmbeddingCache]:
-    """One embedding cache per configured expert's image side (under the flow's root, as the hard
-    negatives' cache; keyed by the expert's lineage with its parts): MECF and the evaluation share
+    """One embedding cache per configured expert's image side (under the output's ``cache/``, as the
+    image embeddings; keyed by the expert's lineage with its parts): MECF and the evaluation share
     the gallery's vectors, and a re-evaluation after a label import encodes nothing."""
     registry = run.registry()
-    return [EmbeddingCache(run.ctx.root, ExpertImages(registry.expert(spec), registry.lineage(spec)))
+    return [EmbeddingCache(run.ctx.base, ExpertImages(registry.expert(spec), registry.lineage(spec)))
             for spec in run.models.experts]
 
 
@@ -282,7 +307,8 @@ class Mecf(Stage):
         retrieval = run.section("retrieval")
         registry = run.registry()
         queries = run.input("queries").rows(["query_id", "domain", "text"])
-        gallery = run.input("gallery").rows(["image_id", "domain", "image_bytes"])
+        gallery_artifact = run.input("gallery")
+        gallery = gallery_artifact.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
         caches = expert_caches(run)
         rows = []
         per_expert_counts: dict[str, int] = {}
@@ -296,8 +322,8 @@ class Mecf(Stage):
                 expert = registry.expert(spec)
                 name = f"{spec.backend}:{spec.model_id}"
                 qv = expert.encode_text([queries[i]["text"] for i in q_idx])
-                gv = cache.embed([gallery[i]["image_id"] for i in g_idx],
-                                 lambda pos, g_idx=g_idx: [decode_rgb(gallery[g_idx[p]]["image_bytes"]) for p in pos])
+                _, gv = cache.embed_artifact(gallery_artifact, ["image_id", "domain"],
+                                             keep=lambda r, domain=domain: r["domain"] == domain)
                 per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above, retrieval.ann)
                 per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
             for cand in mecf.union_candidates(per_expert):
@@ -338,7 +364,7 @@ class Export(Stage):
     def run(self, run: StageRun) -> Work:
         decisions = run.input("decisions")
         queries = pa.concat_tables([t for _, t in run.input("queries").iter_shards()])
-        gallery = pa.concat_tables([t for _, t in run.input("gallery").iter_shards()])
+        gallery = run.input("gallery")
         cands = run.input("candidates").rows(["query_id", "image_id"])
         made = {(d["query_id"], d["image_id"]): d for d in decisions.rows(list(QRELS.names))} \
             if decisions.is_complete() else {}
@@ -351,8 +377,17 @@ class Export(Stage):
         verified = sum(q["verified"] for q in qrels)
         stats = {"input_rows": len(cands), "accepted": len(qrels), "verified": verified,
                  "decisions_not_candidates": len(made) - verified}
-        return Work.one({"queries": queries, "gallery": gallery, "qrels": pa.Table.from_pylist(qrels, schema=QRELS)},
-                        stats)
+        first = {"queries": queries, "qrels": pa.Table.from_pylist(qrels, schema=QRELS)}
+
+        def shards() -> Iterator[dict[str, pa.Table]]:
+            """The gallery copied one shard at a time; queries and qrels in the first shard."""
+            for index, table in gallery.iter_shards():
+                yield {"gallery": table, **(first if index == 0 else
+                                            {"queries": QUERIES.empty_table(), "qrels": QRELS.empty_table()})}
+            if not gallery.manifest().shards:
+                yield {"gallery": GALLERY.empty_table(), **first}
+
+        return Work(shards(), stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         """The dataset card (also written next to the benchmark) and, on a local disk, the review files."""
@@ -429,16 +464,16 @@ class Evaluate(Stage):
                        extra={"check_sets": [sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files]})
 
     def _score(self, run: StageRun, caches: list[EmbeddingCache], bench: str, labels: str, queries: list[dict],
-               gallery: list[dict], keys: list[str], images: Callable[[list[int]], list[np.ndarray]],
+               gallery: list[dict], gallery_vectors: Callable[[EmbeddingCache], np.ndarray],
                qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
-        """Every expert's metrics on one benchmark; gallery images come through the expert's
-        embedding cache under ``keys`` (their content hashes), decoded only on a miss."""
+        """Every expert's metrics on one benchmark; ``gallery_vectors(cache)`` gives the gallery's
+        vectors through that expert's embedding cache (images decoded only on a miss)."""
         registry = run.registry()
         rows = []
         for spec, cache in zip(run.models.experts, caches, strict=True):
             expert = registry.expert(spec)
             res = evaluate_expert(expert.encode_text([q["text"] for q in queries]), [q["domain"] for q in queries],
-                                  [q["query_id"] for q in queries], cache.embed(keys, images),
+                                  [q["query_id"] for q in queries], gallery_vectors(cache),
                                   [g["domain"] for g in gallery], [g["image_id"] for g in gallery], qrels)
             for domain, metrics in res.items():
                 n = int(metrics.pop("queries"))
@@ -458,10 +493,10 @@ class Evaluate(Stage):
         caches = expert_caches(run)
         if verified:
             queries = run.input("benchmark/queries").rows(["query_id", "domain", "text"])
-            gallery = run.input("benchmark/gallery").rows(["image_id", "domain", "image_bytes"])
+            bench_gallery = run.input("benchmark/gallery")
+            gallery = bench_gallery.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
             rows += self._score(run, caches, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
-                                [g["image_id"] for g in gallery],
-                                lambda pos: [decode_rgb(gallery[p]["image_bytes"]) for p in pos], verified)
+                                lambda cache: cache.embed_artifact(bench_gallery, ["image_id"])[1], verified)
         for path in run.prepared["check_files"]:
             check = load_check_set(resolve_location(evaluation.check_set_pool), Path(path))
             data = load_check_yaml(Path(path))
@@ -471,8 +506,8 @@ class Evaluate(Stage):
                      for q, rel in zip(queries, check.relevant, strict=True)}
             assert check.gallery_ids is not None  # load_check_set hashes every crop it reads
             rows += self._score(run, caches, f"check-set:{data.get('name', Path(path).stem)}", "verified", queries,
-                                gallery, check.gallery_ids,
-                                lambda pos, check=check: [check.gallery_images[p] for p in pos], qrels)
+                                gallery, lambda cache, check=check: cache.embed(
+                                    check.gallery_ids, lambda pos: [check.gallery_images[p] for p in pos]), qrels)
         return Work.one({"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)},
                         {"input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
                          "verified_queries": len(verified), "embedded": sum(c.embedded for c in caches)})

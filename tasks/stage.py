@@ -38,6 +38,9 @@ class Write:
     schema: pa.Schema
     folder: str = ""  # default: ``name``
     rejects: bool = False  # this artifact holds the stage's rejected rows (one ``reason`` each)
+    # shared by the profile's flows: written once per stage key under ``shared/<profile>/<folder>/<key>``
+    # (``RunContext.shared_url``), so two flows running the same stage on the same inputs compute it once
+    shared: bool = False
 
     @property
     def location(self) -> str:

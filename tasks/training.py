@@ -16,7 +16,7 @@ import torch
 from models.backends.registry import models_lineage
 from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
 from rde.common.expert_check import CheckSet, load_check_set, load_check_yaml, relevance_lists
-from rde.common.image_decoding import decode_rgb
+from rde.common.image_decoding import decoded_images
 from rde.common.metrics import mean_ap_at_k, person_search_metrics
 from rde.common.reasons import Reason
 from rde.common.seeds import draw_seed
@@ -55,9 +55,7 @@ def _source_root(ctx: RunContext) -> str:
 
 def _decoded_images(source_root: str, image_ids: Sequence[str]) -> dict[str, np.ndarray]:
     """The source run's accepted images with these ids, decoded (one pass over the artifact)."""
-    wanted = set(image_ids)
-    return {r["image_id"]: decode_rgb(r["image_bytes"]) for _, tb in Artifact(f"{source_root}/accepted")
-            .iter_shards(["image_id", "image_bytes"]) for r in tb.to_pylist() if r["image_id"] in wanted}
+    return decoded_images(Artifact(f"{source_root}/accepted"), image_ids)
 
 
 class TrainingFeatures(Stage):
@@ -67,7 +65,7 @@ class TrainingFeatures(Stage):
 
     name = "training-features"
     version = "2"  # 2: stats hold the splits (train, held_out) and rejects by reason
-    writes = (Write("features", "training_features", FEATURES, folder="training_features"),)
+    writes = (Write("features", "training_features", FEATURES, folder="training_features", shared=True),)
     config = ("training.source_flow", "training.views", "training.max_pairs", "training.model",
               "training.held_out_share", "training.seed", "evaluation.check_sets")
     resources = Resources(device="gpu", hold_slot=False)

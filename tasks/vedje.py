@@ -353,7 +353,8 @@ class Rerank(Stage):
                 top = torch.argsort(sims, descending=True, stable=True)[:n_max]
                 cand = [ids[int(i)] for i in top]
                 caches = cache.fetch(cand)
-                s = joint_scores(model, [text], [(0, k) for k in range(len(cand))], caches, sims[top], spec.score_batch)
+                s = joint_scores(model, [text], [(0, k) for k in range(len(cand))], caches, sims[top],
+                                 spec.score_batch, spec.score_path)
                 latencies.append(time.perf_counter() - start)
                 order = np.argsort(-s, kind="stable")
                 truth = group[q_rows[qi]["item_id"]] if labelled else None

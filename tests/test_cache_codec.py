@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.reranker.cache_codec import decode, encode, payload_bytes
+from models.reranker.cache_codec import decode, decode_rows, encode, payload_bytes
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 384), (8, 4, 384), (16, 1, 64)])
@@ -34,3 +34,18 @@ def test_fp4_codes_by_hand() -> None:
     assert decode(data, (4,), "fp4") == pytest.approx([3.0, -0.5, 0.25, 1.5])
     with pytest.raises(ValueError, match="needs 6 bytes"):
         decode(data[:5], (4,), "fp4")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "fp4"])
+def test_vectorised_decode_equals_row_by_row(precision: str) -> None:
+    """``decode_rows`` (the query-time fetch) gives exactly ``decode``'s values for every row, odd
+    FP4 lengths included; a wrong row width is an error."""
+    for shape in ((8, 4, 6), (3, 5)):
+        z = np.random.default_rng(2).normal(size=(5, *shape)).astype(np.float32)
+        z[3] *= 40.0  # a different scale per row (fp8 / fp4)
+        rows = np.stack([np.frombuffer(encode(c, precision), np.uint8) for c in z])
+        got = decode_rows(rows, shape, precision)
+        assert got.dtype == np.float32 and got.shape == (5, *shape)
+        assert np.array_equal(got, np.stack([decode(r.tobytes(), shape, precision) for r in rows]))
+        with pytest.raises(ValueError, match="uint8 rows"):
+            decode_rows(rows[:, 1:], shape, precision)

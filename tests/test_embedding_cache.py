@@ -81,3 +81,32 @@ def test_an_experts_image_side_is_cached_per_lineage(tmp_path: Path) -> None:
     assert other.url != again.url and other.embedded == 2 and expert.calls == 4
     # an image embedder's identity (no lineage) is what it was: the CGDS cache keeps its key
     assert "lineage" not in EmbeddingCache(str(tmp_path), CountingEmbedder()).identity
+
+
+def _append_many(root: str, start: int, count: int) -> None:
+    """Child process: embed ``count`` new ids one at a time (one append each) into the shared cache."""
+    cache = EmbeddingCache(root, CountingEmbedder())
+    for k in range(start, start + count):
+        cache.embed([f"id-{k}"], lambda pos, k=k: _images([k % 250]))
+
+
+def test_processes_appending_to_one_cache_lose_nothing(tmp_path: Path) -> None:
+    """Three processes append 12 images each, one append at a time, to one cache: every image is
+    in it afterwards and the manifest lists every shard once (without the folder lock, appends
+    that read the same manifest write the same shard index and one of them is lost)."""
+    import multiprocessing
+
+    from storage import Artifact
+
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_append_many, args=(str(tmp_path), 100 * w, 12)) for w in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert all(w.exitcode == 0 for w in workers)
+    cache = EmbeddingCache(str(tmp_path), CountingEmbedder())
+    wanted = [f"id-{100 * w + k}" for w in range(3) for k in range(12)]
+    assert set(cache.lookup(wanted)) == set(wanted)
+    shards = Artifact(cache.url).manifest().shards
+    assert [s.index for s in shards] == list(range(36))

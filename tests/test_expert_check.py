@@ -49,3 +49,91 @@ def test_evaluate_expert_ranks_within_the_query_domain() -> None:
     assert res["pedestrian"]["mAP@10"] == 1.0
     assert res["vehicle"]["mAP@10"] == pytest.approx(0.5)  # v2 (cosine 1) outranks v1 (0.1)
     assert res["all"]["queries"] == 2 and res["all"]["R@1"] == pytest.approx(0.5)
+
+
+# -- the check-set file: validation of its labels and provenance (issue 17) --
+
+def _query(qid: str = "q01", **over: object) -> dict:
+    q = {"id": qid, "text": "a man in a black jacket", "domain": "pedestrian",
+         "relevant_identities": ["vtest-person-0021"], "labelled_by": "tester (by eye)", "labelled_on": "2026-12-01"}
+    q.update(over)
+    return q
+
+
+def _write(tmp_path, queries: list[dict], junk: list[str] | None = None):
+    import yaml
+
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "version": "1", "junk_identities": junk or [], "queries": queries}))
+    return path
+
+
+def test_check_yaml_accepts_a_valid_file(tmp_path) -> None:
+    from rde.common.expert_check import load_check_yaml
+
+    assert [q["id"] for q in load_check_yaml(_write(tmp_path, [_query("q01"), _query("q02")]))["queries"]] == \
+        ["q01", "q02"]
+
+
+@pytest.mark.parametrize(("queries", "junk", "message"), [
+    ([_query("q01"), _query("q01")], None, "query q01: duplicate query id"),
+    ([_query("q01"), _query("q02", text="  ")], None, "query q02: empty or missing text"),
+    ([_query("q01", domain="animal")], None, "query q01: domain must be one of pedestrian, vehicle"),
+    ([_query("q03", relevant_identities=[])], None, "query q03: no relevant identities"),
+    ([_query("q04", labelled_by="")], None, "query q04: missing labelled_by"),
+    ([{k: v for k, v in _query("q05").items() if k != "labelled_by"}], None, "query q05: missing labelled_by"),
+    ([{k: v for k, v in _query("q06").items() if k != "labelled_on"}], None, "query q06: missing labelled_on"),
+    ([_query("q07", labelled_on="1st December")], None, "query q07: labelled_on must be an ISO date"),
+    ([_query("q08", relevant_identities=["vtest-person-0005", "vtest-person-0021"])], ["vtest-person-0005"],
+     "query q08: relevant identities listed as junk: vtest-person-0005"),
+])
+def test_check_yaml_rejects_bad_labels_naming_file_and_query(tmp_path, queries, junk, message) -> None:
+    from rde.common.expert_check import load_check_yaml
+
+    path = _write(tmp_path, queries, junk)
+    with pytest.raises(ValueError, match=r"^check set ") as err:
+        load_check_yaml(path)
+    assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_check_yaml_accepts_an_unquoted_yaml_date(tmp_path) -> None:
+    from rde.common.expert_check import load_check_yaml
+
+    path = _write(tmp_path, [_query()])
+    path.write_text(path.read_text().replace("labelled_on: '2026-12-01'", "labelled_on: 2026-12-01"))
+    assert "labelled_on: 2026-12-01\n" in path.read_text()
+    load_check_yaml(path)
+
+
+def test_check_set_rejects_relevant_identities_missing_from_the_pool(tmp_path, demo_pool_url: str) -> None:
+    from rde.common.expert_check import load_check_set
+
+    path = _write(tmp_path, [_query("q01"), _query("q02", relevant_identities=["vtest-person-0021", "nobody-1"]),
+                             _query("q03", relevant_identities=["nobody-2"])])
+    with pytest.raises(ValueError, match="no crop in the pool") as err:
+        load_check_set(demo_pool_url, path)
+    assert str(path) in str(err.value)
+    assert "query q02: nobody-1" in str(err.value) and "query q03: nobody-2" in str(err.value)
+    assert "q01" not in str(err.value)
+
+
+def test_shipped_check_set_has_enough_queries_each_with_provenance(demo_pool_url: str) -> None:
+    from datetime import date
+
+    from rde.common.expert_check import load_check_set, load_check_yaml
+
+    data = load_check_yaml()
+    assert data["version"] == "4"
+    queries = data["queries"]
+    assert len(queries) >= 24
+    assert {q["domain"] for q in queries} == {"pedestrian", "vehicle"}
+    for q in queries:
+        assert q["labelled_by"].strip(), q["id"]
+        date.fromisoformat(str(q["labelled_on"]))
+    check = load_check_set(demo_pool_url)  # every relevant identity has crops in the pool, none is junk
+    assert check.query_ids == [q["id"] for q in queries] and len(check.queries) == len(queries)
+    assert check.query_domains == [q["domain"] for q in queries]
+    gallery = set(check.gallery_identities)
+    assert not gallery & set(data["junk_identities"])
+    for qid, rel in zip(check.query_ids, check.relevant, strict=True):
+        assert rel <= gallery, qid

@@ -77,11 +77,18 @@ def test_train_saft_trains_evaluates_and_resumes(captions_root: str) -> None:
     assert all(s["skipped"] for s in again["stages"])
     # its artifacts open with pandas, pyarrow and datasets (issue 18; the model folder is not one)
     opened = assert_every_artifact_opens(Path(captions_root, "train-saft"), Path(captions_root, "hf-cache"))
-    assert {"training_features", "train_saft_log", "train_saft_evaluation"} <= {p.name for p in opened}
+    assert {"train_saft_log", "train_saft_evaluation"} <= {p.name for p in opened}
+    features = Path(summary["artifacts"]["training-features.features"]["url"])
+    assert features.parent == Path(captions_root, "shared", "demo", "training_features")
+    assert features in assert_every_artifact_opens(features.parent, Path(captions_root, "hf-cache"))
 
 
 def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
-    train_gtr(profile="demo", output_root=captions_root, overrides=TRAINING)
+    saft = train_saft(profile="demo", output_root=captions_root, overrides=TRAINING, until="features")
+    gtr = train_gtr(profile="demo", output_root=captions_root, overrides=TRAINING)
+    # one features artifact for both training flows: train-gtr finds train-saft's and skips the stage
+    assert gtr["stages"][0]["stage"] == "training-features" and gtr["stages"][0]["skipped"]
+    assert gtr["artifacts"]["training-features.features"] == saft["artifacts"]["training-features.features"]
     folder = Path(captions_root, "train-gtr", "demo", "train_gtr-ada")
     assert (folder / "s_hat.png").exists() and (folder / "model.pt").exists()
     log = Artifact(str(folder) + "_log").rows()
@@ -130,7 +137,8 @@ def test_a_caption_lost_between_read_and_features_unbalances_the_summary(
         return rows[:-1] if reading_captions else rows
 
     monkeypatch.setattr(Artifact, "rows", loses_one)
-    overrides = {**TRAINING, "training": {**TRAINING["training"], "seed": 7}}  # its own stage key: not reused
+    seed = 7 if flow_fn is train_saft else 8  # each its own stage key: features shared by both flows not reused
+    overrides = {**TRAINING, "training": {**TRAINING["training"], "seed": seed}}
     summary = flow_fn(profile="demo", output_root=captions_root, until="features", overrides=overrides)
     captions = Artifact(str(Path(captions_root, "build-largefine", "demo", "largefine"))).count_rows()
     assert summary["inputs"] == captions

@@ -139,6 +139,35 @@ def test_a_pipeline_runs_skips_and_reruns_only_what_a_change_touches(tmp_path: P
         grown.upto("nothing")
 
 
+class SharedNumbers(Numbers):
+    """``Numbers`` with its output shared by the profile's flows (content-addressed)."""
+
+    name = "shared-numbers"
+    writes = (Write("numbers", "numbers", NUMBERS, shared=True),)
+
+
+def test_a_shared_output_is_computed_once_for_two_flows_and_read_where_it_lies(tmp_path: Path) -> None:
+    first, second = (RunContext(load_profile("demo", {"queries": {"per_request": 6}}), flow, str(tmp_path))
+                     for flow in ("flow-a", "flow-b"))
+    toy = Pipeline("toy", (SharedNumbers(), Evens()))
+    CALLS.clear()
+    a = _pipeline(first, toy)
+    b = _pipeline(second, toy)
+    # the second flow skips the shared stage and reads the first one's numbers; its own stage runs
+    assert _ran(a) == ["shared-numbers", "evens"] and _ran(b) == ["evens"]
+    assert CALLS.count("shared-numbers") == 1
+    url = a[0].artifacts["numbers"]
+    assert url == b[0].artifacts["numbers"] and "/shared/demo/numbers/" in url
+    assert not (tmp_path / "flow-a" / "demo" / "numbers").exists()
+    assert sorted(Artifact(str(tmp_path / "flow-b" / "demo" / "evens")).to_pandas().n) == [0, 2, 4]
+    # another config is another key: another folder, the first one kept for the flow still using it
+    third = RunContext(load_profile("demo", {"queries": {"per_request": 4}}), "flow-b", str(tmp_path))
+    c = _pipeline(third, toy)
+    assert _ran(c) == ["shared-numbers", "evens"] and c[0].artifacts["numbers"] != url
+    assert Artifact(url).is_complete() and sorted(Artifact(str(tmp_path / "flow-b" / "demo" / "evens"))
+                                                  .to_pandas().n) == [0, 2]
+
+
 def test_the_runner_refuses_a_stage_that_loses_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = _ctx(tmp_path, per_request=6)
     run_stage(ctx, Numbers())

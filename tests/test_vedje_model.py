@@ -228,3 +228,59 @@ def test_cache_positions_do_not_depend_on_the_query_length(reranker: JointRerank
         batch = reranker.tokenize(["a person", "a person in a red top and blue trousers walks to the left"])
         together = reranker.score(batch, torch.tensor([0, 1]), cache.expand(2, -1, -1), torch.tensor([0.3, 0.3]))
     assert torch.allclose(alone, together[:1], atol=1e-5)
+
+
+def _spread_head(reranker: JointReranker) -> None:
+    """A head with weights large enough that the scores of different caches clearly differ
+    (at initialisation they agree to ~1e-2, which would make any tolerance test vacuous)."""
+    torch.manual_seed(3)
+    for layer in (reranker.head[0], reranker.head[2]):
+        nn.init.normal_(layer.weight, std=1.0)
+
+
+@pytest.mark.parametrize("encoder", ["tiny", "minilm-3"])
+def test_fast_scoring_equals_the_reference_forward(encoder: str, tiny_bert_dir) -> None:
+    """The serving path (``score_fast``: shared text work, [CLS]-only last block with folded keys
+    and values) gives the reference forward's scores within atol 1e-4 (FP32 rounding only) and the
+    same order, for one unpadded query (the ``rerank`` case) and for padded queries sharing a batch."""
+    from models.reranker.joint_encoder import BUNDLED_MINILM
+
+    bert, tok = load_bert(str(tiny_bert_dir)) if encoder == "tiny" else load_bert(BUNDLED_MINILM, layers=3)
+    rr = JointReranker(bert, tok, item_dim=12, max_text_tokens=16).eval()
+    _spread_head(rr)
+    assert rr.fast_scoring_supported()
+    g = torch.Generator().manual_seed(0)
+    for texts, rows in ((["a person in a red top walks to the left"], [0] * 7),
+                        (["a man", "two people in dark coats walk right together", "red"], [0, 1, 2, 1, 0, 2, 1])):
+        text = rr.tokenize(texts)
+        cache = torch.randn(len(rows), 8, rr.d, generator=g)
+        rho = torch.rand(len(rows), generator=g)
+        with torch.no_grad():
+            ref = rr.score(text, torch.tensor(rows), cache, rho)
+        with torch.inference_mode():
+            fast = rr.score_fast(text, torch.tensor(rows), cache, rho)
+        assert float(ref.std()) > 0.05
+        torch.testing.assert_close(fast, ref, atol=1e-4, rtol=1e-4)
+        per_query = [torch.argsort(v[torch.tensor(rows) == q]) for v in (fast, ref) for q in range(len(texts))]
+        assert all(torch.equal(a, b) for a, b in zip(per_query[:len(texts)], per_query[len(texts):], strict=True))
+
+
+def test_joint_scores_paths_agree_and_fall_back(reranker: JointReranker, monkeypatch) -> None:
+    """``joint_scores`` (what ``rerank`` calls): path 'fast' = path 'reference' within atol 1e-4,
+    chunked or not; an encoder the fast path cannot read is scored by the reference forward."""
+    from rde.vedje.training import joint_scores
+
+    _spread_head(reranker)
+    model = Vedje(VedjeShape(d_v=20, patches=5, frames=4, tokens_per_frame=2, heads=4), reranker)
+    g = torch.Generator().manual_seed(1)
+    caches, rho = torch.randn(6, 8, reranker.d, generator=g), torch.rand(10, generator=g)
+    pairs = [(q, c) for q in range(2) for c in (0, 2, 4, 5, 1)]
+    texts = ["a person walks to the left", "a car"]
+    ref = joint_scores(model, texts, pairs, caches, rho, path="reference")
+    for batch in (256, 3):
+        np.testing.assert_allclose(joint_scores(model, texts, pairs, caches, rho, batch), ref, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="'fast' or 'reference'"):
+        joint_scores(model, texts, pairs, caches, rho, path="int8")
+    monkeypatch.setattr(JointReranker, "fast_scoring_supported", lambda self: False)
+    monkeypatch.setattr(JointReranker, "score_fast", lambda *a: pytest.fail("fast path used on an unsupported encoder"))
+    np.testing.assert_allclose(joint_scores(model, texts, pairs, caches, rho), ref, atol=0)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from models.reranker.cache_codec import Precision, decode, encode, payload_bytes
+from models.reranker.cache_codec import Precision, decode_rows, encode, payload_bytes
 from storage import Artifact
 
 CACHE = pa.schema([pa.field("item_id", pa.string(), nullable=False),
@@ -64,7 +64,8 @@ class FetchStats:
 
 class CacheIndex:
     """All caches of an ``index-cache`` artifact held in memory as encoded bytes (the host-RAM
-    residency of the paper's latency table); ``fetch`` decodes the requested items to FP32."""
+    residency of the paper's latency table), one contiguous uint8 row per item; ``fetch`` gathers the
+    requested rows and decodes them to FP32 in one vectorised call."""
 
     def __init__(self, url: str, expected_lineage: dict[str, Any] | None = None) -> None:
         art = Artifact(url)
@@ -75,28 +76,46 @@ class CacheIndex:
         self.lineage: dict[str, Any] = manifest.config.get("cache_lineage", {})
         if expected_lineage is not None:
             check_lineage(self.lineage, expected_lineage, url)
-        self.blobs: dict[str, bytes] = {}
+        self.rows: dict[str, int] = {}
         self.shape: tuple[int, int] | None = None
         self.precision: Precision = "bf16"
+        blobs: list[bytes] = []
         for _, table in art.iter_shards():
             for r in table.to_pylist():
-                self.blobs[r["item_id"]] = r["cache"]
-                self.shape = (r["frames"] * r["tokens_per_frame"], r["dim"])
-                self.precision = r["precision"]
+                shape = (r["frames"] * r["tokens_per_frame"], r["dim"])
+                if (self.shape, self.precision) != (shape, r["precision"]) and blobs:
+                    raise ValueError(f"the caches at {url} mix shapes or precisions ({self.shape} {self.precision} "
+                                     f"vs {shape} {r['precision']} for {r['item_id']!r}): run `rde index-cache` again")
+                self.shape, self.precision = shape, r["precision"]
+                if r["item_id"] in self.rows:
+                    blobs[self.rows[r["item_id"]]] = r["cache"]
+                else:
+                    self.rows[r["item_id"]] = len(blobs)
+                    blobs.append(r["cache"])
+        width = len(blobs[0]) if blobs else 0
+        if any(len(b) != width for b in blobs):
+            raise ValueError(f"the caches at {url} have rows of different byte lengths: run `rde index-cache` again")
+        self.codes = np.frombuffer(b"".join(blobs), np.uint8).reshape(len(blobs), width)  # items × encoded bytes
         self.stats = FetchStats()
 
     def __len__(self) -> int:
-        return len(self.blobs)
+        return len(self.rows)
+
+    def encoded(self, item_id: str) -> bytes:
+        """The stored bytes of one item's cache (what ``cache_codec.decode`` reads)."""
+        return self.codes[self.rows[item_id]].tobytes()
 
     def fetch(self, item_ids: Sequence[str]) -> torch.Tensor:
         """N×(T·M)×d float32 caches of these items (a missing item is a KeyError naming it)."""
         start = time.perf_counter()
-        missing = [i for i in item_ids if i not in self.blobs]
+        missing = [i for i in item_ids if i not in self.rows]
         if missing:
             raise KeyError(f"{len(missing)} candidate(s) have no cache, e.g. {missing[0]!r}: index them first")
-        assert self.shape is not None
-        out = np.stack([decode(self.blobs[i], self.shape, self.precision) for i in item_ids])
+        assert self.shape is not None or not item_ids
+        picked = self.codes[[self.rows[i] for i in item_ids]]
+        out = (decode_rows(picked, self.shape, self.precision) if self.shape is not None
+               else np.zeros((0, 0, 0), np.float32))
         self.stats.items += len(item_ids)
-        self.stats.bytes += sum(len(self.blobs[i]) for i in item_ids)
+        self.stats.bytes += picked.size
         self.stats.seconds += time.perf_counter() - start
         return torch.from_numpy(out)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from models.backends.model_errors import ModelLoadError, hub_hint
 
@@ -110,6 +111,84 @@ class JointReranker(nn.Module):
         rows = rows.to(text.ids.device)
         c = self._encode(text.ids[rows], text.mask[rows], cache)[:, 0]
         return self.head(c + self.prior(rho.reshape(-1, 1).to(c.device, c.dtype))).squeeze(-1)
+
+    def fast_scoring_supported(self) -> bool:
+        """Whether ``score_fast`` can read this encoder: a BERT-style stack (absolute positions,
+        self-attention with separate query/key/value, post-LN blocks) as BertModel builds it."""
+        layers = getattr(getattr(self.bert, "encoder", None), "layer", None)
+        emb = getattr(self.bert, "embeddings", None)
+        if not layers or emb is None or getattr(self.bert.config, "is_decoder", False):
+            return False
+        if getattr(self.bert.config, "position_embedding_type", "absolute") != "absolute":
+            return False
+        names = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                 "attention.output.LayerNorm", "intermediate", "output.dense", "output.LayerNorm")
+        if not all(hasattr(emb, a) for a in ("word_embeddings", "position_embeddings", "token_type_embeddings",
+                                              "LayerNorm")):
+            return False
+        try:
+            for layer in layers:
+                parts = [layer.get_submodule(n) for n in names]
+                if not all(isinstance(p, nn.Linear) for p in parts[:3]):  # the folded keys/values read .weight
+                    return False
+        except AttributeError:
+            return False
+        return True
+
+    def score_fast(self, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """``score`` for inference, the same function in fewer operations (equal up to float rounding):
+
+        - the text's embeddings and first-block query/key/value projections once per query, not per pair;
+        - no attention mask when no text is padded (the fused SDPA kernel's fast path), no pooler;
+        - the last block only for [CLS]: its query attends through W_k folded into the query
+          (q·(W_k x + b_k) = (W_kᵀq)·x + const, the constant cancels in the softmax) and W_v applied
+          once to the attention-weighted input (Σ a_j (W_v x_j + b_v) = W_v Σ a_j x_j + b_v), so the
+          last block projects no keys or values of the N×(L+K) tokens.
+        Dropout is skipped: call it in eval mode (``joint_scores`` does)."""
+        bert, emb = self.bert, self.bert.embeddings
+        rows = rows.to(text.ids.device)
+        n, k, d = cache.shape
+        length = text.ids.shape[1]
+        if self.max_text_tokens + k > self.max_positions:
+            raise ValueError(f"{self.max_text_tokens} text + {k} cached tokens exceed the encoder's "
+                             f"{self.max_positions} positions")
+        positions, types = emb.position_embeddings.weight, emb.token_type_embeddings.weight
+        words = emb.word_embeddings(text.ids)
+        x_text = emb.LayerNorm(words + types[0] + positions[:length])  # Q×L×d, once per query
+        x_cache = emb.LayerNorm(cache.to(words.device, words.dtype) + types[1]
+                                + positions[self.max_text_tokens:self.max_text_tokens + k])  # N×K×d
+        mask = text.mask[rows].bool()
+        keep = None if bool(mask.all()) else torch.cat([mask, mask.new_ones(n, k)], dim=1)  # N×(L+K)
+        heads = int(bert.config.num_attention_heads)
+        dh = d // heads
+        x = torch.cat([x_text[rows], x_cache], dim=1)
+        blocks = list(bert.encoder.layer)
+        for b, block in enumerate(blocks):
+            att = block.attention.self
+            scale = float(getattr(att, "scaling", dh ** -0.5))
+            if b < len(blocks) - 1:
+                linears = (att.query, att.key, att.value)
+                qkv = ([torch.cat([lin(x_text)[rows], lin(x_cache)], dim=1) for lin in linears] if b == 0
+                       else [lin(x) for lin in linears])
+                q, key, v = (t.view(n, -1, heads, dh).transpose(1, 2) for t in qkv)
+                a = F.scaled_dot_product_attention(q, key, v, attn_mask=None if keep is None else keep[:, None, None],
+                                                   scale=scale)
+                a, residual = a.transpose(1, 2).reshape(n, -1, d), x
+            else:  # [CLS] only, keys and values folded (see the docstring)
+                residual = x[:, 0]
+                u = torch.einsum("nhe,hed->nhd", att.query(residual).view(n, heads, dh),
+                                 att.key.weight.view(heads, dh, d)) * scale
+                logits = torch.bmm(u, x.transpose(1, 2))  # N×heads×(L+K)
+                if keep is not None:
+                    logits = logits.masked_fill(~keep[:, None], float("-inf"))
+                pooled = torch.bmm(logits.softmax(-1), x)  # N×heads×d
+                a = torch.einsum("nhd,hed->nhe", pooled, att.value.weight.view(heads, dh, d))
+                if att.value.bias is not None:
+                    a = a + att.value.bias.view(heads, dh)
+                a = a.reshape(n, d)
+            y = block.attention.output.LayerNorm(block.attention.output.dense(a) + residual)
+            x = block.output.LayerNorm(block.output.dense(block.intermediate(y)) + y)
+        return self.head(x + self.prior(rho.reshape(-1, 1).to(x.device, x.dtype))).squeeze(-1)
 
     def text_embedding(self, text: TextBatch) -> torch.Tensor:
         """VTC side: the projected [CLS] of a text-only pass (Q×item_dim, not normalised)."""

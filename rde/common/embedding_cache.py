@@ -1,21 +1,28 @@
-"""Image embeddings cached as an artifact, so a rerun (or another stage) never re-embeds.
+"""Image embeddings cached as an artifact, so a rerun (or another stage, or another flow) never re-embeds.
 
-One cache artifact per embedder identity: (model id, revision, preprocessing, dimension). Rows
-are keyed by the image's content hash (``image_id``). New embeddings are appended as a new shard
-and the manifest rewritten; a reader streams the shards and keeps only the ids it needs.
-Writers in one process are serialised by a lock; separate processes should not append to the
-same cache at the same moment (each stage runs its embedding in one task per shard set).
+One cache artifact per embedder identity: (model id, revision, preprocessing, dimension), under
+``<output root>/cache/embeddings/``, shared by every flow writing to that output (CGDS and the hard
+negatives embed the same pool once). Rows are keyed by the image's content hash (``image_id``).
+New embeddings are appended as a new shard and the manifest replaced atomically, holding the
+cache folder's lock (a ``flock``, so writers in other processes on the same machine wait; an
+object-store root has no lock: see ``rde.common.run_lock``). A reader never sees the cache
+incomplete: the old manifest stays until the new one replaces it, and the shards it lists are
+never rewritten. Two processes missing the same image both embed it and both append it: a
+duplicate row, harmless to lookups.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from models.backends.interfaces import ImageEmbedder, TextImageExpert
+from rde.common.image_decoding import decode_rgb
+from rde.common.run_lock import output_lock
 from storage import Artifact, ArtifactWriter
 from storage.filesystem import join
 from storage.hashing import sha256_json
@@ -98,12 +105,56 @@ class EmbeddingCache:
                 cached.update(zip(unique_missing, vectors, strict=True))
         return np.stack([cached[x] for x in image_ids]) if image_ids else np.zeros((0, self.embedder.dim), np.float32)
 
+    def embed_artifact(self, artifact: Artifact, columns: Sequence[str],
+                       keep: Callable[[dict[str, Any]], bool] | None = None) -> tuple[list[dict[str, Any]], np.ndarray]:
+        """Each row's ``columns`` (``keep``: only the rows it accepts) and its vector, in artifact
+        order, holding one shard's image bytes at a time: the ids are read first (no bytes), looked
+        up in the cache once, and a shard's bytes are read only when it has a miss. Memory: the
+        metadata and the vectors (N × dim floats), plus one shard of bytes."""
+        rows: list[dict[str, Any]] = []
+        ids: list[str] = []
+        where: list[tuple[int, int]] = []  # (shard index, row within the shard) of each kept row
+        for index, table in artifact.iter_shards(list(dict.fromkeys(["image_id", *columns]))):
+            for pos, row in enumerate(table.to_pylist()):
+                if keep is None or keep(row):
+                    rows.append({k: row[k] for k in columns})
+                    ids.append(row["image_id"])
+                    where.append((index, pos))
+        with self._lock:
+            found = self.lookup(ids)
+            for index, positions in _misses_by_shard(ids, where, found):
+                column = artifact.read_shard(index, ["image_bytes"]).column("image_bytes")
+                missing = [ids[k] for k in positions]
+                vectors = self.embedder.embed([decode_rgb(column[where[k][1]].as_py()) for k in positions])
+                self.embedded += len(missing)
+                self._append(missing, vectors)
+                found.update(zip(missing, vectors, strict=True))
+        out = np.stack([found[i] for i in ids]) if ids else np.zeros((0, self.embedder.dim), np.float32)
+        return rows, out
+
     def _append(self, ids: list[str], vectors: np.ndarray) -> None:
+        """One more shard, then the manifest listing it (held under the folder's lock)."""
         writer = ArtifactWriter(self.url, "embedding_cache", self.schema, self.key)
-        previous = Artifact(self.url).manifest().shards if Artifact(self.url).is_complete(self.key) else []
-        writer.begin()  # drops the manifest for the moment of the append; shards of this key stay
         table = pa.table({"image_id": ids, "vector": pa.array(list(vectors.astype(np.float32)),
                                                               type=self.schema.field("vector").type)})
-        shard = writer.write_shard(len(previous), table)
-        writer.finalize([*previous, shard], code_version="embedding-cache", models={"embedder": self.identity},
-                        config={"identity": self.identity})
+        with output_lock(self.url, "embedding-cache", wait=True):
+            current = Artifact(self.url)
+            previous = current.manifest().shards if current.is_complete(self.key) else []
+            if not previous:
+                writer.begin()  # a new cache (or one under another key): start clean
+            shard = writer.write_shard(len(previous), table)  # a new file: no listed shard is rewritten
+            writer.finalize([*previous, shard], code_version="embedding-cache",
+                            models={"embedder": self.identity}, config={"identity": self.identity})
+
+
+def _misses_by_shard(ids: Sequence[str], where: Sequence[tuple[int, int]],
+                     found: dict[str, np.ndarray]) -> Iterator[tuple[int, list[int]]]:
+    """(shard index, positions in ``ids``) of the rows whose vector is not cached, shard by shard;
+    an id already met in an earlier shard is not a miss again."""
+    by_shard: dict[int, list[int]] = {}
+    seen: set[str] = set()
+    for k, image_id in enumerate(ids):
+        if image_id not in found and image_id not in seen:
+            by_shard.setdefault(where[k][0], []).append(k)
+            seen.add(image_id)
+    yield from sorted(by_shard.items())

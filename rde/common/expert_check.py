@@ -8,7 +8,9 @@ score of a random ranking.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -30,20 +32,95 @@ class CheckSet:
     gallery_identities: list[str]
     gallery_domains: list[str]
     gallery_ids: list[str] | None = None  # content hashes of the images (image_id), where known
+    query_ids: list[str] | None = None  # the YAML's query ids, in query order, where known
+    query_domains: list[str] | None = None  # each query's domain (pedestrian / vehicle), where known
+
+
+DOMAINS = ("pedestrian", "vehicle")
+DEFAULT_CHECK_FILE = Path("data") / "check_set" / "queries.yaml"
+
+
+def _fail(source: Path, where: str, problem: str) -> ValueError:
+    return ValueError(f"check set {source}: {where}: {problem}")
+
+
+def _identity_list(value: Any, source: Path, where: str, key: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(i, str) and i.strip() for i in value):
+        raise _fail(source, where, f"{key} must be a list of non-empty identity strings, got {value!r}")
+    return value
+
+
+def validate_check_yaml(data: Any, source: Path) -> dict:
+    """Check a parsed check-set file; raise ValueError naming the file and the query id at the first problem.
+
+    Rules: a mapping with a non-empty ``queries`` list; unique query ids; non-empty text; domain in
+    :data:`DOMAINS`; at least one relevant identity; ``labelled_by`` (non-empty) and ``labelled_on`` (an ISO
+    date) on every query; no relevant identity listed in ``junk_identities``."""
+    if not isinstance(data, dict):
+        raise _fail(source, "file", f"expected a mapping at the top level, got {type(data).__name__}")
+    queries = data.get("queries")
+    if not isinstance(queries, list) or not queries:
+        raise _fail(source, "file", "'queries' must be a non-empty list")
+    junk = set(_identity_list(data.get("junk_identities") or [], source, "file", "junk_identities"))
+    seen: set[str] = set()
+    for n, q in enumerate(queries):
+        if not isinstance(q, dict):
+            raise _fail(source, f"query #{n + 1}", f"expected a mapping, got {type(q).__name__}")
+        qid = q.get("id")
+        if not isinstance(qid, str) or not qid.strip():
+            raise _fail(source, f"query #{n + 1}", f"missing or empty id ({qid!r})")
+        where = f"query {qid}"
+        if qid in seen:
+            raise _fail(source, where, "duplicate query id")
+        seen.add(qid)
+        if not isinstance(q.get("text"), str) or not q["text"].strip():
+            raise _fail(source, where, "empty or missing text")
+        if q.get("domain") not in DOMAINS:
+            raise _fail(source, where, f"domain must be one of {', '.join(DOMAINS)}, got {q.get('domain')!r}")
+        relevant = _identity_list(q.get("relevant_identities"), source, where, "relevant_identities")
+        if not relevant:
+            raise _fail(source, where, "no relevant identities")
+        if not isinstance(q.get("labelled_by"), str) or not q["labelled_by"].strip():
+            raise _fail(source, where, "missing labelled_by (who labelled the query, and how)")
+        labelled_on = q.get("labelled_on")
+        if isinstance(labelled_on, str):
+            try:
+                date.fromisoformat(labelled_on)
+            except ValueError:
+                raise _fail(source, where, f"labelled_on must be an ISO date, got {labelled_on!r}") from None
+        elif not isinstance(labelled_on, date):
+            raise _fail(source, where, f"missing labelled_on (an ISO date), got {labelled_on!r}")
+        if junk & set(relevant):
+            raise _fail(source, where, f"relevant identities listed as junk: {', '.join(sorted(junk & set(relevant)))}")
+    return data
 
 
 def load_check_yaml(path: Path | None = None) -> dict:
-    return yaml.safe_load((path or project_root() / "data" / "check_set" / "queries.yaml").read_text())
+    """The parsed check-set file (default ``data/check_set/queries.yaml``), validated by
+    :func:`validate_check_yaml` (ValueError naming the file and the query id)."""
+    source = path or project_root() / DEFAULT_CHECK_FILE
+    try:
+        data = yaml.safe_load(source.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"check set {source}: not valid YAML: {e}") from e
+    return validate_check_yaml(data, source)
 
 
 def load_check_set(pool_url: str | None = None, queries_file: Path | None = None) -> CheckSet:
     data = load_check_yaml(queries_file)
     table = Artifact(pool_url or str(project_root() / "data" / "demo_pool")).read_shard(0).to_pylist()
-    junk = set(data.get("junk_identities", []))
+    pool_crops = {r["identity"] for r in table if r["variant"] == "crop"}
+    missing = {q["id"]: sorted(set(q["relevant_identities"]) - pool_crops) for q in data["queries"]}
+    if any(missing.values()):
+        detail = "; ".join(f"query {qid}: {', '.join(ids)}" for qid, ids in missing.items() if ids)
+        raise ValueError(f"check set {queries_file or project_root() / DEFAULT_CHECK_FILE}: relevant identities with "
+                         f"no crop in the pool {pool_url or 'data/demo_pool'}: {detail}")
+    junk = set(data.get("junk_identities") or [])
     crops = [r for r in table if r["variant"] == "crop" and r["identity"] not in junk]
     return CheckSet([q["text"] for q in data["queries"]], [set(q["relevant_identities"]) for q in data["queries"]],
                     [decode_rgb(r["image_bytes"]) for r in crops], [r["identity"] for r in crops],
-                    [r["domain"] for r in crops], [sha256_bytes(r["image_bytes"]) for r in crops])
+                    [r["domain"] for r in crops], [sha256_bytes(r["image_bytes"]) for r in crops],
+                    [q["id"] for q in data["queries"]], [q["domain"] for q in data["queries"]])
 
 
 def relevance_lists(check: CheckSet, ranked: np.ndarray) -> tuple[list[list[bool]], list[int]]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import io
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from rde.common.reasons import Reason
+from storage import Artifact
 
 # Truncated files must fail, not decode half-grey.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -134,3 +135,17 @@ def _to_rgb(image: Image.Image) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
     except (OSError, ValueError) as exc:
         raise DecodeError(Reason.UNSUPPORTED_IMAGE, f"cannot convert mode {mode} to RGB: {exc}") from None
+
+
+def decoded_images(artifact: Artifact, image_ids: Iterable[str]) -> dict[str, np.ndarray]:
+    """The images with these ids (``image_id`` → RGB), read one shard at a time: memory is the
+    selection plus one shard's bytes, not the artifact's."""
+    wanted = set(image_ids)
+    found: dict[str, np.ndarray] = {}
+    for index, table in artifact.iter_shards(["image_id"]):  # ids first: bytes only of shards with a hit
+        ids = table.column("image_id").to_pylist()
+        hits = [k for k, i in enumerate(ids) if i in wanted and i not in found]
+        if hits:
+            column = artifact.read_shard(index, ["image_bytes"]).column("image_bytes")
+            found.update((ids[k], decode_rgb(column[k].as_py())) for k in hits)
+    return found

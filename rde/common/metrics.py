@@ -25,11 +25,31 @@ def average_precision_at_k(relevance: Sequence[bool], n_relevant: int, k: int) -
     return total / min(k, n_relevant)
 
 
+def ap_per_query(rankings: Sequence[Sequence[bool]], n_relevant: Sequence[int], k: int) -> list[float | None]:
+    """AP@K of each query (None where it has no relevant item), for per-query statistics."""
+    return [average_precision_at_k(r, n, k) for r, n in zip(rankings, n_relevant, strict=True)]
+
+
 def mean_ap_at_k(rankings: Sequence[Sequence[bool]], n_relevant: Sequence[int], k: int) -> float:
     """mAP@K over queries that have at least one relevant item."""
-    aps = [average_precision_at_k(r, n, k) for r, n in zip(rankings, n_relevant, strict=True)]
-    valid = [a for a in aps if a is not None]
+    valid = [a for a in ap_per_query(rankings, n_relevant, k) if a is not None]
     return float(np.mean(valid)) if valid else 0.0
+
+
+def bootstrap_interval(values: Sequence[float], level: float = 0.95, resamples: int = 10_000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean over queries: resample the queries with
+    replacement ``resamples`` times, take the (1 − level)/2 and (1 + level)/2 quantiles of the
+    resampled means. For a difference between two methods pass the per-query differences (a
+    paired bootstrap: both methods see the same resampled queries). Quantiles use numpy's
+    default (linear) interpolation."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        raise ValueError("bootstrap_interval needs at least one value")
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
 
 
 

@@ -291,6 +291,9 @@ class VedjeSpec(Strict):
     candidates: list[int] = Field(default_factory=lambda: [20, 50, 100], min_length=1)  # N_c evaluated
     shard_size: int = Field(64, ge=1)  # items per index-cache task
     score_batch: int = Field(256, ge=1)  # pairs per joint-encoder forward at query time
+    # joint scoring at query time: 'fast' = JointReranker.score_fast (same scores up to float rounding,
+    # [CLS]-only last block, shared text work); 'reference' = the encoder's full forward
+    score_path: Literal["fast", "reference"] = "fast"
     seed: int = 0
 
     @model_validator(mode="after")

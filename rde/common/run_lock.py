@@ -30,9 +30,10 @@ _guard = threading.Lock()
 
 
 @contextmanager
-def output_lock(root: str, flow_name: str) -> Iterator[None]:
+def output_lock(root: str, flow_name: str, wait: bool = False) -> Iterator[None]:
     """Hold ``root`` for one run (re-entrant within this process); RunLockedError if another
-    process holds it."""
+    process holds it, or with ``wait`` block until it lets go (a shared output another flow is
+    writing: the waiter then finds it complete)."""
     if "://" in root:
         yield
         return
@@ -59,7 +60,7 @@ def output_lock(root: str, flow_name: str) -> Iterator[None]:
         raise StorageWriteError(f"cannot use the output folder {folder}: {exc.strerror or exc} ({exc})") from exc
     try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"

@@ -105,9 +105,7 @@ def build_secmm_cmd(
     Finished stages are skipped on a rerun with the same inputs and config; an interrupted
     stage resumes at its first missing shard.
     """
-    from flows.build_secmm import build_secmm
-
-    _run_flow(build_secmm, profile, input_path, input_kind, output, sets, as_json, until)
+    _run_flow(FlowRef("build_secmm"), profile, input_path, input_kind, output, sets, as_json, until)
 
 
 @app.command("build-largefine")
@@ -125,9 +123,7 @@ def build_largefine_cmd(
 ) -> None:
     """Run the build-largefine flow (GTR+ generation): ingest → denoise → hard-negative neighbours →
     base + intermediate tiers → template gallery → advanced tier → LargeFine-style shards + card."""
-    from flows.build_largefine import build_largefine
-
-    _run_flow(build_largefine, profile, input_path, input_kind, output, sets, as_json, until)
+    _run_flow(FlowRef("build_largefine"), profile, input_path, input_kind, output, sets, as_json, until)
 
 
 @app.command("train-saft")
@@ -139,9 +135,7 @@ def train_saft_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """SAFT fine-tuning (ITC + SASS + ISD) on the build-largefine captions; evaluation on the check set."""
-    from flows.train_saft import train_saft
-
-    _run_flow(train_saft, profile, None, None, output, sets, as_json, None)
+    _run_flow(FlowRef("train_saft"), profile, None, None, output, sets, as_json, None)
 
 
 @app.command("train-gtr")
@@ -153,9 +147,7 @@ def train_gtr_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """GTR+ confidence-weighted training (ITC + ITM, GMM weights) on the build-largefine captions."""
-    from flows.train_gtr import train_gtr
-
-    _run_flow(train_gtr, profile, None, None, output, sets, as_json, None)
+    _run_flow(FlowRef("train_gtr"), profile, None, None, output, sets, as_json, None)
 
 
 @app.command("train-vedje")
@@ -167,9 +159,7 @@ def train_vedje_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train the cached joint reranker (compressor + MiniLM joint encoder; VTM+VTC+MLM+delta)."""
-    from flows.train_vedje import train_vedje
-
-    _run_flow(train_vedje, profile, None, None, output, sets, as_json, None)
+    _run_flow(FlowRef("train_vedje"), profile, None, None, output, sets, as_json, None)
 
 
 @app.command("index-cache")
@@ -181,9 +171,7 @@ def index_cache_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Write per-item reranker caches (backbone → trained compressor → BF16/FP8/FP4 rows) + stage-1 index."""
-    from flows.index_cache import index_cache
-
-    _run_flow(index_cache, profile, None, None, output, sets, as_json, None)
+    _run_flow(FlowRef("index_cache"), profile, None, None, output, sets, as_json, None)
 
 
 @app.command("rerank")
@@ -200,20 +188,35 @@ def rerank_cmd(
 ) -> None:
     """Rerank stage-1 candidates from the stored caches (text → search → cache fetch → joint score);
     with --query, print each query's top items: rank, item, score, stage-1 rank, a clip's time span."""
-    from flows.rerank import rerank
+    flow_ref = FlowRef("rerank")
 
     def add_results(summary: dict[str, Any], prof: Any) -> None:
         from tasks.context import RunContext
         from tasks.vedje import top_results
 
         url = summary["artifacts"]["rerank.reranked"]["url"]
-        summary["results"] = top_results(RunContext(prof, rerank.name, output), url, top)
+        summary["results"] = top_results(RunContext(prof, flow_ref.name, output), url, top)
 
-    _run_flow(rerank, profile, None, None, output, sets, as_json, None, {"queries": query or None},
+    _run_flow(flow_ref, profile, None, None, output, sets, as_json, None, {"queries": query or None},
               add_results if query else None)
 
 
-def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
+class FlowRef:
+    """A flow the CLI runs, imported only once its profile and input are valid: importing a flow
+    pulls in Prefect and torch (about 5 s here), and a typo in ``--profile`` or ``--set`` should be
+    answered at once. ``module``: the module under ``flows/`` and its flow function's name."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.name = module.replace("_", "-")  # the flow's name (FLOW_NAME), its artifacts' folder
+
+    def load(self) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(f"flows.{self.module}"), self.module)
+
+
+def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
               sets: list[str] | None, as_json: bool, until: str | None, extra: dict[str, Any] | None = None,
               add: Callable[[dict[str, Any], Any], None] | None = None) -> None:
     """Validate profile and input before Prefect starts, run the flow (a live progress line per
@@ -232,10 +235,12 @@ def _run_flow(flow_fn: Any, profile: str, input_path: str | None, input_kind: st
 
         prof = load_profile(profile, overrides)  # validate before starting Prefect
         check_input(prof.input, project_root())
-        root = RunContext(prof, flow_fn.name, output).root
-        with output_lock(root, flow_fn.name), live_progress(err_console):  # lock: checked before Prefect starts
-            summary = flow_fn(profile=profile, overrides=overrides or None, output_root=output, until=until,
-                              **(extra or {}))
+        root = RunContext(prof, flow_ref.name, output).root
+        with output_lock(root, flow_ref.name):  # checked before Prefect starts
+            flow_fn = flow_ref.load()
+            with live_progress(err_console):
+                summary = flow_fn(profile=profile, overrides=overrides or None, output_root=output,
+                                  until=until, **(extra or {}))
         if add is not None:
             add(summary, prof)
     except _user_errors() as exc:

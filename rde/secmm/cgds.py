@@ -77,13 +77,15 @@ def sample_per_cluster(labels: np.ndarray, min_n: int, max_n: int, seed: int) ->
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)
 
 
-GALLERY_FIELDS = ("image_id", "domain", "identity", "source", "width", "height", "image_bytes")
+GALLERY_FIELDS = ("image_id", "domain", "identity", "source", "width", "height")  # + the image's bytes, added
+# by the stage while it streams the pool: the draw itself works on embeddings and metadata only
 
 
 @dataclass
 class GallerySample:
-    """CGDS over a whole pool: the gallery rows, one sampling row per input image (sampled, or the
-    reason it is not: ``not_sampled``, ``wrong_category``), and each cluster's size and draw."""
+    """CGDS over a whole pool: the gallery rows (metadata, no bytes), one sampling row per input
+    image (sampled, or the reason it is not: ``not_sampled``, ``wrong_category``), and each
+    cluster's size and draw. Both lists are ordered by domain, then by input order."""
 
     gallery: list[dict[str, Any]] = field(default_factory=list)
     sampling: list[dict[str, Any]] = field(default_factory=list)

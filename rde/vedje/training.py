@@ -219,18 +219,25 @@ def stored_caches(model: Vedje, data: VedjeTensors, precision: str = "bf16"
     return cache_of
 
 
-@torch.no_grad()
 def joint_scores(model: Vedje, texts: Sequence[str], pairs: Sequence[tuple[int, int]], caches: torch.Tensor,
-                 rho: torch.Tensor, batch: int = 256) -> np.ndarray:
-    """s_θ for (query index, cache row) pairs, in chunks of ``batch`` pairs (Alg. 1, lines 9–11)."""
+                 rho: torch.Tensor, batch: int = 256, path: str = "fast") -> np.ndarray:
+    """s_θ for (query index, cache row) pairs, in chunks of ``batch`` pairs (Alg. 1, lines 9–11).
+
+    ``path`` "fast" (default) scores through ``JointReranker.score_fast`` under inference mode (the
+    same scores up to float rounding, fewer operations; a non-BERT encoder falls back to the
+    reference); "reference" runs the encoder's own forward over every token (``score``)."""
+    if path not in ("fast", "reference"):
+        raise ValueError(f"joint scoring path must be 'fast' or 'reference', got {path!r}")
     model.eval()
-    text = model.reranker.tokenize(list(texts))
-    out = []
-    for s in range(0, len(pairs), batch):
-        chunk = pairs[s:s + batch]
-        rows = torch.tensor([q for q, _ in chunk])
-        out.append(model.reranker.score(text, rows, caches[[c for _, c in chunk]], rho[s:s + batch]).float().cpu()
-                   .numpy())
+    reranker = model.reranker
+    score = reranker.score_fast if path == "fast" and reranker.fast_scoring_supported() else reranker.score
+    with torch.inference_mode():
+        text = reranker.tokenize(list(texts))
+        out = []
+        for s in range(0, len(pairs), batch):
+            chunk = pairs[s:s + batch]
+            rows = torch.tensor([q for q, _ in chunk])
+            out.append(score(text, rows, caches[[c for _, c in chunk]], rho[s:s + batch]).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
