@@ -296,6 +296,75 @@ def test_llama_cpp_generator_honours_a_gbnf_grammar() -> None:
     assert res.ok and res.text in {"teal coat", "ochre coat"}, res.text
 
 
+@pytest.fixture(scope="module")
+def smollm2():
+    from models.backends.generators import LlamaCppGenerator
+
+    return LlamaCppGenerator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))
+
+
+@pytest.mark.slow
+def test_llama_cpp_tokenizer_from_the_gguf_splits_as_the_model_does(smollm2) -> None:
+    """The GGUF's BPE gives the ids the model itself emits (and as many tokens as llama.cpp counts)."""
+    [res] = smollm2.generate([GenerationRequest("t", [ChatMessage("user", "Name two colours.")], max_tokens=16)])
+    emitted = [t.token for t in res.tokens if t.token]
+    assert smollm2.tokenize(res.text) == smollm2.tokenize("".join(emitted))
+    assert len(smollm2.tokenize(res.text)) == len(emitted)
+    for text in ("The person wears a purple giraffe hat.", "It's 1234 pixels, naïve — ok?\n  Two  spaces."):
+        counted = smollm2.server.handle_completions({"prompt": text, "n_predict": 1})["usage"]["prompt_tokens"]
+        assert len(smollm2.tokenize(text)) == counted
+
+
+@pytest.mark.slow
+def test_llama_cpp_teacher_forcing_reproduces_greedy_logprobs_and_penalises_unlikely_text(smollm2) -> None:
+    """Forcing the model's own greedy reply gives its generation log-probabilities (the raw
+    distribution, not the post-grammar one where every forced token has probability 1); a forced
+    unlikely text scores a clearly lower mean probability (Eq. 8)."""
+    system = ChatMessage("system", "Facts: upper-body clothing colour: black; lower-body clothing colour: blue")
+    req = GenerationRequest("g", [system, ChatMessage("user", "Describe the person's clothing in one sentence.")],
+                            max_tokens=40)
+    [gen] = smollm2.generate([req])
+    [forced] = smollm2.score([req], [gen.text])
+    assert gen.ok and forced.ok and forced.text == gen.text
+    assert len(forced.tokens) == len(gen.tokens)
+    diffs = [abs(a.logprob - b.logprob) for a, b in zip(gen.tokens, forced.tokens, strict=True)]
+    assert max(diffs) < 1e-3, diffs
+    assert any(t.logprob < -0.05 for t in forced.tokens)  # not the post-sampling probabilities (all 0)
+    [odd] = smollm2.score([req], ["The person wears a purple giraffe hat and sings loudly."])
+    assert odd.ok and odd.mean_token_probability < gen.mean_token_probability - 0.1  # measured 0.26 vs 0.43
+    assert [t.token for t in odd.tokens][4] == " purple" and odd.tokens[4].logprob < -5  # one token, unlikely
+    [bad] = smollm2.score([req], [""])
+    assert not bad.ok
+
+
+class _ScoringLlm(_ScriptedLlm):
+    def score(self, requests, texts):
+        self.seen.extend(requests)
+        return [GenerationResult(r.request_id, t, [*(TokenLogprob(w, -0.1) for w in t.split(" ")),
+                                                   TokenLogprob("", -2.0)], "scripted")  # "": end of turn
+                for r, t in zip(requests, texts, strict=True)]
+
+
+def test_grounded_captioner_scores_under_the_request_generate_sends(registry: ModelRegistry,
+                                                                     person_crop: np.ndarray) -> None:
+    spec = ModelSpec(backend="grounded", model_id="grounded-test")
+    llm = _ScoringLlm("The person wears a top.")
+    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm)
+    req = GenerationRequest("r1", [ChatMessage("user", "Describe the person.", [person_crop])], max_tokens=30)
+    qa = GenerationRequest("r2", [ChatMessage("user", "Ask.", [person_crop])], expects="qa_pairs")
+    gen.generate([req])
+    scored, from_facts = gen.score([req, qa], ["A purple coat.", "Q1: x"])
+    generated, forced = llm.seen
+    assert [(m.role, m.content) for m in forced.messages] == [(m.role, m.content) for m in generated.messages]
+    assert scored.ok and scored.text == "A purple coat." and scored.model_id == gen.model_id
+    # no grounding filter on a given text; the end-of-turn token is not counted, as in generate's q_txt
+    assert len(scored.tokens) == 3 and scored.mean_token_probability == pytest.approx(math.exp(-0.1))
+    assert not from_facts.ok and "answered from the facts" in from_facts.error
+    plain = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), _ScriptedLlm("x"))
+    with pytest.raises(NotImplementedError, match="_ScriptedLlm"):
+        plain.score([req], ["x"])
+
+
 def test_openai_http_sends_the_grammar_only_in_the_configured_field() -> None:
     from openai_stub import StubServer
 

@@ -98,7 +98,7 @@ def test_processes_appending_to_one_cache_lose_nothing(tmp_path: Path) -> None:
 
     from storage import Artifact
 
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # not fork: the suite's worker has threads
     workers = [ctx.Process(target=_append_many, args=(str(tmp_path), 100 * w, 12)) for w in range(3)]
     for w in workers:
         w.start()

@@ -98,15 +98,17 @@ def test_embed_artifact_embeds_each_image_once_and_reads_bytes_only_of_shards_wi
                                                                                       every[35]["image_id"]}
 
 
-def _cgds_peak(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
-    """Peak Python memory (tracemalloc) of CGDS on an n-image pool, and its gallery size."""
-    root = tmp_path / f"n{n}"
-    _accepted(root / "build-secmm" / "demo" / "accepted", n)
-    monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self: MeanEmbedder())
+def cgds_peak(root: str, n: int) -> tuple[int, int]:
+    """Peak Python memory (tracemalloc) of CGDS on an n-image pool, and its gallery size. Run in a
+    fresh process (``_measured``): tracemalloc in a worker that other tests left threads in
+    (Prefect, OpenMP) crashed once, and a fresh process measures only this stage."""
+    folder = Path(root) / f"n{n}"
+    _accepted(folder / "build-secmm" / "demo" / "accepted", n)
+    ModelRegistry.image_embedder = lambda self: MeanEmbedder()  # type: ignore[method-assign]
     profile = load_profile("demo", {"sampling": {"clusters_per_domain": 3, "min_per_cluster": 2,
                                                  "max_per_cluster": 8}})
-    run = StageRun(secmm_tasks.Cgds(), RunContext(profile, "build-secmm", str(root)))
     stage = secmm_tasks.Cgds()
+    run = StageRun(stage, RunContext(profile, "build-secmm", str(folder)))
     stage.lineage(run)
     tracemalloc.start()
     try:
@@ -118,13 +120,26 @@ def _cgds_peak(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> tuple
     return peak, gallery
 
 
-def test_cgds_memory_does_not_grow_with_the_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _measured(root: Path, sizes: list[int]) -> list[tuple[int, int]]:
+    """``cgds_peak`` of each size, in order, in one fresh interpreter (the first size warms it up)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; sys.path.insert(0, 'tests'); from test_streaming_memory import cgds_peak; "
+            f"print(json.dumps([cgds_peak({str(root)!r}, n) for n in {sizes!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def test_cgds_memory_does_not_grow_with_the_pool(tmp_path: Path) -> None:
     """48 vs 192 images (~30 KB each, 16 per shard): holding every image's bytes takes ~4.6 MB
     more at 192 (measured: 3.0 → 7.6 MB peak when the gallery step read all rows with their
-    bytes); streaming holds one shard's (~0.5 MB) plus metadata (measured 1.54 MB at both sizes)."""
-    _cgds_peak(tmp_path, 16, monkeypatch)  # first call: k-means imports and first-use allocations
-    small, g_small = _cgds_peak(tmp_path, 48, monkeypatch)
-    large, g_large = _cgds_peak(tmp_path, 192, monkeypatch)
+    bytes); streaming holds one shard's (~0.5 MB) plus metadata (measured 1.54 MB at both sizes).
+    The first, 16-image run takes the k-means imports and first-use allocations."""
+    _, (small, g_small), (large, g_large) = _measured(tmp_path, [16, 48, 192])
     assert g_small > 0 and g_large > 0
     per_image = len(_jpeg(0))
     assert large - small < 40 * per_image, (small, large, per_image)  # 144 more images: < 40 images' bytes

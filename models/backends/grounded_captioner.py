@@ -28,7 +28,14 @@ from models.backends.attributes import (
 )
 from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
-from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, Generator, TokenLogprob
+from models.backends.interfaces import (
+    ChatMessage,
+    GenerationRequest,
+    GenerationResult,
+    Generator,
+    TokenLogprob,
+    score_texts,
+)
 from models.prompt_files import PromptFile, load_prompt
 from models.specs import ModelSpec
 
@@ -312,27 +319,38 @@ class GroundedCaptionGenerator:
         text = "\n".join(f"Q{i}: {q}\nA{i}: {a}" for i, (q, a) in enumerate(pairs, 1))
         return GenerationResult(request.request_id, text, [], self.model_id, "stop")
 
+    def ground_request(self, request: GenerationRequest) -> tuple[GenerationRequest, set[str]] | None:
+        """The text-only request the LLM gets for ``request`` (the measured facts of its images in
+        the system prompt, the images dropped) and the words a reply may use; None when the request
+        is answered from the facts without the LLM (a ``qa_pairs`` request with ``qa_from_facts``)."""
+        images = [im for m in request.messages for im in m.images]
+        facts = self._facts_cached(images)
+        if request.expects == "qa_pairs" and self.qa_from_facts and facts:
+            return None
+        roles = ["target"] + ["reference"] * (len(facts) - 1)
+        block = "\n".join(self.prompt.render("image_facts", index=i + 1, role=roles[i], lines="; ".join(f.lines))
+                          for i, f in enumerate(facts)) or "No image was given."
+        system = ChatMessage("system", self.prompt.render("system", facts=block))
+        rest = [ChatMessage(m.role, m.content) for m in request.messages if m.role != "system"]
+        extra_system = [m.content for m in request.messages if m.role == "system"]
+        if extra_system:
+            system.content += "\n" + "\n".join(extra_system)
+        allowed = set().union(*(f.allowed for f in facts)) if facts else set(GENERIC_ALLOWED)
+        return GenerationRequest(request.request_id, [system, *rest], request.max_tokens, request.temperature,
+                                 request.seed), allowed
+
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         grounded: list[GenerationRequest] = []
         allowed_sets: list[set[str]] = []
         answered: dict[str, GenerationResult] = {}
         for request in requests:
-            images = [im for m in request.messages for im in m.images]
-            facts = self._facts_cached(images)
-            if request.expects == "qa_pairs" and self.qa_from_facts and facts:
-                answered[request.request_id] = self._facts_qa(request, facts)
+            built = self.ground_request(request)
+            if built is None:
+                answered[request.request_id] = self._facts_qa(request, self._facts_cached(
+                    [im for m in request.messages for im in m.images]))
                 continue
-            roles = ["target"] + ["reference"] * (len(facts) - 1)
-            block = "\n".join(self.prompt.render("image_facts", index=i + 1, role=roles[i], lines="; ".join(f.lines))
-                              for i, f in enumerate(facts)) or "No image was given."
-            system = ChatMessage("system", self.prompt.render("system", facts=block))
-            rest = [ChatMessage(m.role, m.content) for m in request.messages if m.role != "system"]
-            extra_system = [m.content for m in request.messages if m.role == "system"]
-            if extra_system:
-                system.content += "\n" + "\n".join(extra_system)
-            grounded.append(GenerationRequest(request.request_id, [system, *rest], request.max_tokens,
-                                              request.temperature, request.seed))
-            allowed_sets.append(set().union(*(f.allowed for f in facts)) if facts else set(GENERIC_ALLOWED))
+            grounded.append(built[0])
+            allowed_sets.append(built[1])
         results = []
         for result, allowed in zip(self.llm.generate(grounded) if grounded else [], allowed_sets, strict=True):
             if not result.ok:
@@ -346,6 +364,26 @@ class GroundedCaptionGenerator:
                                             result.finish_reason, error, result.attempts))
         by_id = {r.request_id: r for r in results} | answered
         return [by_id[r.request_id] for r in requests]
+
+    def score(self, requests: list[GenerationRequest], texts: list[str]) -> list[GenerationResult]:
+        """Teacher forcing (q_txt of a given text, GTR+ Eq. 8): each text as the LLM's reply to the
+        same grounded request ``generate`` sends (``ground_request``: same facts, same prompt), scored
+        by the LLM's ``score``. No grounding filter runs: the text is given, every token of it counts;
+        the end-of-turn token after it (empty text) is left out, as ``generate``'s q_txt leaves it out
+        (``keep_grounded`` keeps tokens that start inside the kept text), so both are on one scale. A
+        request answered from the facts (Q&A) has no token probabilities: its result is an error.
+        NotImplementedError when the LLM backend cannot teacher-force."""
+        built = [self.ground_request(r) for r in requests]
+        todo = [(i, b[0], t) for i, (b, t) in enumerate(zip(built, texts, strict=True)) if b is not None]
+        scored = score_texts(self.llm, [r for _, r, _ in todo], [t for _, _, t in todo]) if todo else []
+        out = [GenerationResult(r.request_id, "", [], self.model_id, None,
+                                "unsupported: a Q&A request is answered from the facts, without token probabilities")
+               for r in requests]
+        for (i, _, _), res in zip(todo, scored, strict=True):
+            tokens = res.tokens[:-1] if res.tokens and not res.tokens[-1].token else res.tokens
+            out[i] = GenerationResult(res.request_id, res.text, tokens, self.model_id, res.finish_reason,
+                                      res.error, res.attempts)
+        return out
 
     def measured_facts(self, images: list[np.ndarray]) -> list[ImageFacts]:
         """What was measured in each image (remembered from ``generate``): the caption pool checks

@@ -124,3 +124,21 @@ class Generator(Protocol):
     model_id: str
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
+
+
+@runtime_checkable
+class ScoringGenerator(Generator, Protocol):
+    """A Generator that can also teacher-force: the log-probability of each token of a given reply
+    (its ``mean_token_probability`` is that text's q_txt, GTR+ Eq. 8). Optional: ``llama-cpp`` and the
+    grounded captioner over it implement it."""
+
+    def score(self, requests: list[GenerationRequest], texts: list[str]) -> list[GenerationResult]: ...
+
+
+def score_texts(generator: Generator, requests: list[GenerationRequest], texts: list[str]) -> list[GenerationResult]:
+    """``generator.score(requests, texts)``; NotImplementedError naming the backend when it cannot."""
+    score = getattr(generator, "score", None)
+    if score is None:
+        raise NotImplementedError(f"teacher forcing: generator {type(generator).__name__} "
+                                  f"({getattr(generator, 'model_id', '?')}) cannot score a given text")
+    return score(requests, texts)
