@@ -54,7 +54,8 @@ def _source_root(ctx: RunContext) -> str:
 
 
 def _decoded_images(source_root: str, image_ids: Sequence[str]) -> dict[str, np.ndarray]:
-    """The source run's accepted images with these ids, decoded (one pass over the artifact)."""
+    """The source run's accepted images with these ids, decoded (``decoded_images``: ids first, then
+    the bytes of only the shards holding one of them)."""
     return decoded_images(Artifact(f"{source_root}/accepted"), image_ids)
 
 
