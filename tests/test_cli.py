@@ -109,3 +109,14 @@ def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, sma
     assert "inputs 96 = accepted" in piped.stdout and "Finished in state Completed()" in piped.stderr
     noise = re.findall(r"━\s*\d+/\d+ shards|\x1b\[\?25l|~\d+:\d\d left", piped.stdout + piped.stderr)
     assert not noise, noise
+
+
+def test_each_cli_flow_ref_names_the_flow_it_loads() -> None:
+    """FlowRef derives the flow's name (its artifacts' folder, locked before import) from the
+    module name: it must be the loaded flow's own name."""
+    from rde.entry.cli import FlowRef
+
+    for module in ("build_secmm", "build_largefine", "train_saft", "train_gtr", "train_vedje", "index_cache",
+                   "rerank"):
+        ref = FlowRef(module)
+        assert ref.load().name == ref.name, module
