@@ -191,6 +191,15 @@ class Artifact:
         except (OSError, pa.ArrowInvalid):
             return {}
 
+    def written_indices(self) -> set[int]:
+        """Indices of the shard files in the folder now (one listing; no footer read): what a
+        watcher of writers elsewhere counts while they work."""
+        try:
+            names = [e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.path, detail=False, refresh=True)]
+        except FileNotFoundError:
+            return set()
+        return {int(m.group(1)) for m in map(SHARD_PATTERN.match, names) if m}
+
     def shard_stats(self, index: int) -> dict[str, Any] | None:
         """The stats the stage recorded in shard ``index``'s footer (None: none recorded)."""
         value = self._footer(join(self.path, shard_name(index))).get(STATS_FIELD)

@@ -24,6 +24,10 @@ class RunContext:
     output_root: str | None = None
     # folders of this run's shared (content-addressed) outputs, set by the runner: folder → URL
     locations: dict[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # how the profile was loaded (name or path, run overrides): a shard-range flow run of a fanned-out
+    # stage (tasks/fanout.py) loads it the same way, so input confinement is checked there too
+    source: str = ""
+    overrides: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def root(self) -> str:
@@ -57,6 +61,6 @@ def run_locked(flow_name: str, stages: Sequence[str], profile: str, overrides: d
     (one run per output folder at a time)."""
     if until is not None and until not in stages:
         raise ValueError(f"until must be one of {tuple(stages)}, got {until!r}")
-    ctx = RunContext(load_profile(profile, overrides), flow_name, output_root)
+    ctx = RunContext(load_profile(profile, overrides), flow_name, output_root, source=profile, overrides=overrides)
     with output_lock(ctx.root, flow_name):
         return body(ctx, until)

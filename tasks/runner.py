@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prefect import task
@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from rde.common.progress import StageProgress
 from rde.common.run_lock import output_lock
 from storage import Artifact, ShardInfo, content_key
-from tasks import sharded
+from tasks import fanout, sharded
 from tasks.context import RunContext
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 from tasks.sharded import StageResult
@@ -57,8 +57,19 @@ def run_pipeline(ctx: RunContext, pipeline: Pipeline, until: str | None) -> list
     return [run_stage(ctx, stage) for stage in pipeline.upto(until)]
 
 
-def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
-    """Run (or skip) one stage, publish its table and report; returns what it did."""
+@dataclass
+class PreparedStage:
+    """A stage ready to run: its run, key, outputs and what each manifest records beside the rows."""
+
+    run: StageRun
+    key: str
+    outputs: list[sharded.Output]
+    common: dict[str, Any]
+
+
+def prepare_stage(ctx: RunContext, stage: Stage) -> PreparedStage:
+    """Check the stage's reads, compute its lineage and content key, and where its writes go (the
+    parent run and a fanned-out stage's shard-range runs compute it the same way)."""
     run = StageRun(stage, ctx)
     reads = {name: run.input(name) for name in stage.reads}
     missing = [name for name, artifact in reads.items() if not artifact.is_complete()]
@@ -71,17 +82,38 @@ def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
     config = run.config_dump()
     key = stage_key(stage, reads, {name: present.get(name) for name in optional}, config, lineage)
     run.key = key
-    outs = outputs(stage, ctx, key)
     common: dict[str, Any] = {
         "upstream": [*reads.values(), *present.values(), *lineage.upstream],
         "config": {**config, **lineage.extra, "resources": resources(stage, ctx)},  # the manifest's config
         "models": lineage.models, "prompt_versions": lineage.prompts}
+    return PreparedStage(run, key, outputs(stage, ctx, key), common)
+
+
+def shard_options(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    """A per-shard stage's task tags and the concurrency limit its computation holds (GPU stages)."""
+    limit = ctx.profile.prefect.gpu_concurrency_limit if stage.resources.device == "gpu" else None
+    return {"tags": [limit] if limit else [], "concurrency_limit": limit if stage.resources.hold_slot else None}
+
+
+def fans_out(stage: Stage, ctx: RunContext) -> bool:
+    """Whether the stage's shards run as shard-range flow runs on the pool (``prefect.fanout``):
+    per-shard GPU stages (those listed in ``fanout.stages``, or all), when the profile turns it on."""
+    spec = ctx.profile.prefect.fanout
+    return (spec.enabled and stage.per_shard and stage.resources.device == "gpu"
+            and (not spec.stages or stage.name in spec.stages))
+
+
+def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
+    """Run (or skip) one stage, publish its table and report; returns what it did."""
+    prepared = prepare_stage(ctx, stage)
+    run, key, outs, common = prepared.run, prepared.key, prepared.outputs, prepared.common
     with _shared_outputs_held(stage, ctx):
-        if stage.per_shard:
-            limit = ctx.profile.prefect.gpu_concurrency_limit if stage.resources.device == "gpu" else None
+        if fans_out(stage, ctx):
+            result = fanout.run_fanned_out(ctx, stage.name, outs, key, stage.shard_count(run), _recount(stage),
+                                    balance=stage.balance, **common)
+        elif stage.per_shard:
             result = sharded.run_sharded(ctx, stage.name, outs, key, stage.shard_count(run),
-                                         _ShardWork(stage, run), _recount(stage), tags=[limit] if limit else [],
-                                         concurrency_limit=limit if stage.resources.hold_slot else None,
+                                         _ShardWork(stage, run), _recount(stage), **shard_options(stage, ctx),
                                          balance=stage.balance, **common)
         else:
             result = _run_whole(ctx, stage, run, outs, key, **common)
@@ -89,6 +121,36 @@ def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
         result = replace(result, rejects_from_upstream=True)
     _publish(ctx, stage, run, result)
     return result
+
+
+def run_shard_range(ctx: RunContext, stage: Stage, key: str, indices: Sequence[int]) -> dict[str, Any]:
+    """A fanned-out stage's shards ``indices`` in this (shard-range) flow run: the same key the
+    parent computed, else an error (the worker's checkout or inputs differ from the parent's); then
+    the stage's own shard tasks, one at a time (a range's run has its worker's one GPU; the `gpu`
+    limit bounds the runs across the pool): skip what exists, write atomically, hold the GPU slot,
+    announce each written shard as an event. Returns which shards it computed and which it reused."""
+    prepared = prepare_stage(ctx, stage)
+    if prepared.key != key:
+        raise fanout.FanoutError(f"stage {stage.name!r}: this shard-range run computes stage key "
+                                 f"{prepared.key[:16]}, its parent {key[:16]}; the worker's code, profile or "
+                                 "inputs differ from the parent's")
+    n_shards = stage.shard_count(prepared.run)
+    wrong = [i for i in indices if not 0 <= i < n_shards]
+    if wrong:
+        raise fanout.FanoutError(f"stage {stage.name!r} has {n_shards} shards; asked for {wrong}")
+    done = sharded.map_shards(ctx.flow_name, stage.name, prepared.outputs, key, list(indices),
+                              _ShardWork(stage, prepared.run), _recount(stage), total=len(indices),
+                              **shard_options(stage, ctx), balance=stage.balance, announce=True,
+                              progress_key=artifact_key(ctx.flow_name, f"{stage.name}-range-{indices[0]}-progress"),
+                              one_at_a_time=True)
+    rows = [{"shard": d["index"], "computed": not d["resumed"], "input": d["stats"].get("input_rows", 0),
+             "accepted": d["stats"].get("accepted", 0)} for d in done]
+    publish_table(artifact_key(ctx.flow_name, f"{stage.name}-range"), rows,
+                  f"{stage.name}: the shards of this range, computed here or found written")
+    log(f"{stage.name}: shards {list(indices)}: {sum(r['computed'] for r in rows)} computed, "
+        f"{sum(not r['computed'] for r in rows)} found written")
+    return {"computed": [r["shard"] for r in rows if r["computed"]],
+            "reused": [r["shard"] for r in rows if not r["computed"]]}
 
 
 @contextmanager

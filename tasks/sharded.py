@@ -239,7 +239,7 @@ def _retry_unless_accounting(task: Any, task_run: Any, state: Any) -> bool:
       retry_condition_fn=_retry_unless_accounting)
 def shard_task(outputs: list[Output], stage_key: str, index: int, compute: ShardCompute,
                recount: ShardRecount, concurrency_limit: str | None = None, stage: str = "",
-               balance: bool = False) -> dict[str, Any]:
+               balance: bool = False, announce: bool = False) -> dict[str, Any]:
     """One shard of a sharded stage: reuse what a previous run of the same key wrote (with the
     stats in its footer), else compute and write it atomically, its stats in the footer. A retry
     (or a rerun after a crash) redoes only this shard. With ``balance`` a shard whose rows do not
@@ -257,8 +257,48 @@ def shard_task(outputs: list[Output], stage_key: str, index: int, compute: Shard
     check_reasons(stage, stats, f" shard {index}")
     if balance:
         check_balance(stage, stats, f" shard {index}")
-    return {"index": index, "shards": write_shards(outputs, stage_key, index, tables, stats), "resumed": False,
-            "stats": stats}
+    written = write_shards(outputs, stage_key, index, tables, stats)
+    if announce:
+        announce_shard(stage, stage_key, index, written)
+    return {"index": index, "shards": written, "resumed": False, "stats": stats}
+
+
+def announce_shard(stage: str, stage_key: str, index: int, written: dict[str, ShardInfo]) -> None:
+    """A Prefect event for each shard a fanned-out stage writes (``rde.shard.written``, resource
+    ``rde.shard.<stage>.<index>``): the event log then shows which run wrote which shard, and a
+    shard written twice shows as two events."""
+    from prefect.events import emit_event
+
+    first = next(iter(written.values()))
+    emit_event("rde.shard.written", resource={"prefect.resource.id": f"rde.shard.{stage}.{index}",
+                                               "rde.stage": stage, "rde.stage-key": stage_key[:16],
+                                               "rde.index": str(index)},
+               payload={"rows": first.rows, "sha256": {name: info.sha256 for name, info in written.items()}})
+
+
+def map_shards(flow_name: str, stage: str, outputs: Sequence[Output], stage_key: str, indices: Sequence[int],
+               compute: ShardCompute, recount: ShardRecount, *, total: int, tags: Sequence[str] = (),
+               concurrency_limit: str | None = None, balance: bool = False,
+               announce: bool = False, progress_key: str = "", one_at_a_time: bool = False) -> list[dict[str, Any]]:
+    """Shard ``indices`` as Prefect tasks (tagged; holding a slot of ``concurrency_limit`` while
+    computing), with a progress artifact of ``total`` shards (key ``<flow>-<stage>-progress``
+    unless given) advanced as each finishes. ``one_at_a_time``: each task is submitted when the one
+    before it has finished (a shard-range run uses its worker's one GPU for one shard at a time)."""
+    task_fn = shard_task.with_options(name=stage, tags=list(tags), task_run_name=f"{stage}-{{index}}")
+    concurrency_limit = resolve_concurrency_limit(concurrency_limit)
+    with Progress(progress_key or f"{flow_name}-{stage}-progress", f"{stage}: shards done of {total}", stage=stage,
+                  total=total, unit="shards") as progress:
+        progress.update(total - len(indices))
+        if one_at_a_time:
+            done = []
+            for index in indices:
+                done.append(task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit,
+                                           stage, balance, announce).result())
+                progress.advance()
+            return done
+        futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit, stage,
+                                  balance, announce) for index in indices]
+        return gather(futures, progress)
 
 
 def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key: str, n_shards: int,
@@ -282,13 +322,8 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
         return result
     with Timer() as timer:
         begin(outputs, stage_key)
-        task_fn = shard_task.with_options(name=stage, tags=list(tags), task_run_name=f"{stage}-{{index}}")
-        concurrency_limit = resolve_concurrency_limit(concurrency_limit)
-        with Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}", stage=stage,
-                      total=n_shards, unit="shards") as progress:
-            futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit,
-                                      stage, balance) for index in range(n_shards)]
-            done: list[dict[str, Any]] = gather(futures, progress)
+        done = map_shards(ctx.flow_name, stage, outputs, stage_key, range(n_shards), compute, recount,
+                          total=n_shards, tags=tags, concurrency_limit=concurrency_limit, balance=balance)
         stats = sum_stats([r["stats"] for r in done])
         balanced = check_balance(stage, stats) if balance else None
         finalize(outputs, stage_key, [r["shards"] for r in done], ctx, upstream=upstream, config=config,

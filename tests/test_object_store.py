@@ -116,12 +116,16 @@ def test_a_writer_stopped_before_its_manifest_leaves_whole_shards_that_a_rerun_r
 
 
 def test_build_secmm_until_denoise_on_s3_balances_resumes_and_skips(s3_env: dict[str, str], tiny_pool_url: str,
-                                                                   tmp_path: Path) -> None:
+                                                                   tmp_path: Path,
+                                                                   shared_server_env: dict[str, str]) -> None:
     """The CLI on an ``s3://`` output: the three pool stages run there, every manifest's shard
-    hashes match the stored objects, a rerun skips all, and a deleted shard recomputes only its stage."""
+    hashes match the stored objects, a rerun skips all, and a deleted shard recomputes only its stage.
+    The three runs report to the session's Prefect server (not an ephemeral server each)."""
     import json
 
     import fsspec
+
+    s3_env = {**s3_env, "PREFECT_API_URL": shared_server_env["PREFECT_API_URL"]}
 
     out = "s3://rde-test/builds/one"
     args = [sys.executable, "-m", "rde.entry.cli", "build-secmm", "--input", tiny_pool_url, "--until", "denoise",

@@ -307,9 +307,27 @@ class VedjeSpec(Strict):
         return self
 
 
+class FanoutSpec(Strict):
+    """Shard fan-out over a work pool: a per-shard GPU stage runs as shard-range flow runs of the
+    ``deployment`` (any worker of its pool picks them up) instead of as tasks of this flow run. Off
+    by default: small runs keep the single-worker path."""
+
+    enabled: bool = False
+    stages: list[str] = Field(default_factory=list)  # the per-shard GPU stages that fan out (names); empty: all of them
+    deployment: str = "run-shards/gpu"  # "flow name/deployment name", in prefect.yaml
+    shards_per_run: int = Field(1, ge=1)  # a range's length; each run loads its models once
+    max_attempts: int = Field(3, ge=1)  # runs of one range before the stage fails
+    poll_s: float = Field(2.0, gt=0)
+    # a RUNNING or PENDING range whose flow run sent no heartbeat (PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+    # 30 s in `rde stack up`) for this long is marked Crashed (its worker presumed lost) and resubmitted
+    stale_after_s: float = Field(90.0, ge=1)
+    unclaimed_warn_s: float = Field(300.0, gt=0)  # warn when no worker has started a range's run this long
+
+
 class PrefectSpec(Strict):
     task_runner_workers: int = Field(2, ge=1)
     gpu_concurrency_limit: str = "gpu"
+    fanout: FanoutSpec = FanoutSpec()
 
 
 class Profile(Strict):

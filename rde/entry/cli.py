@@ -538,21 +538,26 @@ def stack_up(
                                                      "(default: SQLite in .rde/stack).")] = None,
     postgres: Annotated[bool, typer.Option("--postgres", help="Run the server on a PostgreSQL cluster of the "
                                            "stack's own (initdb in .rde/stack/postgres, loopback only).")] = False,
-    gpu_slots: Annotated[int, typer.Option(help="Slots of the `gpu` global concurrency limit.")] = 1,
-    workers: Annotated[int, typer.Option(help="Workers per pool.")] = 1,
+    gpu_workers: Annotated[int, typer.Option(min=1, help="Workers of the `gpu` pool (one per GPU): fanned-out "
+                                             "stages (prefect.fanout) spread their shards over them.")] = 1,
+    gpu_slots: Annotated[int | None, typer.Option(help="Slots of the `gpu` global concurrency limit "
+                                                  "(default: one per gpu worker).")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Workers of the `cpu` pool.")] = 1,
 ) -> None:
     """Start the server, create pools and the `gpu` limit, deploy prefect.yaml, start workers."""
     from rde.entry.stack import StackConfig, StackError, up
 
     try:
         cfg = up(StackConfig(host=host, port=port, database_url=database_url, postgres=postgres,
-                             gpu_slots=gpu_slots, workers_per_pool=workers))
+                             gpu_slots=gpu_slots, workers_per_pool=workers, gpu_workers=gpu_workers))
     except StackError as exc:
         _fail(str(exc))
         return
     database = cfg.local_postgres().redacted_url if postgres else ("the given URL" if database_url else "SQLite")
     console.print(f"stack up: API {cfg.api_url}, UI http://{cfg.host}:{cfg.port}/ ; database {database}; "
                   f"logs in {cfg.folder}")
+    console.print(f"workers: {cfg.workers_per_pool} in pool cpu, {cfg.gpu_workers} in pool gpu "
+                  f"(`gpu` limit {cfg.gpu_slots or cfg.gpu_workers})")
     console.print(f"run: PREFECT_API_URL={cfg.api_url} .venv/bin/prefect deployment run 'build-secmm/demo'")
 
 

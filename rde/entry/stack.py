@@ -3,7 +3,8 @@
 ``up`` starts ``prefect server`` on 127.0.0.1 (SQLite in the stack folder; with ``postgres`` a
 throwaway PostgreSQL cluster of its own in the stack folder, see ``rde.entry.local_postgres``; or any
 database URL given), creates the ``cpu`` and ``gpu`` process work pools and the ``gpu``
-global concurrency limit, deploys everything in ``prefect.yaml`` and starts one worker per pool.
+global concurrency limit (one slot per gpu worker), deploys everything in ``prefect.yaml`` and
+starts one worker for the ``cpu`` pool and ``gpu_workers`` for the ``gpu`` pool (``--gpu-workers``).
 ``down`` stops the workers first (SIGINT twice, as Prefect workers expect), then the server, then
 the stack's own PostgreSQL cluster (kept on disk unless ``remove_postgres``).
 Process ids and logs live in the stack folder (``.rde/stack`` by default), so ``down`` works
@@ -45,9 +46,17 @@ class StackConfig:
     database_url: str | None = None  # e.g. postgresql+asyncpg://user:pass@host/db; None = SQLite
     postgres: bool = False  # a PostgreSQL cluster of the stack's own in <folder>/postgres (database_url unset)
     postgres_port: int = 0  # its loopback port; 0 = a free one, chosen at ``up``
-    gpu_slots: int = 1
+    gpu_slots: int | None = None  # the `gpu` concurrency limit; None: one slot per gpu worker
     pools: Sequence[str] = POOLS
     workers_per_pool: int = 1
+    gpu_workers: int = 1  # workers of the `gpu` pool (one per GPU on a real machine)
+    # flow runs one gpu worker runs at once (`prefect worker --limit`): one, as one GPU holds one
+    # run's models; a parent that fans out runs on the cpu pool (build-largefine/pool), else it would
+    # hold the slot its shard-range runs wait for. None: no limit
+    gpu_worker_limit: int | None = 1
+    # seconds between a flow run's heartbeat events (Prefect's minimum is 30): a fanned-out stage's
+    # parent replaces a shard-range run whose heartbeats stop (prefect.fanout.stale_after_s)
+    heartbeat_s: int = 30
     worker_poll_seconds: float = 2.0
     startup_timeout_s: float = 90.0
     # Prefect's client retries a lost API with a doubling back-off (2, 4, 8, … s). Prefect's
@@ -75,6 +84,7 @@ class StackConfig:
             "RDE_PROJECT_ROOT": str(project_root()),
         })
         env.setdefault("PREFECT_CLIENT_MAX_RETRIES", str(self.api_retries))  # a user's own value wins
+        env.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", str(self.heartbeat_s))
         if self.database_url:
             env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self.database_url
         return env
@@ -154,12 +164,13 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
             _cli(cfg, "work-pool", "create", pool, "--type", "process")
     limits = _cli(cfg, "gcl", "ls", check=False).stdout
     if "gpu" not in limits:
-        _cli(cfg, "gcl", "create", "gpu", "--limit", str(cfg.gpu_slots))
+        _cli(cfg, "gcl", "create", "gpu", "--limit", str(cfg.gpu_slots or cfg.gpu_workers))
     _cli(cfg, "deploy", "--all")
     for pool in cfg.pools:
-        for i in range(cfg.workers_per_pool):
+        for i in range(cfg.gpu_workers if pool == "gpu" else cfg.workers_per_pool):
             name = f"worker-{pool}-{i}"
-            _start(cfg, name, [*_prefect(), "worker", "start", "--pool", pool, "--name", name])
+            limit = ["--limit", str(cfg.gpu_worker_limit)] if pool == "gpu" and cfg.gpu_worker_limit else []
+            _start(cfg, name, [*_prefect(), "worker", "start", "--pool", pool, "--name", name, *limit])
     return cfg
 
 

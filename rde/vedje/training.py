@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,9 @@ class VedjeTrainConfig:
     weight_decay: float = 0.02
     seed: int = 0
     losses: tuple[str, ...] = LOSSES
+    # a control (experiments/vedje_convergence.py): the scorer is fed ρ = 0 in training, so any
+    # VTM gain has to come from the text and the cache, not from the stage-1 score
+    hide_prior: bool = False
 
 
 @dataclass
@@ -120,6 +123,8 @@ def batch_losses(model: Vedje, data: VedjeTensors, queries: Sequence[int], ranke
         flat = [i for c in cands for i in c]
         vtm_queries = [queries[k] for k in vtm]
         rho = (data.query_emb[vtm_queries].repeat_interleave(width, 0) * data.item_emb[flat]).sum(-1)
+        if cfg.hide_prior:
+            rho = torch.zeros_like(rho)
         rows = torch.tensor(vtm).repeat_interleave(width)
         scores = model.reranker.score(text, rows, caches[[where[i] for i in flat]], rho)
         out["vtm"] = vtm_loss(scores.reshape(len(vtm), width))
@@ -141,9 +146,12 @@ def batch_losses(model: Vedje, data: VedjeTensors, queries: Sequence[int], ranke
 
 def train_vedje(model: Vedje, data: VedjeTensors, cfg: VedjeTrainConfig, checkpoint_dir: Path | None = None,
                 on_epoch: Callable[[int, float], None] | None = None,
-                on_step: Callable[[int, int], None] | None = None) -> VedjeTrainResult:
+                on_step: Callable[[int, int], None] | None = None,
+                should_stop: Callable[[int, VedjeTrainResult], bool] | None = None) -> VedjeTrainResult:
     """Train on the ``train`` split (resuming from the last epoch checkpoint in ``checkpoint_dir``);
-    ``on_step(steps done, steps in all)`` before every batch and after each epoch (progress displays)."""
+    ``on_step(steps done, steps in all)`` before every batch and after each epoch (progress displays).
+    ``should_stop(epoch, result so far)`` runs after each epoch (after its checkpoint); True ends
+    training there (early stopping). It may evaluate the model: the next epoch sets train mode again."""
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     item_rows, query_rows = data.rows("train")
@@ -201,9 +209,44 @@ def train_vedje(model: Vedje, data: VedjeTensors, cfg: VedjeTrainConfig, checkpo
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
                         "steps": result.step_losses, "epoch_loss": result.epoch_loss}, tmp)
             tmp.replace(ckpt)
+        if should_stop is not None and should_stop(epoch, result):
+            break
     model.eval()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def validation_vtm_loss(model: Vedje, data: VedjeTensors, cfg: VedjeTrainConfig, split: str = "val",
+                        batch: int = 64, step: int = 0) -> tuple[float, int]:
+    """The VTM objective on a held-out split, no gradient, eval mode (no dropout): the split's
+    queries ranked by stage 1 within the split's own gallery, candidates built as in training (the
+    positive + ``cfg.train_candidates - 1`` hard negatives of other groups from the stage-1
+    top-``cfg.negatives_from``; queries whose positive stage 1 missed add no term), negatives drawn
+    at a fixed ``step`` so every evaluation sees the same candidates. Returns (mean loss over the
+    queries with a term, how many; nan and 0 when none)."""
+    item_rows, query_rows = data.rows(split)
+    if not query_rows:
+        return float("nan"), 0
+    top, _ = stage1_top(data, query_rows, item_rows, cfg.negatives_from)
+    ranked = {q: top[k] for k, q in enumerate(query_rows)}
+    vtm_cfg = replace(cfg, losses=("vtm",))
+    generator = torch.Generator().manual_seed(cfg.seed)  # unused by VTM; batch_losses takes one
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        with torch.no_grad():
+            for s in range(0, len(query_rows), batch):
+                chunk = query_rows[s:s + batch]
+                n = sum(data.items.query_items[q] in ranked[q] for q in chunk)
+                if n == 0:
+                    continue
+                terms = batch_losses(model, data, chunk, ranked, vtm_cfg, step, generator)
+                if "vtm" in terms:
+                    total, count = total + float(terms["vtm"]) * n, count + n
+    finally:
+        model.train(was)
+    return (total / count if count else float("nan")), count
 
 
 def stored_caches(model: Vedje, data: VedjeTensors, precision: str = "bf16"

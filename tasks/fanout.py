@@ -1,0 +1,297 @@
+"""Shard fan-out over a work pool: a per-shard GPU stage as shard-range flow runs of one deployment.
+
+With ``prefect.fanout.enabled`` the runner does not map a GPU stage's shards onto tasks of the flow
+run (one worker busy, the others idle). It splits the shards still missing into ranges of
+``shards_per_run`` and submits each range as a flow run of the ``run-shards`` deployment
+(``run_deployment``, linked to the parent run as a subflow, so the UI shows parent and children),
+which any worker of the deployment's pool picks up. A range's run loads its models once and runs
+the stage's own shard code (``tasks.runner.run_shard_range``: skip what exists, write atomically,
+hold a ``gpu`` slot while computing).
+
+The parent then watches: it counts finished shards on storage (the progress artifact), reads each
+child's state and heartbeats (``prefect.flow-run.heartbeat`` events, sent every
+``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds by the child's engine), and
+
+- resubmits the range's missing shards when its run ended Failed, Crashed or Cancelled, or
+  Completed without them (at most ``max_attempts`` runs per range, then the stage fails with the
+  last run's message);
+- marks a Running or Pending run whose heartbeats stopped for ``stale_after_s`` (measured on this
+  process's clock from the last heartbeat, state change or shard it was seen to make) as Crashed
+  — its worker is presumed lost — and resubmits its missing shards.
+
+Only when every shard of the stage exists (one file per index: ``part-<index>.parquet``, written
+by rename or one PUT) does the parent build the manifest, from the files themselves: their rows,
+bytes and SHA-256 as read back, and the stats in their footers; the balance is checked per shard
+and in total as on the single-worker path.
+
+A run marked Crashed that was only slow to report (a network partition, not a dead worker) may
+still finish a shard that its replacement also computes: both write the same file name, the last
+rename wins, and the manifest records the file that is there (hash read back) — no row is counted
+twice, but such a pair of writes is possible. Each write is announced as an ``rde.shard.written``
+event (resource ``rde.shard.<stage>.<index>``), so double writes can be counted from the event log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rde.common.profiles import FanoutSpec
+from storage import Artifact, ShardInfo
+from tasks import sharded
+from tasks.context import RunContext
+from tasks.reporting import Progress, log, publish_table, warn
+from tasks.sharded import StageResult
+
+TERMINAL_FAILED = ("FAILED", "CRASHED", "CANCELLED")
+ALIVE = ("RUNNING", "PENDING", "CANCELLING")
+
+
+class FanoutError(RuntimeError):
+    """A fanned-out stage could not finish: a range failed ``max_attempts`` times, the deployment is
+    missing, or a shard-range run computes another stage key than its parent."""
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the parent sees of one child flow run: its state and its latest sign of life."""
+
+    state_type: str
+    state_name: str
+    message: str
+    heartbeat: str  # an id that changes with each heartbeat or state change ("" when none yet)
+
+
+class Orchestrator(Protocol):
+    """How the parent submits and watches shard-range runs (Prefect in production; a fake in tests)."""
+
+    def submit(self, parameters: dict[str, Any], run_name: str) -> str: ...
+
+    def view(self, run_id: str) -> RunView: ...
+
+    def mark_crashed(self, run_id: str, message: str) -> None: ...
+
+
+@dataclass
+class ShardRange:
+    """One range of shard indices and the flow runs tried for it, in order."""
+
+    indices: tuple[int, ...]  # the shards its next run is asked for (a retry asks only for the missing)
+    label: str = ""  # the range as first submitted, e.g. "4-7"
+    runs: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    outcomes: list[str] = field(default_factory=list)  # one per finished or abandoned run
+    done: bool = False
+    seen: str = ""  # the last RunView.heartbeat seen
+    seen_at: float = 0.0  # when it (or a shard of the range) last changed, on this process's clock
+    shards_seen: int = 0
+    warned: bool = False  # the "no worker has started it" warning was given for its current run
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            first, last = self.indices[0], self.indices[-1]
+            self.label = f"{first}-{last}" if last != first else str(first)
+
+
+def split_ranges(indices: Sequence[int], per_run: int) -> list[ShardRange]:
+    """Consecutive ranges of at most ``per_run`` of the (sorted) missing shard indices."""
+    ordered = sorted(indices)
+    return [ShardRange(tuple(ordered[at:at + per_run])) for at in range(0, len(ordered), per_run)]
+
+
+def watch_ranges(ranges: list[ShardRange], orchestrator: Orchestrator, spec: FanoutSpec,
+                 parameters: Callable[[tuple[int, ...]], dict[str, Any]], run_name: Callable[[ShardRange], str],
+                 shards_present: Callable[[], set[int]], on_progress: Callable[[int], None] = lambda n: None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Submit every range, then watch until each range's shards all exist (see the module docstring);
+    raises ``FanoutError`` when a range has used ``max_attempts`` runs without finishing."""
+
+    def submit(r: ShardRange) -> None:
+        name = run_name(r)
+        r.runs.append(orchestrator.submit(parameters(r.indices), name))
+        r.names.append(name)
+        r.seen, r.seen_at, r.shards_seen = "", clock(), len(set(r.indices) & shards_present())
+        r.warned = False
+
+    def retry(r: ShardRange, outcome: str, present: set[int]) -> None:
+        r.outcomes.append(outcome)
+        missing = tuple(i for i in r.indices if i not in present)
+        if len(r.runs) >= spec.max_attempts:
+            raise FanoutError(f"shards {list(missing)}: {len(r.runs)} flow runs ({', '.join(r.names)}) did not "
+                              f"write them; the last {outcome} (prefect.fanout.max_attempts = {spec.max_attempts})")
+        warn(f"shard range {r.label}: run {r.names[-1]} {outcome}; resubmitting shards {list(missing)}")
+        r.indices = missing
+        submit(r)
+
+    for r in ranges:
+        submit(r)
+    while not all(r.done for r in ranges):
+        sleep(spec.poll_s)
+        present = shards_present()
+        on_progress(len(present))
+        for r in ranges:
+            if r.done:
+                continue
+            view = orchestrator.view(r.runs[-1])
+            made = len(set(r.indices) & present)
+            if view.heartbeat != r.seen or made != r.shards_seen:
+                r.seen, r.seen_at, r.shards_seen = view.heartbeat, clock(), made
+            if view.state_type == "COMPLETED":
+                if not set(r.indices) <= present:  # it may have written its last shard since the listing
+                    present = shards_present()
+                if set(r.indices) <= present:
+                    r.done = True
+                    r.outcomes.append("completed")
+                else:
+                    retry(r, "completed without writing all its shards", present)
+            elif view.state_type in TERMINAL_FAILED:
+                retry(r, f"ended {view.state_name}: {view.message[:300]}", present)
+            elif view.state_type in ALIVE and clock() - r.seen_at > spec.stale_after_s:
+                quiet = clock() - r.seen_at
+                orchestrator.mark_crashed(r.runs[-1], f"no heartbeat for {quiet:.0f} s: its worker is presumed "
+                                                      "lost; the parent resubmits its missing shards")
+                retry(r, f"sent no heartbeat for {quiet:.0f} s (marked Crashed)", present)
+            elif view.state_type == "SCHEDULED" and not r.warned and clock() - r.seen_at > spec.unclaimed_warn_s:
+                r.warned = True  # waiting for a free worker of the pool (Late, AwaitingConcurrencySlot...)
+                warn(f"shard range {r.label}: no worker of the pool has started run {r.names[-1]} for "
+                     f"{clock() - r.seen_at:.0f} s; are all its workers busy (a parent running on the same pool "
+                     "holds one of its slots: run a parent that fans out on another pool, e.g. build-largefine/pool)?")
+
+
+class PrefectOrchestrator:
+    """Shard-range runs through the Prefect API: ``run_deployment`` (no wait; a subflow of the
+    current run), ``read_flow_run`` and the heartbeat events of each run."""
+
+    def __init__(self, deployment: str, tags: Sequence[str] = ()) -> None:
+        self.deployment, self.tags = deployment, list(tags)
+
+    def check_deployment(self) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            with get_client(sync_client=True) as client:
+                client.read_deployment_by_name(self.deployment)
+        except ObjectNotFound:
+            raise FanoutError(f"prefect.fanout is on, but the Prefect server has no deployment {self.deployment!r} "
+                              "(`rde stack up` deploys prefect.yaml's run-shards/gpu); deploy it, or set "
+                              "prefect.fanout.enabled=false to run the shards in this flow run") from None
+
+    def submit(self, parameters: dict[str, Any], run_name: str) -> str:
+        from prefect.deployments import run_deployment
+
+        flow_run = run_deployment(self.deployment, parameters=parameters, flow_run_name=run_name, timeout=0,
+                                  tags=self.tags)
+        return str(flow_run.id)
+
+    def view(self, run_id: str) -> RunView:
+        from prefect.client.orchestration import get_client
+        from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(run_id)
+            state = run.state
+            try:
+                page = client.read_events(EventFilter(
+                    occurred=EventOccurredFilter(since=run.created),
+                    event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                    resource=EventResourceFilter(id=[f"prefect.flow-run.{run_id}"])), limit=1)
+                beats = f"{page.total}"
+            except Exception:  # an events backend that does not answer: the state alone decides
+                beats = "?"
+        stamp = state.timestamp.isoformat() if state and state.timestamp else ""
+        return RunView(state.type.value if state else "SCHEDULED", state.name if state else "", (state.message or "")
+                       if state else "", f"{state.name if state else ''}@{stamp}#{beats}")
+
+    def mark_crashed(self, run_id: str, message: str) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Crashed
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run_id, Crashed(message=message), force=True)
+
+
+def shard_range_parameters(ctx: RunContext, stage: str, key: str, indices: tuple[int, ...]) -> dict[str, Any]:
+    """The ``run-shards`` flow's parameters: how to load the same profile and find the same stage."""
+    return {"flow_name": ctx.flow_name, "stage": stage, "profile": ctx.source or ctx.profile.name,
+            "overrides": ctx.overrides, "output_root": ctx.output_root, "locations": dict(ctx.locations),
+            "stage_key": key, "indices": list(indices)}
+
+
+def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output], key: str, n_shards: int,
+                   recount: sharded.ShardRecount, *, balance: bool, upstream: Sequence[Artifact] = (),
+                   config: dict[str, Any] | None = None, models: dict[str, Any] | None = None,
+                   prompt_versions: dict[str, str] | None = None,
+                   orchestrator: Orchestrator | None = None) -> StageResult:
+    """A per-shard stage as shard-range flow runs on the pool (module docstring); the same result,
+    manifests and balance check as ``sharded.run_sharded``."""
+    if sharded.all_complete(outputs, key):
+        result = sharded.skipped_result(stage, outputs, outputs[0].name)
+        log(f"{stage}: skipped, complete for the same inputs ({result.accepted}/{result.input_rows} accepted)")
+        return result
+    spec = ctx.profile.prefect.fanout
+    if orchestrator is None:
+        pool = PrefectOrchestrator(spec.deployment, tags=["fanout", ctx.flow_name, stage])
+        pool.check_deployment()
+        orchestrator = pool
+    with sharded.Timer() as timer:
+        sharded.begin(outputs, key)
+
+        def present() -> set[int]:  # shard files of every output (begin() removed other keys' files)
+            return set.intersection(*(Artifact(o.url).written_indices() for o in outputs)) & set(range(n_shards))
+
+        before = present()
+        ranges = split_ranges([i for i in range(n_shards) if i not in before], spec.shards_per_run)
+        log(f"{stage}: {len(before)} of {n_shards} shards already written; {len(ranges)} shard-range runs of "
+            f"{spec.deployment} for the rest")
+        with Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}", stage=stage,
+                      total=n_shards, unit="shards") as progress:
+            try:
+                watch_ranges(ranges, orchestrator, spec, lambda idx: shard_range_parameters(ctx, stage, key, idx),
+                             lambda r: f"{ctx.flow_name}-{stage}-{r.label}-try{len(r.runs) + 1}", present,
+                             lambda n: progress.update(n))
+            finally:
+                publish_table(f"{ctx.flow_name}-{stage}-fanout".lower(), fanout_rows(ranges),
+                              f"{stage}: shard-range flow runs on the pool (each try, and how it ended)")
+        infos, stats = collect_shards(outputs, key, n_shards, recount, stage, balance)
+        total = sharded.sum_stats(stats)
+        balanced = sharded.check_balance(stage, total) if balance else None
+        sharded.finalize(outputs, key, infos, ctx, upstream=upstream, config=config, models=models,
+                         stats={**total, "balanced": balanced}, prompt_versions=prompt_versions)
+    tries = sum(len(r.runs) for r in ranges)
+    log(f"{stage}: {total.get('accepted', 0)}/{total.get('input_rows', 0)} accepted over {n_shards} shards "
+        f"({len(before)} reused) in {tries} shard-range runs for {len(ranges)} ranges, {timer.seconds:.1f}s")
+    return StageResult(stage, False, {o.name: o.url for o in outputs}, int(total.get("input_rows", 0)),
+                       int(total.get("accepted", 0)), dict(total.get("rejected", {})), n_shards, len(before),
+                       timer.seconds, balanced=balanced)
+
+
+def collect_shards(outputs: Sequence[sharded.Output], key: str, n_shards: int, recount: sharded.ShardRecount,
+                   stage: str, balance: bool) -> tuple[list[dict[str, ShardInfo]], list[dict[str, Any]]]:
+    """Every shard's ShardInfo read back from its file (rows, bytes, SHA-256) and its footer stats,
+    checked as a shard task checks them; raises when a shard is missing."""
+    infos, stats = [], []
+    for index in range(n_shards):
+        found = sharded.existing_shards(outputs, key, index)
+        if found is None:
+            raise FanoutError(f"{stage}: shard {index} is missing after every range's run completed")
+        shard_stats = sharded.reused_shard_stats(outputs, index, recount)
+        sharded.check_reasons(stage, shard_stats, f" shard {index}")
+        if balance:
+            sharded.check_balance(stage, shard_stats, f" shard {index}")
+        infos.append(found)
+        stats.append(shard_stats)
+    return infos, stats
+
+
+def fanout_rows(ranges: Sequence[ShardRange]) -> list[dict[str, Any]]:
+    """One row per flow run tried: its range, try number, name and how it ended."""
+    rows = []
+    for r in ranges:
+        for attempt, (run_id, name) in enumerate(zip(r.runs, r.names, strict=True), start=1):
+            outcome = r.outcomes[attempt - 1] if attempt <= len(r.outcomes) else "running"
+            rows.append({"range": r.label, "try": attempt, "flow_run": name, "flow_run_id": run_id,
+                         "outcome": outcome})
+    return rows

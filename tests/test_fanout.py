@@ -1,0 +1,275 @@
+"""Shard fan-out (tasks/fanout.py): the parent's watch loop on a scripted orchestrator (submit,
+crash, lost worker, too many tries), then a whole fanned-out stage in one process, its shard-range
+"runs" executed by threads through the same child code (``run_shard_range``) that a worker runs.
+The loop on a real server and pool is tests/test_deployment_stack.py's fan-out test."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from prefect import flow
+
+from rde.common.profiles import FanoutSpec, load_profile
+from storage import Artifact
+from tasks.context import RunContext
+from tasks.fanout import FanoutError, RunView, ShardRange, split_ranges, watch_ranges
+from tasks.runner import run_pipeline, run_shard_range
+from tasks.stage import Pipeline, Resources, Stage, StageRun, Work, Write
+
+NUMBERS = pa.schema([pa.field("n", pa.int64(), nullable=False)])
+REJECTS = pa.schema([pa.field("n", pa.int64(), nullable=False), pa.field("reason", pa.string(), nullable=False)])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Scripted:
+    """Runs that do what ``script[(range label, try)]`` says: "ok" writes its shards on the first
+    poll and completes, "crash" ends Crashed, "silent" stays Running with no heartbeat, "beating"
+    stays Running with a new heartbeat each poll, "hollow" completes without writing."""
+
+    def __init__(self, script: dict[tuple[str, int], str], written: set[int]) -> None:
+        self.script, self.written = script, written
+        self.runs: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.crashed: list[str] = []
+        self.views = 0
+
+    def submit(self, parameters: dict[str, Any], run_name: str) -> str:
+        label, attempt = run_name.rsplit("-try", 1)
+        run_id = f"run{len(self.runs)}"
+        self.runs[run_id] = (self.script.get((label, int(attempt)), "ok"), tuple(parameters["indices"]))
+        return run_id
+
+    def view(self, run_id: str) -> RunView:
+        self.views += 1
+        behaviour, indices = self.runs[run_id]
+        if run_id in self.crashed:
+            return RunView("CRASHED", "Crashed", "marked", "x")
+        if behaviour == "ok":
+            self.written.update(indices)
+            return RunView("COMPLETED", "Completed", "", "done")
+        if behaviour == "crash":
+            return RunView("CRASHED", "Crashed", "process exited -9", "c")
+        if behaviour == "hollow":
+            return RunView("COMPLETED", "Completed", "", "h")
+        if behaviour == "unclaimed":
+            return RunView("SCHEDULED", "Late", "", "")
+        if behaviour == "beating":
+            return RunView("RUNNING", "Running", "", f"beat{self.views}")
+        return RunView("RUNNING", "Running", "", "still")
+
+    def mark_crashed(self, run_id: str, message: str) -> None:
+        self.crashed.append(run_id)
+
+
+def _watch(script: dict[tuple[str, int], str], n: int = 4, per_run: int = 2, **spec: Any
+           ) -> tuple[list[ShardRange], Scripted, Clock]:
+    written: set[int] = set()
+    orch, clock = Scripted(script, written), Clock()
+    ranges = split_ranges(range(n), per_run)
+    watch_ranges(ranges, orch, FanoutSpec(**{"poll_s": 1.0, "stale_after_s": 10.0, **spec}),
+                 lambda idx: {"indices": list(idx)}, lambda r: f"{r.label}-try{len(r.runs) + 1}",
+                 lambda: set(written), clock=clock, sleep=clock.sleep)
+    assert written == set(range(n))
+    return ranges, orch, clock
+
+
+def test_ranges_split_the_missing_shards_and_each_runs_once_when_nothing_fails() -> None:
+    assert [r.indices for r in split_ranges([5, 0, 1, 2, 7], 2)] == [(0, 1), (2, 5), (7,)]
+    ranges, orch, _ = _watch({})
+    assert [(r.label, len(r.runs), r.outcomes) for r in ranges] == [("0-1", 1, ["completed"]),
+                                                                     ("2-3", 1, ["completed"])]
+    assert not orch.crashed
+
+
+def test_a_crashed_or_hollow_run_is_resubmitted_for_its_missing_shards_only() -> None:
+    ranges, orch, _ = _watch({("0-1", 1): "crash", ("2-3", 1): "hollow"})
+    assert [len(r.runs) for r in ranges] == [2, 2]
+    assert ranges[0].outcomes[0].startswith("ended Crashed: process exited -9")
+    assert ranges[1].outcomes[0] == "completed without writing all its shards"
+    assert [orch.runs[r.runs[-1]][1] for r in ranges] == [(0, 1), (2, 3)]
+
+
+def test_a_run_whose_heartbeats_stop_is_marked_crashed_and_replaced_but_a_beating_one_is_left() -> None:
+    ranges, orch, clock = _watch({("0-1", 1): "silent"}, stale_after_s=10.0)
+    assert orch.crashed == [ranges[0].runs[0]] and len(ranges[0].runs) == 2
+    assert ranges[0].outcomes[0].startswith("sent no heartbeat for 1") and "(marked Crashed)" in ranges[0].outcomes[0]
+    assert 10.0 < clock.now < 14.0  # replaced within a poll or two after the stale limit
+    # a long shard whose run keeps beating is not touched (bounded here by a hollow try later)
+    beating = Scripted({("0-1", 1): "beating"}, set())
+    ranges = split_ranges(range(2), 2)
+    clock = Clock()
+
+    def stop_after_a_while(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now > 60:
+            beating.runs[ranges[0].runs[0]] = ("ok", (0, 1))
+
+    watch_ranges(ranges, beating, FanoutSpec(poll_s=1.0, stale_after_s=10.0), lambda idx: {"indices": list(idx)},
+                 lambda r: f"{r.label}-try{len(r.runs) + 1}", lambda: beating.written, clock=clock,
+                 sleep=stop_after_a_while)
+    assert not beating.crashed and len(ranges[0].runs) == 1
+
+
+def test_a_run_no_worker_starts_is_waited_for_with_one_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """A scheduled run is not a lost one (every worker may be busy): no resubmission, one warning."""
+    orch, clock = Scripted({("0-1", 1): "unclaimed"}, set()), Clock()
+    ranges = split_ranges(range(2), 2)
+
+    def claimed_later(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now > 400:
+            orch.runs[ranges[0].runs[0]] = ("ok", (0, 1))
+
+    watch_ranges(ranges, orch, FanoutSpec(poll_s=1.0, stale_after_s=10.0, unclaimed_warn_s=300.0),
+                 lambda idx: {"indices": list(idx)}, lambda r: f"{r.label}-try{len(r.runs) + 1}",
+                 lambda: orch.written, clock=clock, sleep=claimed_later)
+    assert len(ranges[0].runs) == 1 and not orch.crashed
+    assert capsys.readouterr().out.count("no worker of the pool has started run 0-1-try1 for 30") == 1
+
+
+def test_a_range_that_fails_every_try_fails_the_stage_with_the_last_message() -> None:
+    with pytest.raises(FanoutError, match=r"shards \[0, 1\]: 3 flow runs .* ended Crashed: process exited -9"):
+        _watch({("0-1", 1): "crash", ("0-1", 2): "crash", ("0-1", 3): "crash"}, max_attempts=3)
+
+
+# -- a whole fanned-out stage, in one process ---------------------------------------------------------
+
+class Source(Stage):
+    name = "source"
+    version = "1"
+    writes = (Write("numbers", "numbers", NUMBERS),)
+
+    def run(self, run: StageRun) -> Work:
+        return Work.one({"numbers": pa.table({"n": list(range(12))}, schema=NUMBERS)},
+                        {"input_rows": 12, "accepted": 12})
+
+
+class Halves(Stage):
+    """Per shard, on the GPU: keeps multiples of three, rejects the rest (four shards)."""
+
+    name = "halves"
+    version = "1"
+    reads = ("numbers",)
+    writes = (Write("kept", "numbers", NUMBERS), Write("rejects", "rejects", REJECTS, rejects=True))
+    resources = Resources(device="gpu", hold_slot=False)
+    balance = True
+
+    def shard_count(self, run: StageRun) -> int:
+        return 4
+
+    def process(self, run: StageRun, index: int) -> Work:
+        mine = sorted(run.input("numbers").to_pandas().n.tolist())[index::4]
+        kept, odd = [n for n in mine if n % 3 == 0], [n for n in mine if n % 3]
+        return Work.one({"kept": pa.table({"n": kept}, schema=NUMBERS),
+                         "rejects": pa.table({"n": odd, "reason": ["wrong_category"] * len(odd)}, schema=REJECTS)},
+                        {"input_rows": len(mine), "accepted": len(kept),
+                         "rejected": {"wrong_category": len(odd)} if odd else {}})
+
+
+TOY = Pipeline("toy-fanout", (Source(), Halves()))
+
+
+class ThreadPool:
+    """Each submitted range runs ``run_shard_range`` (what the run-shards flow runs) in a thread,
+    from the parameters alone; the first try of the range holding shard 2 dies before writing."""
+
+    def __init__(self) -> None:
+        self.parameters: list[dict[str, Any]] = []
+        self.states: dict[str, RunView] = {}
+        self.lock = threading.Lock()
+
+    def submit(self, parameters: dict[str, Any], run_name: str) -> str:
+        run_id = f"r{len(self.parameters)}"
+        self.parameters.append(parameters)
+        self.states[run_id] = RunView("RUNNING", "Running", "", "0")
+        threading.Thread(target=self._run, args=(run_id, parameters, run_name), daemon=True).start()
+        return run_id
+
+    def _run(self, run_id: str, p: dict[str, Any], run_name: str) -> None:
+        if 2 in p["indices"] and run_name.endswith("try1"):
+            self.states[run_id] = RunView("CRASHED", "Crashed", "worker lost", "1")
+            return
+        ctx = RunContext(load_profile(p["profile"], p["overrides"]), p["flow_name"], p["output_root"],
+                         locations=p["locations"], source=p["profile"], overrides=p["overrides"])
+        stage = next(s for s in TOY.stages if s.name == p["stage"])
+        try:
+            _range_flow(ctx, stage, p["stage_key"], p["indices"])
+            self.states[run_id] = RunView("COMPLETED", "Completed", "", "2")
+        except Exception as err:  # a failed run, as Prefect would record it
+            self.states[run_id] = RunView("FAILED", "Failed", str(err), "2")
+
+    def view(self, run_id: str) -> RunView:
+        return self.states[run_id]
+
+    def mark_crashed(self, run_id: str, message: str) -> None:
+        raise AssertionError("no run goes silent here")
+
+
+@flow(name="toy-run-shards", validate_parameters=False)
+def _range_flow(ctx: RunContext, stage: Stage, key: str, indices: list[int]) -> dict:
+    """What flows/run_shards.py runs, for the toy pipeline."""
+    return run_shard_range(ctx, stage, key, indices)
+
+
+@flow(name="toy-fanout", validate_parameters=False)
+def _toy_flow(ctx: RunContext) -> list:
+    return run_pipeline(ctx, TOY, None)
+
+
+def test_a_fanned_out_stage_writes_every_shard_once_and_the_same_rows_as_in_one_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tasks.fanout as fanout
+
+    pool = ThreadPool()
+    monkeypatch.setattr(fanout, "PrefectOrchestrator", lambda deployment, tags=(): _Checked(pool))
+    overrides = {"prefect": {"fanout": {"enabled": True, "shards_per_run": 2, "poll_s": 0.05}}}
+    fanned = RunContext(load_profile("demo", overrides), "toy-fanout", str(tmp_path / "fan"), source="demo",
+                        overrides=overrides)
+    results = _toy_flow(fanned)
+    plain = _toy_flow(RunContext(load_profile("demo"), "toy-fanout", str(tmp_path / "one")))
+    got = {(r.stage, r.input_rows, r.accepted, tuple(r.rejected.items()), r.balanced) for r in results}
+    assert got == {(r.stage, r.input_rows, r.accepted, tuple(r.rejected.items()), r.balanced) for r in plain}
+    assert ("halves", 12, 4, (("wrong_category", 8),), True) in got
+    # two ranges, the one holding shard 2 tried twice; each range's run asked for its own shards
+    assert [tuple(p["indices"]) for p in pool.parameters] == [(0, 1), (2, 3), (2, 3)]
+    for name in ("kept", "rejects"):
+        fan = Artifact(str(tmp_path / "fan" / "toy-fanout" / "demo" / name))
+        one = Artifact(str(tmp_path / "one" / "toy-fanout" / "demo" / name))
+        assert fan.is_complete(verify_hashes=True)
+        assert fan.manifest().fingerprint == one.manifest().fingerprint  # byte-identical shards
+        assert fan.manifest().stats["balanced"] is True
+
+
+class _Checked:
+    def __init__(self, pool: ThreadPool) -> None:
+        self.pool = pool
+
+    def check_deployment(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+
+def test_a_range_run_that_computes_another_key_refuses_to_write(tmp_path: Path) -> None:
+    ctx = RunContext(load_profile("demo"), "toy-fanout", str(tmp_path))
+    _toy_flow(ctx)
+    with pytest.raises(FanoutError, match=r"computes stage key .* its parent 0000"):
+        _range_flow(ctx, TOY.stages[1], "0" * 64, [0])
+    key = Artifact(str(tmp_path / "toy-fanout" / "demo" / "kept")).manifest().stage_key
+    with pytest.raises(FanoutError, match=r"has 4 shards; asked for \[9\]"):
+        _range_flow(ctx, TOY.stages[1], key, [9])
+    assert _range_flow(ctx, TOY.stages[1], key, [1, 3]) == {"computed": [], "reused": [1, 3]}
