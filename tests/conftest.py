@@ -44,7 +44,8 @@ TEST_ARTIFACTS = ROOT / "test-artifacts"  # screenshots and reports kept by test
 # do not end up last. CPU seconds of each module under ``make test`` (three workers, 2026-12-01):
 # the demo build 398 (the longest chain), the SQLite stack 318, the PostgreSQL stack 157, the VEDJE
 # and largefine flows 113 and 104, the CLI 87, Dask 44, then the rest; they keep collection order.
-LONG_FIRST = ("test_flow_build_secmm", "test_deployment_stack", "test_deployment_stack_postgres", "test_task_runners",
+LONG_FIRST = ("test_flow_build_secmm", "test_deployment_stack", "test_pool_fanout", "test_deployment_stack_postgres",
+              "test_task_runners",
               "test_cli", "test_faults", "test_flow_vedje", "test_flow_build_largefine", "test_flow_training",
               "test_auto_batch", "test_lost_rows")
 
@@ -143,10 +144,3 @@ def tiny_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) 
     """The small pool's first 24 images (two 12-row shards): for runs whose subject is the path
     (a deployment through a worker), not the pool; a quarter of the small pool's measuring."""
     return _pool_slice(tmp_path_factory, demo_pool_url, "tiny-pool", 7, 24, 12)
-
-
-@pytest.fixture(scope="session")
-def outage_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) -> str:
-    """240 images (every 3rd row of the demo pool): enough measuring in 8-image shards that a run
-    is still mid-stage when the server is stopped, at 30 % of measuring the whole pool."""
-    return _pool_slice(tmp_path_factory, demo_pool_url, "outage-pool", 3, 240, 16)

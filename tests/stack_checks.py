@@ -13,6 +13,25 @@ import httpx
 
 from rde.entry.stack import StackConfig
 
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-dev-shm-usage", "--window-size=1440,1000", "--virtual-time-budget=20000"]
+
+
+def engine_pids(flow_run_id: str) -> list[int]:
+    """Pids of the flow-run process of ``flow_run_id`` (``python -m prefect.engine``, started by a
+    worker with ``PREFECT__FLOW_RUN_ID`` in its environment); other runs' processes do not count."""
+    marker = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"prefect.engine" in (proc / "cmdline").read_bytes() and marker in (proc / "environ").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return pids
+
 
 def api(cfg: StackConfig, path: str, body: dict) -> list[dict]:
     response = httpx.post(f"{cfg.api_url}{path}", json=body, timeout=30)

@@ -1,5 +1,6 @@
 """Smoke tests of the experiment scripts' core functions on tiny synthetic feature sets (no
-build-largefine run, no real model): experiments/gtr_hallucination.py and its gtr_noise helpers."""
+build-largefine run, no real model): experiments/gtr_hallucination.py and its gtr_noise helpers,
+and experiments/vedje_convergence.py end to end (``--tiny``, a tiny random joint encoder)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
@@ -19,8 +21,12 @@ from gtr_hallucination import (
     teacher_forced_q,
 )
 from gtr_noise import identity_split
+from tiny_models import build_tiny_bert
+from vedje_convergence import main as vedje_convergence_main
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
+from rde.vedje.data import ItemSet
+from rde.vedje.training import VedjeTensors
 
 
 def _synthetic(n_ids: int = 8, per_id: int = 3, dim: int = 8, cnn: int = 4, seed: int = 0):
@@ -89,3 +95,70 @@ def test_hallucination_experiment_core_runs_on_a_tiny_feature_set() -> None:
 def test_auc_counts_corrupted_below_clean() -> None:
     assert auc(np.array([0.1, 0.2]), np.array([0.3, 0.4])) == 1.0
     assert auc(np.array([0.5]), np.array([0.5, 0.1])) == 0.25
+
+
+COLOURS = ["red", "blue", "black", "white", "green", "grey"]
+
+
+def _vedje_tensors(name: str, src: dict) -> VedjeTensors:
+    """Tiny frozen inputs shaped like the two VEDJE sources: ``images`` = 20 identities × 2 images
+    (T = 1, 6 identities for test); ``clips`` = 30 clips of T = 4 frames, clip k on frames k..k+3
+    (neighbours overlap, as in the bundled set), 22 for training, 5 for test after a gap. Two
+    captions per item; stage-1 embeddings weakly tied to the item, caption colour tied to the group."""
+    rng = np.random.default_rng(0 if name == "images" else 1)
+    p, d_v, dim = 4, 16, 8
+    if name == "images":
+        groups = [f"id{k // 2}" for k in range(40)]
+        splits = ["test" if k // 2 >= 14 else "train" for k in range(40)]
+        frames = [[f"img{k}"] for k in range(40)]
+    else:
+        kept = [k for k in range(30) if not 22 <= k < 25]
+        groups = [f"clip:{k:05d}" for k in kept]
+        splits = ["test" if k >= 25 else "train" for k in kept]
+        frames = [[f"f{k + t}" for t in range(4)] for k in kept]
+    keys = sorted({f for fr in frames for f in fr})
+    index = {k: i for i, k in enumerate(keys)}
+    centre = {g: rng.normal(size=dim) for g in dict.fromkeys(groups)}
+    item_emb = np.stack([centre[g] + 0.5 * rng.normal(size=dim) for g in groups])
+    texts, query_items, query_emb = [], [], []
+    for i, g in enumerate(groups):
+        for c in range(2):
+            colour = COLOURS[(list(centre).index(g) + c) % len(COLOURS)]
+            texts.append(f"a person in a {colour} top walks to the {'left' if c else 'right'}")
+            query_items.append(i)
+            query_emb.append(centre[g] + 0.8 * rng.normal(size=dim))
+    norm = lambda a: torch.nn.functional.normalize(torch.tensor(np.asarray(a), dtype=torch.float32), dim=-1)  # noqa: E731
+    items = ItemSet([f"{name}:{k}" for k in range(len(groups))] if name == "images" else groups, groups, splits,
+                    frames, texts, query_items, lambda keys: {})
+    feats = torch.from_numpy(rng.normal(size=(len(keys), p, d_v)).astype(np.float16))
+    item_frames = torch.tensor([[index[f] for f in fr] for fr in frames])
+    return VedjeTensors(items, feats, item_frames, norm(item_emb), norm(query_emb))
+
+
+def test_vedje_convergence_runs_tiny_and_early_stopping_keeps_a_best_epoch(tmp_path: Path, monkeypatch,
+                                                                           capsys) -> None:
+    monkeypatch.setenv("RDE_STATE_DIR", str(tmp_path / "state"))
+    bert = build_tiny_bert(tmp_path / "tiny-bert")
+    report = vedje_convergence_main(["--tiny", "--seeds", "1", "--max-epochs", "2", "--checks", "always",
+                                     "--encoder", str(bert)], load=_vedje_tensors)
+    out = capsys.readouterr().out
+    assert out.count("| epoch | step | lr | train loss | train VTM | val VTM loss | val R@1 | best |") == 2
+    assert out.count("### rerank vs stage 1") == 2 and out.count("| stage 1 |") == 2
+    assert "| VEDJE rerank, N_c=5 |" in out and "| VEDJE rerank, N_c=12 |" in out  # the two test galleries
+    for check in ("### (a) ρ hidden", "### (b) fit", "### (c) the frozen feature map"):
+        assert out.count(check) == 2
+    assert out.count("Reading: ") == 6 and out.count("cosine positive–negative") == 2
+    for name in ("images", "clips"):
+        r = report[name]
+        info = r["runs"][0]["train"]
+        assert info["best_epoch"] in (1, 2) and info["epochs_run"] <= 2
+        curve = info["curve"]
+        assert [p["epoch"] for p in curve] == [0, 1, 2]  # the untrained reference + one point per epoch
+        best = [p for p in curve if p["best"]]
+        assert len(best) == 1 and best[0]["epoch"] == info["best_epoch"]
+        assert best[0]["val_vtm"] == min(p["val_vtm"] for p in curve[1:])  # best = lowest validation VTM loss
+        assert f"best epoch {info['best_epoch']} (step {info['best_step']}" in out
+        assert r["counts"]["val_items"] > 0 and r["counts"]["val_queries"] > 0
+    assert report["clips"]["counts"]["val_gap_items"] == 3  # training clips sharing a frame with a validation clip
+    assert report["images"]["counts"]["val_gap_items"] == 0
+    assert (tmp_path / "state" / "experiments" / "vedje_convergence.json").exists()

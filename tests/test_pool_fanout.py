@@ -1,0 +1,133 @@
+"""Fan-out over a pool for real: `rde stack up --gpu-workers 3` on loopback, build-largefine/pool
+(the parent on the cpu worker) with its qa-tiers shards as run-shards flow runs on the three gpu
+workers, one worker lost mid-stage. A module of its own (its own stack) so pytest-xdist runs it
+beside the other stack modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from stack_checks import CHROMIUM_FLAGS, api, engine_pids
+
+from rde.entry.stack import StackConfig, down, free_port, up
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    """Three workers in the `gpu` pool, one flow run each at a time; the `gpu` limit is 3."""
+    cfg = StackConfig(port=free_port(), folder=tmp_path_factory.mktemp("pool-stack"), gpu_workers=3)
+    up(cfg)
+    try:
+        yield cfg
+    finally:
+        down(cfg)
+
+
+def test_the_gpu_pool_has_three_workers_and_three_slots(stack: StackConfig) -> None:
+    limits = {g["name"]: g["limit"] for g in api(stack, "/v2/concurrency_limits/filter", {})}
+    assert limits.get("gpu") == 3
+    deadline = time.monotonic() + 120  # each worker registers once its process has started
+    while len(api(stack, "/work_pools/gpu/workers/filter", {})) < 3 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len({w["name"] for w in api(stack, "/work_pools/gpu/workers/filter", {})}) == 3
+    names = {(d["name"], d["work_pool_name"]) for d in api(stack, "/deployments/filter", {})}
+    assert {("gpu", "gpu"), ("pool", "cpu")} <= names  # run-shards/gpu, build-largefine/pool
+
+
+def test_fanned_out_captioning_survives_a_lost_worker(stack: StackConfig, tmp_path: Path, small_pool_url: str,
+                                                      test_artifacts_dir: Path) -> None:
+    """build-largefine/pool (the parent on the cpu worker) on the 96-image slice, its qa-tiers
+    shards fanned out as run-shards flow runs over the three gpu workers, one run each at a time
+    (stub generator, 1 s per request). One worker and its flow-run process are SIGKILLed
+    mid-stage: the parent marks the silent run Crashed, resubmits its missing shards to the two
+    workers left, and the build completes: every captioned image's
+    three tiers are a caption or a rejected text, no shard is written twice (the shard-write
+    events), and every manifest matches its files by hash."""
+    from pool_checks import fanout_params, flow_run, shard_runs, shard_write_events, stub_server, submit, wait_final
+
+    from storage import Artifact
+
+    out = tmp_path / "out"
+    root = out / "build-largefine" / "demo"
+    images, shard_size = 24, 4
+    with stub_server(delay_s=1.0) as stub:
+        params = fanout_params(out, small_pool_url, stub.base_url, images=images, shard_size=shard_size, per_run=3,
+                               stale_after_s=45.0)
+        params.pop("until")  # the whole build: the 3-tier accounting needs the advanced tier and the export
+        parent = submit(stack, params)
+        victim, pids, deadline = None, [], time.monotonic() + 400
+        while time.monotonic() < deadline and not pids:
+            running = [r for r in shard_runs(stack, parent) if r["state_type"] == "RUNNING"]
+            if running and list((root / "tier12_captions").glob("part-*.parquet")):
+                victim = running[-1]
+                pids = engine_pids(victim["id"])
+            time.sleep(0.3)
+        assert victim and pids, "no shard-range run was seen running mid-stage"
+        worker = _parent_pid(pids[0])
+        assert b"worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), "the run's parent is not its worker"
+        for pid in (pids[0], worker):
+            os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        final = wait_final(stack, parent, 600)
+    assert final["state_type"] == "COMPLETED", final["state"]
+    runs = shard_runs(stack, parent)
+    lost = flow_run(stack, victim["id"])
+    assert lost["state_type"] == "CRASHED" and "no heartbeat" in lost["state"]["message"]
+    prefix = victim["name"].rsplit("-try", 1)[0]
+    again = [r for r in runs if r["name"].startswith(prefix) and r["id"] != victim["id"]]
+    assert again and again[-1]["state_type"] == "COMPLETED"
+    # the gpu pool's workers ran the shard-range runs; their shard tasks carry the `gpu` tag and, in
+    # the runs that completed, all completed (that the slot serialises computation: test_gpu_limit.py)
+    assert {r["work_pool_name"] for r in runs} == {"gpu"}
+    done = [r["id"] for r in runs if r["state_type"] == "COMPLETED"]
+    tasks = api(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": done}}})
+    tiers = [t for t in tasks if t["name"].startswith("qa-tiers-")]
+    assert tiers and all("gpu" in t["tags"] and t["state_type"] == "COMPLETED" for t in tiers)
+    # accounting: captions + rejected texts = 3 x captioned images
+    captions = Artifact(str(root / "largefine")).count_rows()
+    rejected = Artifact(str(root / "caption_rejects")).count_rows()
+    assert captions + rejected == 3 * images and captions > 0
+    # no shard written twice: the write events of this build's shard-range runs, at most one per shard
+    children = {f"prefect.flow-run.{r['id']}" for r in runs}
+    writers = {i: [w for w in ws if w in children] for i, ws in shard_write_events(stack, "qa-tiers").items()}
+    n_shards = len(Artifact(str(root / "tier12_captions")).manifest().shards)
+    assert n_shards == images // shard_size
+    assert all(len(w) <= 1 for w in writers.values()), writers
+    assert sum(len(w) for w in writers.values()) >= n_shards - 1  # a kill between write and event: one less
+    for folder in ("tier12_captions", "qa_pairs", "tier12_rejects", "largefine", "caption_rejects"):
+        assert Artifact(str(root / folder)).is_complete(verify_hashes=True), folder
+    (test_artifacts_dir / "fanout-worker-loss.json").write_text(json.dumps(
+        {"parent": parent, "lost_run": victim["name"], "lost_run_message": lost["state"]["message"],
+         "replaced_by": [r["name"] for r in again],
+         "seconds_from_kill_to_completion": round(time.monotonic() - killed_at, 1),
+         "runs": [{"name": r["name"], "state": r["state_type"]} for r in shard_runs(stack, parent)],
+         "captions": captions, "rejected_texts": rejected, "shard_writes": writers}, indent=1))
+    _screenshot_parent_run(stack, parent, test_artifacts_dir, [r["name"] for r in runs])
+
+
+def _parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _screenshot_parent_run(stack: StackConfig, parent: str, test_artifacts_dir: Path, children: list[str]) -> None:
+    """The parent run's page in the UI, on its subflow-runs tab: the child runs are listed there."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("no headless Chromium for the UI screenshot (make browser installs it)")
+    url = f"http://{stack.host}:{stack.port}/runs/flow-run/{parent}?tab=Subflow%20Runs"
+    shot = test_artifacts_dir / "prefect-ui-fanout-parent-run.png"
+    shot.unlink(missing_ok=True)
+    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 20_000, f"the UI page {url} did not render"
+    dom = subprocess.run([chromium, *CHROMIUM_FLAGS, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert any(name in dom for name in children), "the parent run's page does not list its shard-range runs"
