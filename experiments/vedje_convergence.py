@@ -567,10 +567,12 @@ def run_checks(data: VedjeTensors, model: Vedje, args: argparse.Namespace, n: in
     s1, vz, lp = c_rows["stage 1 (ρ alone)"], c_rows["VEDJE, ρ zeroed"], c_rows["linear probe q₁ᵀWf(v) (no ρ)"]
     lpr = c_rows["linear probe a·ρ + q₁ᵀWf(v)"]
     parts = []
-    if lpr["rerank_r1"] > s1["rerank_r1"] + 1 or lp["hard"] > s1["hard"] + 1:
-        parts.append(f"a linear probe on the same frozen features beats stage 1 (R@1 {lpr['rerank_r1']:.1f} vs "
-                     f"{s1['rerank_r1']:.1f}; hard lists {lp['hard']:.1f} vs {s1['hard']:.1f}), so the features carry "
-                     f"signal the joint model has not learned to use")
+    # stage 1 sits below chance on its own hard lists by construction (they are its top-ranked
+    # negatives), so the no-ρ probe is judged against chance there, with a 5-point margin
+    if lpr["rerank_r1"] > s1["rerank_r1"] + 1 or lp["hard"] > 100 / c + 5:
+        parts.append(f"a linear probe on the same frozen features does better (R@1 {lpr['rerank_r1']:.1f} vs stage "
+                     f"1's {s1['rerank_r1']:.1f}; no-ρ probe on hard lists {lp['hard']:.1f} vs chance {100 / c:.0f}), "
+                     "so the features carry signal the joint model has not learned to use")
     else:
         parts.append(f"no linear read-out of the frozen features beats stage 1 (R@1 {lpr['rerank_r1']:.1f} vs "
                      f"{s1['rerank_r1']:.1f}; no-ρ probe on hard lists {lp['hard']:.1f}, chance {100 / c:.0f}): "
