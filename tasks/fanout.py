@@ -223,19 +223,15 @@ def shard_range_parameters(ctx: RunContext, stage: str, key: str, indices: tuple
 def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output], key: str, n_shards: int,
                    recount: sharded.ShardRecount, *, balance: bool, upstream: Sequence[Artifact] = (),
                    config: dict[str, Any] | None = None, models: dict[str, Any] | None = None,
-                   prompt_versions: dict[str, str] | None = None,
-                   orchestrator: Orchestrator | None = None) -> StageResult:
+                   prompt_versions: dict[str, str] | None = None) -> StageResult:
     """A per-shard stage as shard-range flow runs on the pool (module docstring); the same result,
     manifests and balance check as ``sharded.run_sharded``."""
-    if sharded.all_complete(outputs, key):
-        result = sharded.skipped_result(stage, outputs, outputs[0].name)
-        log(f"{stage}: skipped, complete for the same inputs ({result.accepted}/{result.input_rows} accepted)")
-        return result
+    skipped = sharded.skip_if_complete(stage, outputs, key, outputs[0].name)
+    if skipped is not None:
+        return skipped
     spec = ctx.profile.prefect.fanout
-    if orchestrator is None:
-        pool = PrefectOrchestrator(spec.deployment, tags=["fanout", ctx.flow_name, stage])
-        pool.check_deployment()
-        orchestrator = pool
+    orchestrator = PrefectOrchestrator(spec.deployment, tags=["fanout", ctx.flow_name, stage])
+    orchestrator.check_deployment()
     with sharded.Timer() as timer:
         sharded.begin(outputs, key)
 
@@ -256,10 +252,9 @@ def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output
                 publish_table(f"{ctx.flow_name}-{stage}-fanout".lower(), fanout_rows(ranges),
                               f"{stage}: shard-range flow runs on the pool (each try, and how it ended)")
         infos, stats = collect_shards(outputs, key, n_shards, recount, stage, balance)
-        total = sharded.sum_stats(stats)
-        balanced = sharded.check_balance(stage, total) if balance else None
-        sharded.finalize(outputs, key, infos, ctx, upstream=upstream, config=config, models=models,
-                         stats={**total, "balanced": balanced}, prompt_versions=prompt_versions)
+        total, balanced = sharded.finalize_stage(ctx, stage, outputs, key, infos, stats, balance=balance,
+                                                 upstream=upstream, config=config, models=models,
+                                                 prompt_versions=prompt_versions)
     tries = sum(len(r.runs) for r in ranges)
     log(f"{stage}: {total.get('accepted', 0)}/{total.get('input_rows', 0)} accepted over {n_shards} shards "
         f"({len(before)} reused) in {tries} shard-range runs for {len(ranges)} ranges, {timer.seconds:.1f}s")

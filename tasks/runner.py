@@ -211,10 +211,9 @@ def _whole_task(stage: Stage, run: StageRun, outs: list[sharded.Output], key: st
 def _run_whole(ctx: RunContext, stage: Stage, run: StageRun, outs: Sequence[sharded.Output], key: str, *,
                upstream: Sequence[Artifact], config: dict[str, Any], models: dict[str, Any],
                prompt_versions: dict[str, str]) -> StageResult:
-    if sharded.all_complete(outs, key):
-        result = sharded.skipped_result(stage.name, outs, stage.main_write)
-        log(f"{stage.name}: skipped, complete for the same inputs ({result.accepted}/{result.input_rows} accepted)")
-        return result
+    skipped = sharded.skip_if_complete(stage.name, outs, key, stage.main_write)
+    if skipped is not None:
+        return skipped
     with sharded.Timer() as timer, StageProgress(stage.name):
         sharded.begin(outs, key)
         done = _whole_task.with_options(name=stage.name)(stage, run, list(outs), key)

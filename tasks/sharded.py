@@ -149,6 +149,30 @@ def merge_counts(parts: Sequence[dict[str, int]]) -> dict[str, int]:
     return total
 
 
+def skip_if_complete(stage: str, outputs: Sequence[Output], stage_key: str, accepted_output: str
+                     ) -> StageResult | None:
+    """The last run's StageResult, logged, when every output is complete for ``stage_key``; else None."""
+    if not all_complete(outputs, stage_key):
+        return None
+    result = skipped_result(stage, outputs, accepted_output)
+    log(f"{stage}: skipped, complete for the same inputs ({result.accepted}/{result.input_rows} accepted)")
+    return result
+
+
+def finalize_stage(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key: str,
+                   shards: Sequence[dict[str, ShardInfo]], shard_stats: Sequence[dict[str, Any]], *, balance: bool,
+                   upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
+                   models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None
+                   ) -> tuple[dict[str, Any], bool | None]:
+    """Sum the shards' stats, check the total balance (``balance``), write every manifest; returns
+    the summed stats and the balance result."""
+    stats = sum_stats(shard_stats)
+    balanced = check_balance(stage, stats) if balance else None
+    finalize(outputs, stage_key, shards, ctx, upstream=upstream, config=config, models=models,
+             stats={**stats, "balanced": balanced}, prompt_versions=prompt_versions)
+    return stats, balanced
+
+
 def skipped_result(stage: str, outputs: Sequence[Output], accepted_output: str) -> StageResult:
     """A StageResult rebuilt from complete manifests (what the stage did last time)."""
     manifests = {o.name: Artifact(o.url).manifest() for o in outputs}
@@ -289,16 +313,14 @@ def map_shards(flow_name: str, stage: str, outputs: Sequence[Output], stage_key:
     with Progress(progress_key or f"{flow_name}-{stage}-progress", f"{stage}: shards done of {total}", stage=stage,
                   total=total, unit="shards") as progress:
         progress.update(total - len(indices))
+
+        def submit(index: int) -> Any:
+            return task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit, stage,
+                                  balance, announce)
+
         if one_at_a_time:
-            done = []
-            for index in indices:
-                done.append(task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit,
-                                           stage, balance, announce).result())
-                progress.advance()
-            return done
-        futures = [task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit, stage,
-                                  balance, announce) for index in indices]
-        return gather(futures, progress)
+            return [gather([submit(index)], progress)[0] for index in indices]
+        return gather([submit(index) for index in indices], progress)
 
 
 def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key: str, n_shards: int,
@@ -316,18 +338,16 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
     reused from an interrupted run brings its stats back from its footer (``recount`` from its rows
     only for shards written before footers held stats).
     """
-    if all_complete(outputs, stage_key):
-        result = skipped_result(stage, outputs, outputs[0].name)
-        log(f"{stage}: skipped, complete for the same inputs ({result.accepted}/{result.input_rows} accepted)")
-        return result
+    skipped = skip_if_complete(stage, outputs, stage_key, outputs[0].name)
+    if skipped is not None:
+        return skipped
     with Timer() as timer:
         begin(outputs, stage_key)
         done = map_shards(ctx.flow_name, stage, outputs, stage_key, range(n_shards), compute, recount,
                           total=n_shards, tags=tags, concurrency_limit=concurrency_limit, balance=balance)
-        stats = sum_stats([r["stats"] for r in done])
-        balanced = check_balance(stage, stats) if balance else None
-        finalize(outputs, stage_key, [r["shards"] for r in done], ctx, upstream=upstream, config=config,
-                 models=models, stats={**stats, "balanced": balanced}, prompt_versions=prompt_versions)
+        stats, balanced = finalize_stage(ctx, stage, outputs, stage_key, [r["shards"] for r in done],
+                                         [r["stats"] for r in done], balance=balance, upstream=upstream,
+                                         config=config, models=models, prompt_versions=prompt_versions)
     resumed = sum(r["resumed"] for r in done)
     log(f"{stage}: {stats.get('accepted', 0)}/{stats.get('input_rows', 0)} accepted over {n_shards} shards "
         f"({resumed} reused), {timer.seconds:.1f}s")
