@@ -13,8 +13,13 @@ from pathlib import Path
 _STATE = Path(tempfile.mkdtemp(prefix="rde-test-state-"))
 os.environ["RDE_STATE_DIR"] = str(_STATE)
 # one batch-size measurement per backend for the whole session, shared with the CLI subprocesses
-# the end-to-end tests start (each of those has a state folder of its own)
-os.environ["RDE_AUTO_BATCH_CACHE"] = str(_STATE / "auto_batch.json")
+# the end-to-end tests start (each of those has a state folder of its own) and, through setdefault,
+# with the other pytest-xdist workers (each inherits the controller's value instead of measuring again)
+os.environ.setdefault("RDE_AUTO_BATCH_CACHE", str(_STATE / "auto_batch.json"))
+# the semantic bridge's class-prompt vectors, encoded once for the whole session: setdefault, so the
+# xdist workers (and every process they start) inherit the controller's folder instead of each paying
+# the 10-17 CPU s of encoding them (models.backends.text_vectors)
+os.environ.setdefault("RDE_TEXT_VECTOR_CACHE", str(_STATE / "text_vectors"))
 for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "YOLO_CONFIG_DIR"):
     os.environ.pop(_key, None)
 # Threads of torch's OpenMP pool sleep while they wait instead of spinning (libgomp spins by

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    cfg = StackConfig(port=free_port(), folder=tmp_path_factory.mktemp("stack"))
+    # no gpu worker: nothing here runs on the gpu pool, and an idle worker costs 2-4 CPU s a minute
+    # (its heartbeats scan every installed package); tests/test_pool_fanout.py starts three
+    cfg = StackConfig(port=free_port(), folder=tmp_path_factory.mktemp("stack"), gpu_workers=0, gpu_slots=1)
     up(cfg)
     try:
         yield cfg
@@ -38,7 +40,7 @@ def test_stack_is_up_on_loopback_with_pools_limit_and_deployments(stack: StackCo
     pools = {p["name"]: p["type"] for p in api(stack, "/work_pools/filter", {})}
     assert pools.get("cpu") == "process" and pools.get("gpu") == "process"
     limits = {g["name"]: g["limit"] for g in api(stack, "/v2/concurrency_limits/filter", {})}
-    assert limits.get("gpu") == 1  # one slot per gpu worker (tests/test_pool_fanout.py starts three)
+    assert limits.get("gpu") == 1  # gpu_slots (by default one slot per gpu worker: tests/test_pool_fanout.py)
     names = {(d["name"], d["work_pool_name"]) for d in api(stack, "/deployments/filter", {})}
     assert {("demo", "cpu"), ("demo", "gpu"), ("gpu", "gpu")} <= names  # gpu/gpu: run-shards
 

@@ -30,7 +30,8 @@ def pg_stack():
         pytest.skip(str(err))
     folder = Path(tempfile.mkdtemp(prefix="rde-pg-stack-"))
     folder.chmod(0o755)
-    cfg = StackConfig(port=free_port(), folder=folder, postgres=True)
+    cfg = StackConfig(port=free_port(), folder=folder, postgres=True, gpu_workers=0,
+                      gpu_slots=1)  # runs only on the cpu pool (no idle gpu worker)
     try:
         up(cfg)
         yield cfg

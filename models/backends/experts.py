@@ -15,6 +15,7 @@ Production: ``TransformersClipExpert`` (CLIP / SigLIP by id) and ``VlmEmbeddingE
 from __future__ import annotations
 
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
 from models.backends.interfaces import TextEncoder, l2_normalize
 from models.backends.model_errors import ModelLoadError, hub_hint
+from models.backends.text_vectors import cached_text_vectors
 from models.backends.torch_runtime import batched, load_image_text_model, resolve_device, resolve_dtype
 from models.specs import ModelSpec
 
@@ -33,13 +35,14 @@ class SemanticBridgeExpert:
     """Image → MiniLM space through ImageNet class probabilities and detected object labels.
 
     Options: ``top_k`` classes (5), ``class_prompt`` ("a photo of a {}"), ``detection_weight`` (1.0),
-    ``min_detection_score`` (0.3).
+    ``min_detection_score`` (0.3). The class prompts' vectors are kept in ``vector_cache`` (a
+    folder; see ``models.backends.text_vectors``) for later processes.
     """
 
     preprocessing = "effnet-lite0-imagenet+ssd-coco→minilm"
 
     def __init__(self, spec: ModelSpec, embedder: EfficientNetLiteEmbedder, detector: Detector,
-                 text_encoder: TextEncoder) -> None:
+                 text_encoder: TextEncoder, vector_cache: Path | None = None) -> None:
         self.spec = spec
         self.model_id = spec.model_id
         self.embedder, self.detector, self.text_encoder = embedder, detector, text_encoder
@@ -48,10 +51,12 @@ class SemanticBridgeExpert:
         self.prompt = str(spec.options.get("class_prompt", "a photo of a {}"))
         self.detection_weight = float(spec.options.get("detection_weight", 1.0))
         self.min_detection_score = float(spec.options.get("min_detection_score", 0.3))
+        self.vector_cache = vector_cache
 
     @cached_property
     def _class_vectors(self) -> np.ndarray:
-        return self.text_encoder.encode([self.prompt.format(name) for name in self.embedder.class_names])
+        prompts = [self.prompt.format(name) for name in self.embedder.class_names]
+        return cached_text_vectors(self.text_encoder, prompts, self.vector_cache)
 
     def _label_vectors(self, labels: list[str]) -> dict[str, np.ndarray]:
         unique = sorted(set(labels))

@@ -37,6 +37,7 @@ BUNDLED_IMAGE_EMBEDDER = ModelSpec(backend="efficientnet-lite0", model_id="effic
 BUNDLED_TEXT_ENCODER = ModelSpec(backend="sentence-transformers", model_id="bundled:all-MiniLM-L6-v2",
                                  batch_size="auto")
 AUTO_BATCH_CACHE = "auto_batch.json"  # chosen batch sizes, in the state folder
+TEXT_VECTOR_CACHE = "text_vectors"  # fixed prompt lists' embeddings (the bridge's class prompts), in the state folder
 BUNDLED_LLM = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
 
 _cache: dict[tuple[str, str], Any] = {}
@@ -176,8 +177,11 @@ class ModelRegistry:
             from models.backends import experts
 
             if spec.backend == "semantic-bridge":
+                from models.backends.text_vectors import cache_folder
+
                 return experts.SemanticBridgeExpert(spec, self._bundled_embedder(spec.batch_size), self.detector(),
-                                                    self.text_encoder())
+                                                    self.text_encoder(),
+                                                    cache_folder(state_dir() / TEXT_VECTOR_CACHE))
             if spec.backend == "attributes":
                 return experts.AttributeExpert(spec, self.detector())
             if spec.backend == "transformers-clip":
