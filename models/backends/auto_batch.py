@@ -30,9 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from itertools import cycle, islice
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 AUTO = "auto"
@@ -86,12 +87,16 @@ class Measurement:
 
 def machine_fingerprint(device: torch.device) -> str:
     """What makes timings of one machine differ from another's: host, CPU, threads, accelerator."""
+    import torch
+
     return _machine_fingerprint(str(device), torch.get_num_threads())
 
 
 @functools.lru_cache(maxsize=16)
 def _machine_fingerprint(device_name: str, threads: int) -> str:
     """``machine_fingerprint``, read once per (device, thread count): it is consulted on every call."""
+    import torch
+
     device = torch.device(device_name)
     cpu = platform.processor() or platform.machine()
     try:
@@ -166,6 +171,8 @@ class BatchSize:
 
     def __init__(self, setting: int | str, identity: str, device: torch.device | str,
                  settings: AutoBatchSettings | None = None) -> None:
+        import torch  # here, not at import: a process that batches no torch model never loads torch
+
         self.setting = setting
         self.device = torch.device(device)
         self.settings = settings or AutoBatchSettings()
@@ -222,6 +229,8 @@ class BatchSize:
 
     def measure(self, items: Sequence[T], run: Callable[[Sequence[T]], object]) -> list[Measurement]:
         """Per-item time of each candidate size on ``items`` (repeated cyclically up to the size)."""
+        import torch
+
         s, cuda = self.settings, self.device.type == "cuda"
         budget = s.memory_fraction * torch.cuda.mem_get_info(self.device)[0] if cuda else float("inf")
         started, out, worse = _clock(), [], 0
@@ -249,6 +258,8 @@ class BatchSize:
         return out
 
     def _time(self, sample: list[T], run: Callable[[Sequence[T]], object], cuda: bool) -> Measurement:
+        import torch
+
         if cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
