@@ -8,7 +8,15 @@ Sizes N × 768 (float32, L2-normalised, 100 planted clusters). For each N:
   vs ``faiss.IndexFlatIP`` search; then the union of two "experts".
 Prints seconds, the ratio ours/faiss, and the scaling exponent b of time ∝ N^b (log-log fit).
 
+``--streaming N DIM`` (alone: ``--sizes`` with no value skips the scaling rows) compares, on N × DIM
+vectors with 100 planted clusters, the in-memory MiniBatchKMeans (``kmeans_clusters`` with
+``sklearn-minibatch``: what ``auto`` used above 20k before) with ``kmeans_streaming`` (what CGDS runs
+above ``sampling.minibatch_above``), its vectors given in blocks of 10k rows, in the pool's order
+twice: shuffled, and sorted by cluster (a pool in shard order, crops of one video together).
+Prints seconds and each inertia over in-memory KMeans' (K=100, 3 tries: the reference).
+
     .venv/bin/python benchmarks/cgds_mecf_scaling.py [--sizes 10000 100000 1000000]
+    .venv/bin/python benchmarks/cgds_mecf_scaling.py --sizes --streaming 100000 256
 """
 
 from __future__ import annotations
@@ -19,15 +27,35 @@ import time
 import numpy as np
 
 from rde.common.topk import topk_exact, topk_faiss
-from rde.secmm.cgds import kmeans_clusters, sample_per_cluster
+from rde.secmm.cgds import kmeans_clusters, kmeans_streaming, sample_per_cluster
 from rde.secmm.mecf import union_candidates
 
 
-def synthetic(n: int, dim: int, seed: int) -> np.ndarray:
+def synthetic(n: int, dim: int, seed: int, with_labels: bool = False):
     rng = np.random.default_rng(seed)
     centers = rng.normal(size=(100, dim)).astype(np.float32)
-    x = centers[rng.integers(0, 100, n)] + 0.5 * rng.normal(size=(n, dim)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+    labels = rng.integers(0, 100, n)
+    x = centers[labels] + 0.5 * rng.normal(size=(n, dim)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return (x, labels) if with_labels else x
+
+
+def streaming_vs_in_memory(n: int, dim: int, k: int = 100, block: int = 10_000) -> None:
+    """In-memory MiniBatchKMeans vs the streaming k-means (blocks of ``block`` rows), shuffled and
+    in cluster order; inertia relative to in-memory KMeans (the reference)."""
+    from sklearn.cluster import KMeans
+
+    x, labels = synthetic(n, dim, 0, with_labels=True)
+    t_ref, ref = timed(lambda: KMeans(n_clusters=k, random_state=0, n_init=3).fit(x))
+    t_mb, mb = timed(kmeans_clusters, x, k, 0, "sklearn-minibatch")
+    print(f"N={n} dim={dim} K={k}: KMeans in memory {t_ref:.1f}s (inertia 1) | MiniBatchKMeans in memory "
+          f"{t_mb:.1f}s, inertia x{mb.inertia / ref.inertia_:.4f}", flush=True)
+    for order_name, order in (("shuffled", np.arange(n)), ("cluster order", np.argsort(labels, kind="stable"))):
+        rows = x[order]
+        t_st, st = timed(kmeans_streaming, lambda rows=rows: (rows[a:a + block] for a in range(0, n, block)), k, 0)
+        print(f"  streaming, {order_name}: {t_st:.1f}s, inertia x{st.inertia / ref.inertia_:.4f} "
+              f"(in-memory MiniBatchKMeans x{mb.inertia / ref.inertia_:.4f}); holds {block} + "
+              f"{min(n, 256 * k)} rows, not {n}", flush=True)
 
 
 def timed(fn, *args, **kwargs):
@@ -52,9 +80,13 @@ def exponent(sizes: list[int], times: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--streaming", type=int, nargs=2, metavar=("N", "DIM"),
+                        help="also compare in-memory MiniBatchKMeans with the streaming k-means on N × DIM")
     args = parser.parse_args()
+    if args.streaming:
+        streaming_vs_in_memory(*args.streaming)
     rows = []
     for n in args.sizes:
         x = synthetic(n, args.dim, 0)
@@ -73,6 +105,8 @@ def main() -> None:
               f"({len(picked)} kept) | top-1000 ours {t_top:6.2f}s faiss {t_ftop:6.2f}s (x{t_top / t_ftop:5.2f}, "
               f"overlap {same:.3f}) | union {t_union:.2f}s ({len(union)} pairs)", flush=True)
         del x
+    if not rows:
+        return
     sizes = [r[0] for r in rows]
     b = {name: exponent(sizes, [r[i] for r in rows]) for name, i in
          (("kmeans ours", 1), ("kmeans faiss", 2), ("top-K ours", 5), ("top-K faiss", 6))}

@@ -51,7 +51,7 @@ class HardNegatives(Stage):
     hard negative (GTR+ Eq. 1), assign a generator; written in shards of ``largefine.shard_size``."""
 
     name = "hard-negatives"
-    version = "2"
+    version = "2"  # not bumped for embedding one accepted shard at a time: the outputs are the same
     reads = ("accepted",)
     writes = (Write("neighbours", "neighbours", NEIGHBOURS),
               Write("rejects", "rejects", REJECTS, folder="select_rejects", rejects=True))
@@ -75,14 +75,13 @@ class HardNegatives(Stage):
         rows = [dict(r, accepted_shard=index) for index, table in
                 accepted.iter_shards(["image_id", "source", "domain", "identity"]) for r in table.to_pylist()]
         chosen, rejects = _select(rows, lf.domains, lf.max_images, lf.seed)
-
-        def load(positions: list[int]) -> list[np.ndarray]:
-            wanted: dict[int, set[str]] = defaultdict(set)
-            for i in positions:
-                wanted[chosen[i]["accepted_shard"]].add(chosen[i]["image_id"])
-            return _images(accepted.url, wanted, [chosen[i]["image_id"] for i in positions])
-
-        vectors = cache.embed([r["image_id"] for r in chosen], load) if chosen else np.zeros((0, 1), np.float32)
+        # embedded one accepted shard's bytes at a time; keep is asked once per row in artifact order,
+        # the order of ``rows``, so the vectors are the chosen rows' in their order
+        picked = {id(r) for r in chosen}  # _select returns the very row dicts it keeps
+        flags = iter([id(r) in picked for r in rows])
+        embedded_rows, vectors = cache.embed_artifact(accepted, ["image_id"], keep=lambda _: next(flags))
+        if [r["image_id"] for r in embedded_rows] != [r["image_id"] for r in chosen]:
+            raise RuntimeError("hard-negatives: the accepted artifact changed while it was read")
         found = hard_negative_neighbours(vectors, [r["image_id"] for r in chosen], lf.neighbours_k, lf.seed,
                                          lf.neighbour_index_above, ann=lf.neighbour_ann)
         shard_of = {r["image_id"]: r["accepted_shard"] for r in chosen}

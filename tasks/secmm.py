@@ -222,7 +222,9 @@ class Cgds(Stage):
     """Embed the denoised pool, k-means per domain, sample per cluster, keep the target category."""
 
     name = "cgds"
-    version = "3"
+    # 4: domains above sampling.minibatch_above are clustered by streaming k-means over the cached
+    # vectors (rde.secmm.cgds.kmeans_streaming) instead of MiniBatchKMeans on all of them in memory
+    version = "4"
     reads = ("accepted",)
     writes = (Write("gallery", "gallery", GALLERY), Write("sampling", "sampling", SAMPLING))
     config = ("sampling",)
@@ -234,13 +236,16 @@ class Cgds(Stage):
         return Lineage(models={"image_embedder": cache.identity})
 
     def run(self, run: StageRun) -> Work:
-        """The draw on embeddings (one shard of bytes alive while embedding), then the gallery
-        written streaming: per domain, one output shard per pool shard, with the drawn images'
-        bytes copied from that shard (same rows and order as drawing over the whole pool)."""
+        """The draw on embeddings, then the gallery written streaming: per domain, one output shard
+        per pool shard, with the drawn images' bytes copied from that pool shard (same rows and
+        order as drawing over the whole pool). Memory: the pool's metadata, one shard of bytes
+        while embedding the misses, and the vectors of one domain at most ``minibatch_above``
+        images (k-means in memory) or of one pool shard (a larger domain, streamed: see
+        ``cgds.kmeans_streaming``); never the pool's N × dim vectors."""
         cache: EmbeddingCache = run.prepared["cache"]
         accepted = run.input("accepted")
-        rows, vectors = cache.embed_artifact(accepted, [*cgds.GALLERY_FIELDS, "target_count"])
-        drawn = cgds.sample_gallery(rows, vectors, run.section("sampling"))
+        rows, vectors = cache.index_artifact(accepted, [*cgds.GALLERY_FIELDS, "target_count"])
+        drawn = cgds.draw_gallery(rows, run.section("sampling"), vectors.take, vectors.blocks)
         stats = {"input_rows": len(rows), "accepted": len(drawn.gallery),
                  "rejected": dict(Counter(s["reason"] for s in drawn.sampling if s["reason"])),
                  "clusters": drawn.clusters, "embedded": cache.embedded}

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 
 from rde.common.profiles import SamplingSpec
-from rde.common.topk import topk_exact, topk_faiss
-from rde.secmm.cgds import kmeans_clusters, sample_gallery, sample_per_cluster
+from rde.common.topk import topk_exact, topk_exact_blocks, topk_faiss
+from rde.secmm.cgds import (
+    kmeans_clusters,
+    kmeans_streaming,
+    rebatched,
+    reservoir_sample,
+    sample_gallery,
+    sample_per_cluster,
+)
 from rde.secmm.mecf import union_candidates
 
 
@@ -58,6 +66,65 @@ def test_kmeans_separates_obvious_groups_and_caps_k() -> None:
         assert len(set(other.labels[:30])) == 1 and other.labels[0] != other.labels[30], backend
 
 
+
+def _planted(n: int, dim: int, k: int, noise: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """n unit vectors around k random centres, and each one's centre (the true cluster)."""
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, k, n)
+    x = rng.normal(size=(k, dim))[truth] + noise * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32), truth
+
+
+def test_streaming_kmeans_recovers_planted_clusters_deterministically() -> None:
+    """6000 × 16, 8 planted clusters, read in cluster order (a pool in shard order: the hard case
+    for running means) in blocks of 500: the streaming k-means finds the clusters (ARI ≥ 0.95), its
+    inertia is that of its labels and within 3 % of in-memory KMeans', every pass reads the same
+    blocks, and the result depends on the seed and the row order only, not on where blocks end."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score
+
+    x, truth = _planted(6000, 16, 8, 0.3)
+    order = np.argsort(truth, kind="stable")
+    x, truth = x[order], truth[order]
+    calls: list[int] = []
+
+    def blocks(size: int):
+        def fresh():
+            calls.append(size)
+            return (x[at:at + size] for at in range(0, len(x), size))
+        return fresh
+
+    got = kmeans_streaming(blocks(500), k=8, seed=0, passes=5, batch_size=1024, init_per_cluster=64)
+    assert got.labels.shape == (6000,) and got.centroids.shape == (8, 16)
+    assert adjusted_rand_score(truth, got.labels) >= 0.95
+    reference = KMeans(n_clusters=8, random_state=0, n_init=3).fit(x)
+    assert got.inertia <= 1.03 * reference.inertia_, (got.inertia, reference.inertia_)
+    own = float(((x - got.centroids[got.labels]) ** 2).sum())
+    assert abs(got.inertia - own) <= 1e-3 * own
+    assert 3 <= len(calls) <= 5 + 2  # sample, Lloyd passes (stops when no label changes), labels
+    again = kmeans_streaming(blocks(700), k=8, seed=0, passes=5, batch_size=1024, init_per_cluster=64)
+    assert np.array_equal(again.labels, got.labels) and np.array_equal(again.centroids, got.centroids)
+    assert np.array_equal(kmeans_clusters(x, 8, seed=0, backend="streaming").labels,
+                          kmeans_streaming(lambda: [x], 8, seed=0).labels)
+    few = kmeans_streaming(lambda: [x[:5]], k=8, seed=0)  # K capped at the rows
+    assert few.centroids.shape[0] == 5 and len(few.labels) == 5
+
+
+def test_reservoir_sample_is_seeded_uniform_and_blind_to_block_ends() -> None:
+    rows = np.arange(20_000, dtype=np.float32)[:, None]
+    sample, seen = reservoir_sample(rebatched([rows[:7000], rows[7000:]], 1000), 500, np.random.default_rng(3))
+    same, _ = reservoir_sample(rebatched([rows[:123], rows[123:9000], rows[9000:]], 1000), 500,
+                               np.random.default_rng(3))
+    other, _ = reservoir_sample(rebatched([rows], 1000), 500, np.random.default_rng(4))
+    assert seen == 20_000 and np.array_equal(sample, same) and not np.array_equal(sample, other)
+    assert len(np.unique(sample)) == 500
+    quarters = np.bincount((sample[:, 0] // 5000).astype(int), minlength=4)
+    assert all(90 <= q <= 160 for q in quarters), quarters  # 125 each expected (sd ≈ 10): not the first rows
+    small, seen = reservoir_sample(rebatched([rows[:300]], 1000), 500, np.random.default_rng(0))
+    assert seen == 300 and np.array_equal(small, rows[:300])
+    assert [len(b) for b in rebatched([rows[:5], rows[5:12], rows[12:13]], 4)] == [4, 4, 4, 1]
+
+
 def test_topk_exact_blocked_matches_full_sort_and_faiss() -> None:
     rng = np.random.default_rng(3)
     q = rng.normal(size=(7, 16)).astype(np.float32)
@@ -70,6 +137,27 @@ def test_topk_exact_blocked_matches_full_sort_and_faiss() -> None:
     assert np.array_equal(f_idx, full)
     tie_idx, _ = topk_exact(np.ones((1, 2), np.float32), np.ones((4, 2), np.float32), 3, block=2)
     assert tie_idx.tolist() == [[0, 1, 2]]  # ties by gallery order
+
+
+
+def test_topk_over_gallery_blocks_from_an_iterator_keeps_the_order_and_tie_break() -> None:
+    """Gallery blocks from an iterator, cut anywhere: the same top-k as a full sort by (higher
+    score, lower gallery index), also with many ties at the k-th score (integer scores), and as
+    ``topk_exact`` in memory where nothing ties; fewer gallery rows than k gives that many."""
+    rng = np.random.default_rng(5)
+    for q, g in ((rng.integers(-1, 2, (9, 8)), rng.integers(-1, 2, (700, 8))),  # integer scores: ties
+                 (rng.normal(size=(9, 8)), rng.normal(size=(700, 8)))):
+        q, g = q.astype(np.float32), g.astype(np.float32)
+        scores = q @ g.T
+        full = np.lexsort((np.broadcast_to(np.arange(700), scores.shape), -scores), axis=1)[:, :40]
+        for cuts in ([700], [1, 64, 635], [333, 333, 34], [50] * 14):
+            ends = np.cumsum([0, *cuts])
+            idx, val = topk_exact_blocks(q, (g[a:b] for a, b in pairwise(ends)), 40)
+            assert np.array_equal(idx, full), cuts
+            assert np.allclose(val, np.take_along_axis(scores, full, axis=1))
+    assert np.array_equal(topk_exact(q, g, 40, block=128)[0], full)  # in memory too (no ties here)
+    few, _ = topk_exact_blocks(q, iter([g[:3], g[3:5]]), 40)
+    assert few.shape == (9, 5)
 
 
 def test_union_of_rankings_hand_computed() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rde.common.embedding_cache import EmbeddingCache
+from rde.common.embedding_cache import CachedVectors, EmbeddingCache
 
 
 class CountingEmbedder:
@@ -110,3 +110,27 @@ def test_processes_appending_to_one_cache_lose_nothing(tmp_path: Path) -> None:
     assert set(cache.lookup(wanted)) == set(wanted)
     shards = Artifact(cache.url).manifest().shards
     assert [s.index for s in shards] == list(range(36))
+
+
+def test_cached_vectors_read_the_rows_asked_for_in_their_order(tmp_path: Path) -> None:
+    """``locate`` finds ids by the cache's ``image_id`` column; ``CachedVectors.take`` reads rows
+    across cache shards and read batches in the order asked (repeats too), and an id cached twice
+    is its last copy, as ``lookup`` gives it; ``blocks`` cuts where the source shard changes."""
+    emb = CountingEmbedder()
+    cache = EmbeddingCache(str(tmp_path), emb)
+    ids = [f"i{v}" for v in range(20)]
+    for at in range(0, 20, 7):  # three appends: three cache shards
+        cache.embed(ids[at:at + 7], lambda pos, at=at: _images([at + p for p in pos]))
+    cache._append(["i3"], np.full((1, 4), 99.0, np.float32))  # a later copy of i3 (two writers raced)
+    located = cache.locate([*ids, "absent"])
+    assert set(located) == set(ids) and located["i3"] == (3, 0) and located["i19"] == (2, 5)
+    vectors = CachedVectors(cache.url, 4, np.array([located[i] for i in ids]), np.repeat([0, 1], 10))
+    vectors.read_batch = 3  # several batches per cache shard
+    order = [19, 0, 7, 7, 3, 13, 6]
+    got = vectors.take(order)
+    by_lookup = cache.lookup(ids)
+    assert np.array_equal(got, np.stack([by_lookup[ids[i]] for i in order]))
+    assert got[:, 0].tolist() == [19, 0, 7, 7, 99, 13, 6] and vectors.take([]).shape == (0, 4)
+    assert [len(b) for b in vectors.blocks(np.arange(20))] == [10, 10]
+    assert [b[:, 0].tolist() for b in vectors.blocks([8, 9, 10])] == [[8, 9], [10]]
+    assert emb.calls == 20 and len(vectors) == 20

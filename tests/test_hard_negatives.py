@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from models.backends.interfaces import l2_normalize
-from rde.largefine.hard_negatives import hard_negative_neighbours
+from rde.largefine.hard_negatives import hard_negative_neighbours, hard_negative_neighbours_blocks
 
 
 def _vectors(n: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -73,3 +73,19 @@ def test_query_rows_restrict_to_one_shard() -> None:
     assert [p.neighbour_ids for p in part] == [full[3].neighbour_ids, full[7].neighbour_ids]
     with pytest.raises(ValueError, match="image ids"):
         hard_negative_neighbours(vecs, ids[:5])
+
+
+def test_one_shard_against_a_gallery_in_blocks_finds_the_same_neighbours() -> None:
+    """Queries = one output shard's vectors, the gallery streamed in blocks (as from the embedding
+    cache one pool shard at a time, any block size): the same neighbours, scores and hard
+    negatives as the search with the whole pool in memory, duplicates excluded the same way."""
+    vecs, ids = _vectors(60, seed=4), [f"p{i}" for i in range(60)]
+    vecs[9], ids[9] = vecs[8], "p8"  # an exact duplicate
+    full = hard_negative_neighbours(vecs, ids, k=6, seed=3)
+    for shard in (range(0, 16), range(40, 60)):
+        for block in (7, 16, 60):
+            got = hard_negative_neighbours_blocks(vecs[list(shard)], [ids[i] for i in shard],
+                                                  lambda block=block: (vecs[a:a + block] for a in range(0, 60, block)),
+                                                  ids, k=6, seed=3)
+            assert got == [full[i] for i in shard], (shard, block)
+    assert hard_negative_neighbours_blocks(vecs[:0], [], lambda: iter([vecs]), ids) == []

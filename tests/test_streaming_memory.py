@@ -1,5 +1,6 @@
-"""Stages that need the whole pool (CGDS's k-means and draw) work on embeddings; image bytes are
-read one shard at a time, so the Python memory a stage holds does not grow with the pool."""
+"""Stages that need the whole pool (CGDS's k-means and draw, the hard negatives) work on embeddings;
+image bytes are read one shard at a time, and CGDS's large domains read their vectors one shard at a
+time too, so the Python memory a stage holds does not grow with the pool."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import pytest
 from PIL import Image
 
 from models.backends.registry import ModelRegistry
-from rde.common.embedding_cache import EmbeddingCache
+from rde.common.embedding_cache import CachedVectors, EmbeddingCache
 from rde.common.image_decoding import decoded_images
 from rde.common.profiles import load_profile
+from rde.largefine.hard_negatives import hard_negative_neighbours
+from rde.secmm import cgds
 from storage import Artifact, ArtifactWriter
 from storage.hashing import sha256_bytes
 from storage.schemas import ACCEPTED_IMAGES
+from tasks import largefine as largefine_tasks
 from tasks import secmm as secmm_tasks
 from tasks.context import RunContext
 from tasks.stage import StageRun
@@ -33,9 +37,11 @@ class MeanEmbedder:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.largest_call = 0  # the most images decoded and handed over in one call
 
     def embed(self, images: list[np.ndarray]) -> np.ndarray:
         self.calls += len(images)
+        self.largest_call = max(self.largest_call, len(images))
         return np.stack([im.reshape(-1, 3).mean(0) / 255.0 for im in images]).astype(np.float32)
 
 
@@ -96,6 +102,27 @@ def test_embed_artifact_embeds_each_image_once_and_reads_bytes_only_of_shards_wi
     assert reads == [] and emb.calls == 40  # all cached: no bytes read at all
     assert set(decoded_images(art, [every[3]["image_id"], every[35]["image_id"]])) == {every[3]["image_id"],
                                                                                       every[35]["image_id"]}
+
+
+
+def test_index_artifact_reads_the_vectors_embed_artifact_returns_without_holding_them(tmp_path: Path) -> None:
+    """``index_artifact`` embeds the misses shard by shard as ``embed_artifact`` does, but returns
+    where the vectors are, not the vectors: ``take`` gives exactly ``embed_artifact``'s, ``blocks``
+    one pool shard's rows at a time."""
+    art = _accepted(tmp_path / "accepted", 40)
+    emb = MeanEmbedder()
+    cache = EmbeddingCache(str(tmp_path), emb)
+    vehicles = lambda r: r["domain"] == "vehicle"  # noqa: E731
+    rows, vectors = cache.index_artifact(art, ["image_id", "domain"], keep=vehicles)
+    assert emb.calls == 10 == len(vectors) == len(rows) and emb.largest_call <= SHARD
+    reader = EmbeddingCache(str(tmp_path), MeanEmbedder())
+    again_rows, direct = reader.embed_artifact(art, ["image_id", "domain"], keep=vehicles)
+    assert [r["image_id"] for r in rows] == [r["image_id"] for r in again_rows]
+    assert np.array_equal(vectors.take(np.arange(10)), direct)
+    assert [len(b) for b in vectors.blocks(np.arange(10))] == [4, 4, 2]  # vehicles per pool shard
+    _, every = cache.index_artifact(art, ["image_id"])
+    assert cache.embedded == 40 and emb.calls == 40 and len(every) == 40  # the 10 vehicles were cached
+    assert np.array_equal(every.take([i for i in range(40) if i % 4 == 0]), direct)
 
 
 class BytesReads:
@@ -160,3 +187,140 @@ def test_cgds_never_holds_more_than_one_shard_of_bytes(tmp_path: Path, monkeypat
     assert g_small > 0 and g_large > 0 and bytes_large > 3 * bytes_small
     assert all(reader == "read_shard" for reader, _ in small.batches + large.batches), large.batches
     assert large.largest <= 1.25 * small.largest and large.largest <= bytes_small / 2, (small.largest, large.largest)
+
+
+class VectorCounts:
+    """A counting fake around every way a stage can come to hold embeddings: the cache's readers
+    (``lookup``, ``embed_artifact``, ``CachedVectors.take``), what in-memory k-means is given and
+    the streaming k-means' seed sample. It records how many vectors each hands out at once, so a
+    test sees the most a stage ever held from one of them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.batches: list[tuple[str, int]] = []
+        self.streamed = 0  # domains clustered by streaming k-means
+        real_take, real_lookup, real_embed = CachedVectors.take, EmbeddingCache.lookup, EmbeddingCache.embed_artifact
+        real_kmeans, real_sample, real_stream = cgds.kmeans_clusters, cgds.reservoir_sample, cgds.kmeans_streaming
+
+        def take(vectors: CachedVectors, positions) -> np.ndarray:
+            return self._count("take", real_take(vectors, positions))
+
+        def lookup(cache: EmbeddingCache, ids) -> dict:
+            found = real_lookup(cache, ids)
+            self.batches.append(("lookup", len(found)))
+            return found
+
+        def embed_artifact(cache: EmbeddingCache, *args, **kwargs):
+            rows, vectors = real_embed(cache, *args, **kwargs)
+            return rows, self._count("embed_artifact", vectors)
+
+        def kmeans_clusters(vectors: np.ndarray, *args, **kwargs) -> cgds.Clustering:
+            self._count("kmeans_clusters", vectors)
+            return real_kmeans(vectors, *args, **kwargs)
+
+        def reservoir_sample(*args, **kwargs) -> tuple[np.ndarray, int]:
+            sample, seen = real_sample(*args, **kwargs)
+            return self._count("sample", sample), seen
+
+        def kmeans_streaming(*args, **kwargs) -> cgds.Clustering:
+            self.streamed += 1
+            return real_stream(*args, **kwargs)
+
+        monkeypatch.setattr(CachedVectors, "take", take)
+        monkeypatch.setattr(EmbeddingCache, "lookup", lookup)
+        monkeypatch.setattr(EmbeddingCache, "embed_artifact", embed_artifact)
+        for name, fake in (("kmeans_clusters", kmeans_clusters), ("reservoir_sample", reservoir_sample),
+                           ("kmeans_streaming", kmeans_streaming)):
+            monkeypatch.setattr(cgds, name, fake)
+
+    def _count(self, reader: str, vectors: np.ndarray) -> np.ndarray:
+        self.batches.append((reader, len(vectors)))
+        return vectors
+
+    @property
+    def largest(self) -> int:
+        return max((n for _, n in self.batches), default=0)
+
+
+STREAMED = {"sampling": {"clusters_per_domain": 3, "min_per_cluster": 2, "max_per_cluster": 8, "minibatch_above": 8,
+                         "stream_batch": SHARD, "stream_init_per_cluster": 2}}
+
+
+def _cgds_vectors(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch
+                  ) -> tuple[VectorCounts, MeanEmbedder, cgds.GallerySample, list[dict]]:
+    """CGDS on an n-image pool whose two domains are both above ``minibatch_above`` (streamed),
+    with the vectors counted; (counts, embedder, the stage's draw, its gallery rows)."""
+    folder = tmp_path / f"v{n}"
+    _accepted(folder / "build-secmm" / "demo" / "accepted", n)
+    embedder = MeanEmbedder()
+    monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self: embedder)
+    stage = secmm_tasks.Cgds()
+    run = StageRun(stage, RunContext(load_profile("demo", STREAMED), "build-secmm", str(folder)))
+    stage.lineage(run)
+    with monkeypatch.context() as patch:
+        counts = VectorCounts(patch)
+        work = stage.run(run)
+        gallery = [r for t in work.shards for r in t["gallery"].drop_columns(["image_bytes"]).to_pylist()]
+    return counts, embedder, work.stats, gallery
+
+
+def test_cgds_large_domains_never_hold_more_than_one_shard_of_vectors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """48 and 192 images, 16 per shard, every domain above ``minibatch_above`` (8): no reader hands
+    CGDS more than one shard of vectors (16) at once, at both sizes, while the draw is the one
+    in-memory ``sample_gallery`` makes from all the vectors in pool order (the streaming k-means
+    depends on the rows' order, not on where blocks end). Fails when the stage gathers a large
+    domain's vectors (``take`` of the domain, ``embed_artifact`` of the pool) or clusters them in
+    memory (``kmeans_clusters`` of the domain)."""
+    for n in (48, 192):
+        counts, embedder, stats, gallery = _cgds_vectors(tmp_path, n, monkeypatch)
+        assert counts.streamed == 2 and embedder.calls == n and embedder.largest_call <= SHARD
+        assert counts.batches and counts.largest <= SHARD, (n, sorted(counts.batches, key=lambda b: -b[1])[:3])
+        pool = Artifact(str(tmp_path / f"v{n}" / "build-secmm" / "demo" / "accepted"))
+        rows = pool.rows([*cgds.GALLERY_FIELDS, "target_count"])
+        vectors = MeanEmbedder().embed(decoded_list(pool))
+        spec = load_profile("demo", STREAMED).sampling
+        expected = cgds.sample_gallery(rows, vectors, spec)
+        assert [g["image_id"] for g in gallery] == [g["image_id"] for g in expected.gallery]
+        assert [g["cluster"] for g in gallery] == [g["cluster"] for g in expected.gallery]
+        assert stats["clusters"] == expected.clusters and len(gallery) > 0
+
+
+def decoded_list(pool: Artifact) -> list[np.ndarray]:
+    """Every image of the pool, decoded, in pool order (the test's reference: all at once)."""
+    return [np.asarray(Image.open(io.BytesIO(r["image_bytes"])).convert("RGB")) for r in pool.rows(["image_bytes"])]
+
+
+def test_hard_negatives_decode_and_read_one_shard_of_images_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HardNegatives on 48 and 192 images, 16 per shard: the embedder is never handed more than one
+    shard's images, every read of image bytes is one shard (each shard read once), and the
+    neighbours and hard negatives are those computed from all the chosen rows' vectors in pool
+    order. Fails when the stage decodes every missing image of the pool in one call (as
+    ``cache.embed(ids, load)`` did)."""
+    for n in (48, 192):
+        folder = tmp_path / f"h{n}"
+        pool = _accepted(folder / "build-largefine" / "demo" / "accepted", n)
+        embedder = MeanEmbedder()
+        monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self, e=embedder: e)
+        stage = largefine_tasks.HardNegatives()
+        run = StageRun(stage, RunContext(load_profile("demo", {"largefine": {"shard_size": 10}}), "build-largefine",
+                                         str(folder)))
+        stage.lineage(run)
+        with monkeypatch.context() as patch:
+            reads = BytesReads(patch)
+            work = stage.run(run)
+            out = [r for t in work.shards for r in t["neighbours"].to_pylist()]
+        every = pool.rows(["image_id", "domain", "image_bytes"])
+        chosen = [i for i, r in enumerate(every) if r["domain"] == "pedestrian"]
+        assert embedder.calls == len(chosen) and embedder.largest_call <= SHARD, embedder.largest_call
+        shard_bytes = [sum(len(r["image_bytes"]) for r in every[at:at + SHARD]) for at in range(0, n, SHARD)]
+        assert [reader for reader, _ in reads.batches] == ["read_shard"] * len(shard_bytes)
+        assert reads.largest <= max(shard_bytes)
+        images = decoded_list(pool)
+        lf = run.section("largefine")
+        found = hard_negative_neighbours(MeanEmbedder().embed([images[i] for i in chosen]),
+                                         [every[i]["image_id"] for i in chosen], lf.neighbours_k, lf.seed,
+                                         lf.neighbour_index_above, ann=lf.neighbour_ann)
+        assert [r["image_id"] for r in out] == [every[i]["image_id"] for i in chosen]
+        assert [r["neighbour_ids"] for r in out] == [f.neighbour_ids for f in found]
+        assert [r["hard_negative_id"] for r in out] == [f.hard_negative_id for f in found]

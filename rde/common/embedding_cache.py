@@ -14,7 +14,7 @@ duplicate row, harmless to lookups.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from models.backends.interfaces import ImageEmbedder, TextImageExpert
 from rde.common.image_decoding import decode_rgb
 from rde.common.run_lock import output_lock
 from storage import Artifact, ArtifactWriter
+from storage.artifact import shard_name
 from storage.filesystem import join
 from storage.hashing import sha256_json
 
@@ -107,33 +108,62 @@ class EmbeddingCache:
 
     def embed_artifact(self, artifact: Artifact, columns: Sequence[str],
                        keep: Callable[[dict[str, Any]], bool] | None = None) -> tuple[list[dict[str, Any]], np.ndarray]:
-        """Each row's ``columns`` (``keep``: only the rows it accepts) and its vector, in artifact
-        order, holding one shard's image bytes at a time: the ids are read first (no bytes), looked
-        up in the cache once, and a shard's bytes are read only when it has a miss. Memory: the
-        metadata and the vectors (N × dim floats), plus one shard of bytes."""
-        rows: list[dict[str, Any]] = []
-        ids: list[str] = []
-        where: list[tuple[int, int]] = []  # (shard index, row within the shard) of each kept row
-        for index, table in artifact.iter_shards(list(dict.fromkeys(["image_id", *columns]))):
-            for pos, row in enumerate(table.to_pylist()):
-                if keep is None or keep(row):
-                    rows.append({k: row[k] for k in columns})
-                    ids.append(row["image_id"])
-                    where.append((index, pos))
+        """Each row's ``columns`` (``keep``: only the rows it accepts; it is called once per row, in
+        artifact order) and its vector, in artifact order, holding one shard's image bytes at a
+        time: the ids are read first (no bytes), looked up in the cache once, and a shard's bytes
+        are read only when it has a miss. Memory: the metadata and the vectors (N × dim floats),
+        plus one shard of bytes; :meth:`index_artifact` holds no vectors at all."""
+        rows, ids, where = _kept_rows(artifact, columns, keep)
         with self._lock:
             found = self.lookup(ids)
-            for index, positions in _misses_by_shard(ids, where, found):
-                column = artifact.read_shard(index, ["image_bytes"]).column("image_bytes")
-                missing = [ids[k] for k in positions]
-                vectors = self.embedder.embed([decode_rgb(column[where[k][1]].as_py()) for k in positions])
-                self.embedded += len(missing)
-                self._append(missing, vectors)
+            for missing, vectors, _ in self._embed_misses(artifact, ids, where, found):
                 found.update(zip(missing, vectors, strict=True))
         out = np.stack([found[i] for i in ids]) if ids else np.zeros((0, self.embedder.dim), np.float32)
         return rows, out
 
-    def _append(self, ids: list[str], vectors: np.ndarray) -> None:
-        """One more shard, then the manifest listing it (held under the folder's lock)."""
+    def index_artifact(self, artifact: Artifact, columns: Sequence[str],
+                       keep: Callable[[dict[str, Any]], bool] | None = None
+                       ) -> tuple[list[dict[str, Any]], CachedVectors]:
+        """:meth:`embed_artifact` without the vectors: each kept row's ``columns`` and a
+        :class:`CachedVectors` that reads any of their vectors from the cache on demand. Misses are
+        embedded (and appended) one artifact shard at a time, as there; the cache is searched by its
+        ``image_id`` column only. Memory: the metadata and two ints per row, plus one shard of
+        bytes (while embedding) or one cache read batch."""
+        rows, ids, where = _kept_rows(artifact, columns, keep)
+        with self._lock:
+            located = self.locate(ids)
+            for missing, _, shard in self._embed_misses(artifact, ids, where, located):
+                located.update((image_id, (shard, row)) for row, image_id in enumerate(missing))
+        places = np.array([located[i] for i in ids], np.int64).reshape(len(ids), 2)
+        return rows, CachedVectors(self.url, int(self.embedder.dim), places,
+                                   np.array([w[0] for w in where], np.int64))
+
+    def locate(self, image_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """(cache shard, row) of the given ids that are cached, read from the cache's ``image_id``
+        column one shard at a time (no vectors); an id cached twice: its last copy, as ``lookup``."""
+        wanted = set(image_ids)
+        found: dict[str, tuple[int, int]] = {}
+        art = Artifact(self.url)
+        if not wanted or not art.is_complete(self.key):
+            return found
+        for shard in art.manifest().shards:
+            column = art.read_shard(shard.index, ["image_id"]).column("image_id").to_pylist()
+            found.update((x, (shard.index, row)) for row, x in enumerate(column) if x in wanted)
+        return found
+
+    def _embed_misses(self, artifact: Artifact, ids: list[str], where: list[tuple[int, int]],
+                      present: Container[str]) -> Iterator[tuple[list[str], np.ndarray, int]]:
+        """Embed and append the ids not in ``present``, one artifact shard's bytes at a time:
+        (ids, their vectors, the cache shard now holding them, in that order) per shard."""
+        for index, positions in _misses_by_shard(ids, where, present):
+            column = artifact.read_shard(index, ["image_bytes"]).column("image_bytes")
+            missing = [ids[k] for k in positions]
+            vectors = self.embedder.embed([decode_rgb(column[where[k][1]].as_py()) for k in positions])
+            self.embedded += len(missing)
+            yield missing, vectors, self._append(missing, vectors)
+
+    def _append(self, ids: list[str], vectors: np.ndarray) -> int:
+        """One more shard, then the manifest listing it (held under the folder's lock); its index."""
         writer = ArtifactWriter(self.url, "embedding_cache", self.schema, self.key)
         table = pa.table({"image_id": ids, "vector": pa.array(list(vectors.astype(np.float32)),
                                                               type=self.schema.field("vector").type)})
@@ -145,10 +175,102 @@ class EmbeddingCache:
             shard = writer.write_shard(len(previous), table)  # a new file: no listed shard is rewritten
             writer.finalize([*previous, shard], code_version="embedding-cache",
                             models={"embedder": self.identity}, config={"identity": self.identity})
+        return shard.index
+
+
+class CachedVectors:
+    """The cached vectors of N rows, read on demand: row i's vector is at ``places[i]`` = (cache
+    shard, row within it); ``groups[i]`` is the row's shard in the artifact it came from.
+
+    Why an index and not vectors: a pool's N × dim floats (6 GB at 1.2M × 1280) need not be
+    alive at once for a stage that reads them block by block (CGDS's streaming k-means) or a
+    domain at a time. Cost of the trade: every :meth:`take` reads the cache shards holding the
+    rows asked for, up to the last row asked for in each, in batches of ``read_batch`` rows
+    (skipping row groups that hold none; a batch is decoded whole). The cache is appended one
+    artifact shard's misses at a time, so the rows of one artifact shard sit in one or two cache
+    shards and a pass over the artifact in order (:meth:`blocks`) reads each of those about once;
+    a cache filled in another order (another pool's misses, an older whole-pool append) is read
+    more than once per pass, never held whole.
+    """
+
+    read_batch = 4096
+
+    def __init__(self, url: str, dim: int, places: np.ndarray, groups: np.ndarray) -> None:
+        self.url, self.dim = url, dim
+        self.places, self.groups = places, groups
+
+    def __len__(self) -> int:
+        return len(self.places)
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The vectors of rows ``positions`` (len(positions) × dim float32), in that order."""
+        positions = np.asarray(positions, np.int64)
+        out = np.empty((len(positions), self.dim), np.float32)
+        if not len(positions):
+            return out
+        shards, rows = self.places[positions, 0], self.places[positions, 1]
+        art = Artifact(self.url)
+        for shard in np.unique(shards):
+            mine = np.flatnonzero(shards == shard)
+            out[mine] = self._read(art, int(shard), rows[mine])
+        return out
+
+    def _read(self, art: Artifact, shard: int, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` of one cache shard's vectors, in the order given."""
+        import pyarrow.parquet as pq
+
+        out = np.empty((len(rows), self.dim), np.float32)
+        wanted = np.argsort(rows, kind="stable")
+        ordered = rows[wanted]
+        with art.fs.open(join(art.path, shard_name(shard)), "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            start, groups = 0, []
+            for g in range(parquet.metadata.num_row_groups):
+                count = parquet.metadata.row_group(g).num_rows
+                lo, hi = np.searchsorted(ordered, [start, start + count])
+                if hi > lo:
+                    groups.append((g, start))
+                start += count
+            for g, offset in groups:
+                for batch in parquet.iter_batches(batch_size=self.read_batch, row_groups=[g], columns=["vector"]):
+                    lo, hi = np.searchsorted(ordered, [offset, offset + batch.num_rows])
+                    if hi > lo:
+                        vectors = batch.column(0).flatten().to_numpy().reshape(batch.num_rows, self.dim)
+                        out[wanted[lo:hi]] = vectors[ordered[lo:hi] - offset]
+                    offset += batch.num_rows
+                    if offset > ordered[-1]:
+                        break
+        return out
+
+    def blocks(self, positions: Sequence[int] | np.ndarray) -> Iterator[np.ndarray]:
+        """The vectors of rows ``positions`` (in the order given) as blocks, a new block wherever
+        the artifact shard changes: one artifact shard's rows at a time."""
+        positions = np.asarray(positions, np.int64)
+        if not len(positions):
+            return
+        cuts = np.flatnonzero(np.diff(self.groups[positions])) + 1
+        for part in np.split(positions, cuts):
+            yield self.take(part)
+
+
+def _kept_rows(artifact: Artifact, columns: Sequence[str], keep: Callable[[dict[str, Any]], bool] | None
+               ) -> tuple[list[dict[str, Any]], list[str], list[tuple[int, int]]]:
+    """The kept rows' ``columns``, their ids and (shard index, row within the shard), in artifact
+    order, read without the bytes; ``keep`` is called once per row, in that order."""
+    rows: list[dict[str, Any]] = []
+    ids: list[str] = []
+    where: list[tuple[int, int]] = []
+    for index, table in artifact.iter_shards(list(dict.fromkeys(["image_id", *columns]))):
+        for pos, row in enumerate(table.to_pylist()):
+            if keep is None or keep(row):
+                rows.append({k: row[k] for k in columns})
+                ids.append(row["image_id"])
+                where.append((index, pos))
+    return rows, ids, where
 
 
 def _misses_by_shard(ids: Sequence[str], where: Sequence[tuple[int, int]],
-                     found: dict[str, np.ndarray]) -> Iterator[tuple[int, list[int]]]:
+                     found: Container[str]) -> Iterator[tuple[int, list[int]]]:
     """(shard index, positions in ``ids``) of the rows whose vector is not cached, shard by shard;
     an id already met in an earlier shard is not a miss again."""
     by_shard: dict[int, list[int]] = {}

@@ -81,8 +81,18 @@ class SamplingSpec(Strict):
     min_per_cluster: int = Field(100, ge=0)
     max_per_cluster: int = Field(1000, ge=1)
     seed: int = 0
-    kmeans_backend: Literal["auto", "sklearn", "sklearn-minibatch", "faiss"] = "auto"
-    minibatch_above: int = Field(20_000, ge=1)  # auto: MiniBatchKMeans above this many images per domain
+    # auto: scikit-learn KMeans in memory up to minibatch_above images per domain, streaming above;
+    # streaming: always; sklearn, sklearn-minibatch, faiss: in memory at any size (N × dim vectors held)
+    kmeans_backend: Literal["auto", "sklearn", "sklearn-minibatch", "faiss", "streaming"] = "auto"
+    # auto: above this many images per domain, streaming k-means (rde.secmm.cgds.kmeans_streaming): the
+    # vectors are read from the embedding cache one pool shard at a time, never all at once
+    minibatch_above: int = Field(20_000, ge=1)
+    stream_passes: int = Field(5, ge=1)  # streaming: at most this many Lloyd passes (stops when no label changes)
+    stream_batch: int = Field(4096, ge=1)  # streaming: rows per step (its distances: stream_batch × K floats)
+    # streaming: the start is KMeans on a seeded reservoir sample of min(N, this × K) vectors (held: this × K × dim
+    # floats, 131 MB at K=100, dim=1280) with stream_init_tries k-means++ tries
+    stream_init_per_cluster: int = Field(256, ge=1)
+    stream_init_tries: int = Field(10, ge=1)
 
     @model_validator(mode="after")
     def _bounds(self) -> SamplingSpec:

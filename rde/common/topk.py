@@ -5,6 +5,7 @@ search on every call. Shared by MECF, hard negatives, evaluation and check sets.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,45 @@ def topk_exact(queries: np.ndarray, gallery: np.ndarray, k: int, block: int = 65
         best_val, best_idx = cand_val, cand_idx
     order = np.lexsort((best_idx, -best_val), axis=1)
     return np.take_along_axis(best_idx, order, axis=1), np.take_along_axis(best_val, order, axis=1)
+
+
+def topk_exact_blocks(queries: np.ndarray, blocks: Iterable[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`topk_exact` over a gallery that arrives as blocks from an iterator (one pool shard's
+    vectors at a time, read from the embedding cache): a gallery row's index is its position in
+    the blocks put end to end. The running top-k is merged with each block, so queries × (k +
+    block) scores and one block are alive, never the gallery. Same order as :func:`topk_exact`:
+    higher score first, then the lower gallery index, whatever the block ends (fewer than k
+    gallery rows: that many columns). Where several rows tie at the k-th score, the lowest
+    indices are kept; :func:`topk_exact` (left as it was, so MECF's and the hard negatives'
+    results do not move) keeps whichever of them argpartition leaves, so the two can differ
+    only on such a tie (duplicate vectors)."""
+    n_q = len(queries)
+    best_idx = np.zeros((n_q, 0), np.int64)
+    best_val = np.zeros((n_q, 0), np.float32)
+    start = 0
+    for block in blocks:
+        scores = (queries @ np.asarray(block).T).astype(np.float32)
+        idx = np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)
+        best_val, best_idx = _best_k(np.concatenate([best_val, scores], axis=1),
+                                     np.concatenate([best_idx, idx], axis=1), k)
+        start += scores.shape[1]
+    order = np.lexsort((best_idx, -best_val), axis=1)
+    return np.take_along_axis(best_idx, order, axis=1), np.take_along_axis(best_val, order, axis=1)
+
+
+def _best_k(vals: np.ndarray, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k best candidates by (higher score, lower gallery index), unordered. argpartition
+    keeps any of the candidates tied at the k-th score; a row where it dropped one is redone by a
+    full sort, so which tied rows survive never depends on where blocks end."""
+    if vals.shape[1] <= k:
+        return vals, idx
+    part = np.argpartition(-vals, k - 1, axis=1)[:, :k]
+    kept_val, kept_idx = np.take_along_axis(vals, part, axis=1), np.take_along_axis(idx, part, axis=1)
+    kth = kept_val.min(axis=1, keepdims=True)
+    for r in np.flatnonzero((vals == kth).sum(axis=1) > (kept_val == kth).sum(axis=1)):
+        order = np.lexsort((idx[r], -vals[r]))[:k]
+        kept_val[r], kept_idx[r] = vals[r, order], idx[r, order]
+    return kept_val, kept_idx
 
 
 def topk_faiss(queries: np.ndarray, gallery: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,14 +8,15 @@ shard layout, the order of the pool or which worker computed it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rde.common.profiles import AnnSpec
 from rde.common.seeds import draw_seed
-from rde.common.topk import topk
+from rde.common.topk import topk, topk_exact_blocks
 
 
 @dataclass(frozen=True)
@@ -44,16 +45,40 @@ def hard_negative_neighbours(embeddings: np.ndarray, image_ids: Sequence[str], k
     rows = list(range(len(ids))) if query_rows is None else list(query_rows)
     if not rows:
         return []
-    copies: dict[str, int] = {}
-    for image_id in ids:
-        copies[image_id] = copies.get(image_id, 0) + 1
+    copies = Counter(ids)
     # Enough extra results that k survive after dropping the query's own copies.
     search_k = min(len(ids), k + max(copies.values()))
     vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
     idx, val = topk(vectors[rows], vectors, search_k, index_above, ann)
+    return _draw([ids[r] for r in rows], ids, idx, val, k, seed)
+
+
+def hard_negative_neighbours_blocks(queries: np.ndarray, query_ids: Sequence[str],
+                                    gallery: Callable[[], Iterable[np.ndarray]], image_ids: Sequence[str],
+                                    k: int = 10, seed: int = 0) -> list[Neighbours]:
+    """:func:`hard_negative_neighbours` (exact search) for some queries (one output shard's vectors)
+    against a gallery that arrives as blocks: ``gallery()`` gives every row of ``image_ids`` in
+    order, a block at a time (one pool shard's vectors from the embedding cache), so only the
+    queries, one block and the running top-k are in memory. The same neighbours and draw as
+    :func:`hard_negative_neighbours` with ``query_rows`` on the whole pool held in memory (exact
+    search), except where distinct images tie at the last place searched: here the lower row wins
+    (``topk_exact_blocks``)."""
+    ids = list(image_ids)
+    if len(query_ids) != len(queries):
+        raise ValueError(f"{len(query_ids)} query ids for {len(queries)} query vectors")
+    if not len(query_ids):
+        return []
+    search_k = min(len(ids), k + max(Counter(ids).values()))
+    idx, val = topk_exact_blocks(np.ascontiguousarray(queries, dtype=np.float32), gallery(), search_k)
+    return _draw(list(query_ids), ids, idx, val, k, seed)
+
+
+def _draw(query_ids: list[str], ids: list[str], idx: np.ndarray, val: np.ndarray, k: int,
+          seed: int) -> list[Neighbours]:
+    """Per query: its top results without its own copies (same image id), the first k distinct,
+    and the hard negative drawn among them by a generator seeded by (seed, image id)."""
     out: list[Neighbours] = []
-    for row, found, scores in zip(rows, idx, val, strict=True):
-        own = ids[row]
+    for own, found, scores in zip(query_ids, idx, val, strict=True):
         kept = [(ids[j], float(s)) for j, s in zip(found, scores, strict=True) if j >= 0 and ids[j] != own]
         seen: set[str] = set()
         unique = [(i, s) for i, s in kept if not (i in seen or seen.add(i))][:k]
