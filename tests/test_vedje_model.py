@@ -239,37 +239,113 @@ def _spread_head(reranker: JointReranker) -> None:
 
 
 @pytest.mark.parametrize("encoder", ["tiny", "minilm-3"])
-def test_fast_scoring_equals_the_reference_forward(encoder: str, tiny_bert_dir) -> None:
-    """The serving path (``score_fast``: shared text work, [CLS]-only last block with folded keys
-    and values) gives the reference forward's scores within atol 1e-4 (FP32 rounding only) and the
-    same order, for one unpadded query (the ``rerank`` case) and for padded queries sharing a batch."""
+def test_fast_and_onnx_scoring_equal_the_reference_forward(encoder: str, tiny_bert_dir) -> None:
+    """The serving paths (``score_fast``: shared text work, fused query/key/value, [CLS]-only last
+    block with folded keys and values; ``score_onnx``: that graph in ONNX Runtime) give the reference
+    forward's scores within atol 1e-4 (FP32 rounding only) and the same order, for one unpadded query
+    (the ``rerank`` case) and for padded queries sharing a batch; one exported graph serves every
+    shape (queries, text length, pairs, cached tokens)."""
     from models.reranker.joint_encoder import BUNDLED_MINILM
+    from models.reranker.onnx_scoring import scorer_for
 
     bert, tok = load_bert(str(tiny_bert_dir)) if encoder == "tiny" else load_bert(BUNDLED_MINILM, layers=3)
     rr = JointReranker(bert, tok, item_dim=12, max_text_tokens=16).eval()
     _spread_head(rr)
-    assert rr.fast_scoring_supported()
+    assert rr.fast_scoring_supported() and rr.onnx_scoring_supported()
     g = torch.Generator().manual_seed(0)
-    for texts, rows in ((["a person in a red top walks to the left"], [0] * 7),
-                        (["a man", "two people in dark coats walk right together", "red"], [0, 1, 2, 1, 0, 2, 1])):
+    for texts, rows, k in ((["a person in a red top walks to the left"], [0] * 7, 8),
+                           (["a man", "two people in dark coats walk right together", "red"], [0, 1, 2, 1, 0, 2, 1], 8),
+                           (["a car", "a person with a bag"], [1, 0, 0], 3)):
         text = rr.tokenize(texts)
-        cache = torch.randn(len(rows), 8, rr.d, generator=g)
+        cache = torch.randn(len(rows), k, rr.d, generator=g)
         rho = torch.rand(len(rows), generator=g)
         with torch.no_grad():
             ref = rr.score(text, torch.tensor(rows), cache, rho)
         with torch.inference_mode():
             fast = rr.score_fast(text, torch.tensor(rows), cache, rho)
+            onnx = rr.score_onnx(text, torch.tensor(rows), cache, rho)
+            graph = rr.fast_scores(rr.bert.embeddings.word_embeddings(text.ids), text.mask, torch.tensor(rows), cache,
+                                   rho, always_mask=True)  # what is exported, run by PyTorch
         assert float(ref.std()) > 0.05
-        torch.testing.assert_close(fast, ref, atol=1e-4, rtol=1e-4)
-        per_query = [torch.argsort(v[torch.tensor(rows) == q]) for v in (fast, ref) for q in range(len(texts))]
-        assert all(torch.equal(a, b) for a, b in zip(per_query[:len(texts)], per_query[len(texts):], strict=True))
+        torch.testing.assert_close(graph, ref, atol=1e-4, rtol=1e-4)
+        per_query = {}
+        for name, got in (("fast", fast), ("onnx", onnx)):
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+            per_query[name] = [torch.argsort(got[torch.tensor(rows) == q]) for q in range(len(texts))]
+        per_query["reference"] = [torch.argsort(ref[torch.tensor(rows) == q]) for q in range(len(texts))]
+        for name in ("fast", "onnx"):
+            assert all(torch.equal(a, b) for a, b in zip(per_query[name], per_query["reference"], strict=True))
+    scorer = scorer_for(rr)
+    assert scorer is not None and scorer_for(rr) is scorer  # really ONNX Runtime, exported once, not per call
+    too_long = torch.zeros(1, rr.max_positions, rr.d)
+    for score in (rr.score_fast, rr.score_onnx):
+        with pytest.raises(ValueError, match="positions"), torch.inference_mode():
+            score(rr.tokenize(["a man"]), torch.tensor([0]), too_long, torch.rand(1))
+
+
+def test_onnx_scorer_follows_the_weights(reranker: JointReranker, caplog) -> None:
+    """The exported graph is rebuilt when the weights change (loaded or trained in place) or the
+    thread count does; a failed export falls back to ``score_fast`` with one warning; a copy of the
+    reranker does not share (or pickle) the session."""
+    import copy
+    import pickle
+
+    from models.reranker.onnx_scoring import scorer_for
+
+    _spread_head(reranker)
+    reranker.eval()
+    text = reranker.tokenize(["a person walks to the left"])
+    g = torch.Generator().manual_seed(2)
+    rows, cache, rho = torch.zeros(4, dtype=torch.long), torch.randn(4, 8, reranker.d, generator=g), torch.rand(4)
+    with torch.inference_mode():
+        before = reranker.score_onnx(text, rows, cache, rho)
+    first = scorer_for(reranker)
+    with torch.no_grad():
+        reranker.head[2].weight.mul_(-2.0)  # in place, like an optimiser step or load_state_dict
+        ref = reranker.score(text, rows, cache, rho)
+    with torch.inference_mode():
+        after = reranker.score_onnx(text, rows, cache, rho)
+    assert scorer_for(reranker) is not first
+    torch.testing.assert_close(after, ref, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(after, before, atol=1e-3)
+    current, old = scorer_for(reranker), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = scorer_for(reranker)
+        assert one is not current and one.session.get_session_options().intra_op_num_threads == 1
+    finally:
+        torch.set_num_threads(old)
+    import models.reranker.onnx_scoring as onnx_scoring
+
+    def broken(*a, **k):
+        raise RuntimeError("exporter gone")
+
+    reranker.__dict__.pop("_onnx_slot")
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level("WARNING"):
+        mp.setattr(onnx_scoring, "OnnxScorer", broken)
+        with torch.inference_mode():  # falls back to score_fast, says why once
+            torch.testing.assert_close(reranker.score_onnx(text, rows, cache, rho), ref, atol=1e-4, rtol=1e-4)
+            reranker.score_onnx(text, rows, cache, rho)
+    assert [r.getMessage() for r in caplog.records].count(
+        "ONNX Runtime scoring unavailable (RuntimeError: exporter gone); scoring with score_fast in PyTorch") == 1
+    reranker.__dict__.pop("_onnx_slot")
+    assert scorer_for(reranker) is not None
+    twin = copy.deepcopy(reranker)
+    assert pickle.loads(pickle.dumps(twin))._onnx_slot.scorer is None
+    with torch.inference_mode():
+        torch.testing.assert_close(twin.score_onnx(text, rows, cache, rho), after)
+    assert scorer_for(twin) is not scorer_for(reranker)
 
 
 def test_joint_scores_paths_agree_and_fall_back(reranker: JointReranker, monkeypatch) -> None:
-    """``joint_scores`` (what ``rerank`` calls): path 'fast' = path 'reference' within atol 1e-4,
-    chunked or not; an encoder the fast path cannot read is scored by the reference forward."""
-    from rde.vedje.training import joint_scores
+    """``joint_scores`` (what ``rerank`` calls): paths 'onnx' (the default) and 'fast' = path
+    'reference' within atol 1e-4, chunked or not; without onnxruntime 'onnx' runs 'fast', and an
+    encoder the fast path cannot read is scored by the reference forward."""
+    import models.reranker.onnx_scoring
+    from rde.common.profiles import VedjeSpec
+    from rde.vedje.training import SCORE_PATHS, joint_scores
 
+    assert VedjeSpec().score_path == "onnx" and set(SCORE_PATHS) == {"onnx", "fast", "reference"}  # rerank's path
     _spread_head(reranker)
     model = Vedje(VedjeShape(d_v=20, patches=5, frames=4, tokens_per_frame=2, heads=4), reranker)
     g = torch.Generator().manual_seed(1)
@@ -277,10 +353,17 @@ def test_joint_scores_paths_agree_and_fall_back(reranker: JointReranker, monkeyp
     pairs = [(q, c) for q in range(2) for c in (0, 2, 4, 5, 1)]
     texts = ["a person walks to the left", "a car"]
     ref = joint_scores(model, texts, pairs, caches, rho, path="reference")
-    for batch in (256, 3):
-        np.testing.assert_allclose(joint_scores(model, texts, pairs, caches, rho, batch), ref, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="'fast' or 'reference'"):
+    for path in ("onnx", "fast"):
+        for batch in (256, 3):
+            np.testing.assert_allclose(joint_scores(model, texts, pairs, caches, rho, batch, path), ref,
+                                       atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="one of 'onnx', 'fast', 'reference'"):
         joint_scores(model, texts, pairs, caches, rho, path="int8")
+    assert models.reranker.onnx_scoring.scorer_for(reranker) is not None  # 'onnx' ran in ONNX Runtime
+    fast = joint_scores(model, texts, pairs, caches, rho, path="fast")
+    monkeypatch.setattr(models.reranker.onnx_scoring, "runtime_available", lambda: False)
+    monkeypatch.setattr(JointReranker, "score_onnx", lambda *a: pytest.fail("onnx path used without onnxruntime"))
+    np.testing.assert_allclose(joint_scores(model, texts, pairs, caches, rho), fast, atol=0)
     monkeypatch.setattr(JointReranker, "fast_scoring_supported", lambda self: False)
     monkeypatch.setattr(JointReranker, "score_fast", lambda *a: pytest.fail("fast path used on an unsupported encoder"))
     np.testing.assert_allclose(joint_scores(model, texts, pairs, caches, rho), ref, atol=0)

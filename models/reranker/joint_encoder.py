@@ -112,6 +112,22 @@ class JointReranker(nn.Module):
         c = self._encode(text.ids[rows], text.mask[rows], cache)[:, 0]
         return self.head(c + self.prior(rho.reshape(-1, 1).to(c.device, c.dtype))).squeeze(-1)
 
+    def score_embedded(self, words: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, cache: torch.Tensor,
+                       rho: torch.Tensor) -> torch.Tensor:
+        """``score`` (the encoder's own forward) from the text's word embeddings (Q×L×d) instead of
+        ids: what the benchmark exports to time the reference forward in ONNX Runtime."""
+        n, k = cache.shape[:2]
+        length = words.shape[1]
+        types = torch.cat([torch.zeros(n, length, dtype=torch.long, device=words.device),
+                           torch.ones(n, k, dtype=torch.long, device=words.device)], dim=1)
+        positions = torch.cat([torch.arange(length, device=words.device),
+                               self.max_text_tokens + torch.arange(k, device=words.device)])
+        out = self.bert(inputs_embeds=torch.cat([words[rows], cache.to(words.dtype)], dim=1),
+                        attention_mask=torch.cat([mask[rows], mask.new_ones(n, k)], dim=1), token_type_ids=types,
+                        position_ids=positions.unsqueeze(0).expand(n, -1))
+        c = out.last_hidden_state[:, 0]
+        return self.head(c + self.prior(rho.reshape(-1, 1).to(c.device, c.dtype))).squeeze(-1)
+
     def fast_scoring_supported(self) -> bool:
         """Whether ``score_fast`` can read this encoder: a BERT-style stack (absolute positions,
         self-attention with separate query/key/value, post-LN blocks) as BertModel builds it."""
@@ -139,26 +155,60 @@ class JointReranker(nn.Module):
         """``score`` for inference, the same function in fewer operations (equal up to float rounding):
 
         - the text's embeddings and first-block query/key/value projections once per query, not per pair;
-        - no attention mask when no text is padded (the fused SDPA kernel's fast path), no pooler;
+        - query, key and value projected by one matrix product ([W_q; W_k; W_v]), no pooler;
+        - no attention mask when no text is padded (the fused SDPA kernel's fast path);
         - the last block only for [CLS]: its query attends through W_k folded into the query
           (q·(W_k x + b_k) = (W_kᵀq)·x + const, the constant cancels in the softmax) and W_v applied
           once to the attention-weighted input (Σ a_j (W_v x_j + b_v) = W_v Σ a_j x_j + b_v), so the
           last block projects no keys or values of the N×(L+K) tokens.
         Dropout is skipped: call it in eval mode (``joint_scores`` does)."""
-        bert, emb = self.bert, self.bert.embeddings
-        rows = rows.to(text.ids.device)
-        n, k, d = cache.shape
-        length = text.ids.shape[1]
+        words = self.bert.embeddings.word_embeddings(text.ids)
+        return self.fast_scores(words, text.mask, rows.to(text.ids.device), cache, rho)
+
+    def score_onnx(self, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """``score_fast``'s graph run by ONNX Runtime on the CPU (``models/reranker/onnx_scoring.py``):
+        exported once per weights and thread count, then each call runs it. Equal to ``score`` up
+        to float rounding; eval mode only (no dropout). Needs ``onnx_scoring_supported()``; should
+        the export fail (a future exporter, say), it logs why and scores with ``score_fast``."""
+        from models.reranker.onnx_scoring import scorer_for
+
+        self._check_positions(cache.shape[1])  # the graph checked them once, at export
+        words = self.bert.embeddings.word_embeddings(text.ids)
+        scorer = scorer_for(self)
+        if scorer is None:  # the export failed for these weights (logged): the same function in PyTorch
+            return self.fast_scores(words, text.mask, rows.to(text.ids.device), cache, rho)
+        return scorer(words, text.mask, rows, cache, rho)
+
+    def _check_positions(self, k: int) -> None:
         if self.max_text_tokens + k > self.max_positions:
             raise ValueError(f"{self.max_text_tokens} text + {k} cached tokens exceed the encoder's "
                              f"{self.max_positions} positions")
+
+    def onnx_scoring_supported(self) -> bool:
+        """Whether ``score_onnx`` can run: ``score_fast``'s encoder on the CPU, onnx and onnxruntime installed."""
+        from models.reranker.onnx_scoring import runtime_available
+
+        return self.device.type == "cpu" and self.fast_scoring_supported() and runtime_available()
+
+    def fast_scores(self, words: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, cache: torch.Tensor,
+                    rho: torch.Tensor, always_mask: bool = False) -> torch.Tensor:
+        """``score_fast`` from the text's word embeddings (Q×L×d) and mask (Q×L). ``always_mask`` (the
+        exported graph, which cannot branch on data) always masks, as an additive bias on the logits
+        (an all-ones mask changes no score), with the attention written as plain products: SDPA's
+        export would add a select over the whole N×heads×T×T logits."""
+        bert, emb = self.bert, self.bert.embeddings
+        n, k, d = cache.shape
+        length = words.shape[1]
+        self._check_positions(k)
         positions, types = emb.position_embeddings.weight, emb.token_type_embeddings.weight
-        words = emb.word_embeddings(text.ids)
         x_text = emb.LayerNorm(words + types[0] + positions[:length])  # Q×L×d, once per query
         x_cache = emb.LayerNorm(cache.to(words.device, words.dtype) + types[1]
                                 + positions[self.max_text_tokens:self.max_text_tokens + k])  # N×K×d
-        mask = text.mask[rows].bool()
-        keep = None if bool(mask.all()) else torch.cat([mask, mask.new_ones(n, k)], dim=1)  # N×(L+K)
+        mask = mask[rows].bool()
+        keep = (torch.cat([mask, mask.new_ones(n, k)], dim=1) if always_mask or not bool(mask.all())
+                else None)  # N×(L+K)
+        # the additive mask of the exported graph: 0 where kept, the float minimum where padded
+        neg = None if keep is None or not always_mask else (~keep).to(words.dtype) * torch.finfo(words.dtype).min
         heads = int(bert.config.num_attention_heads)
         dh = d // heads
         x = torch.cat([x_text[rows], x_cache], dim=1)
@@ -167,19 +217,27 @@ class JointReranker(nn.Module):
             att = block.attention.self
             scale = float(getattr(att, "scaling", dh ** -0.5))
             if b < len(blocks) - 1:
-                linears = (att.query, att.key, att.value)
-                qkv = ([torch.cat([lin(x_text)[rows], lin(x_cache)], dim=1) for lin in linears] if b == 0
-                       else [lin(x) for lin in linears])
-                q, key, v = (t.view(n, -1, heads, dh).transpose(1, 2) for t in qkv)
-                a = F.scaled_dot_product_attention(q, key, v, attn_mask=None if keep is None else keep[:, None, None],
-                                                   scale=scale)
+                lins = (att.query, att.key, att.value)
+                w = torch.cat([lin.weight for lin in lins])  # one (3d)×d product instead of three
+                b_qkv = torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(d) for lin in lins])
+                qkv = (torch.cat([F.linear(x_text, w, b_qkv)[rows], F.linear(x_cache, w, b_qkv)], dim=1) if b == 0
+                       else F.linear(x, w, b_qkv))  # N×(L+K)×3d
+                q, key, v = qkv.view(n, -1, 3, heads, dh).permute(2, 0, 3, 1, 4).unbind(0)
+                if neg is not None:
+                    logits = torch.matmul(q, key.transpose(-1, -2)) * scale + neg[:, None, None]
+                    a = torch.matmul(logits.softmax(-1), v)
+                else:
+                    a = F.scaled_dot_product_attention(q, key, v, scale=scale,
+                                                       attn_mask=None if keep is None else keep[:, None, None])
                 a, residual = a.transpose(1, 2).reshape(n, -1, d), x
-            else:  # [CLS] only, keys and values folded (see the docstring)
+            else:  # [CLS] only, keys and values folded (see score_fast)
                 residual = x[:, 0]
                 u = torch.einsum("nhe,hed->nhd", att.query(residual).view(n, heads, dh),
                                  att.key.weight.view(heads, dh, d)) * scale
                 logits = torch.bmm(u, x.transpose(1, 2))  # N×heads×(L+K)
-                if keep is not None:
+                if neg is not None:
+                    logits = logits + neg[:, None]
+                elif keep is not None:
                     logits = logits.masked_fill(~keep[:, None], float("-inf"))
                 pooled = torch.bmm(logits.softmax(-1), x)  # N×heads×d
                 a = torch.einsum("nhd,hed->nhe", pooled, att.value.weight.view(heads, dh, d))

@@ -301,9 +301,11 @@ class VedjeSpec(Strict):
     candidates: list[int] = Field(default_factory=lambda: [20, 50, 100], min_length=1)  # N_c evaluated
     shard_size: int = Field(64, ge=1)  # items per index-cache task
     score_batch: int = Field(256, ge=1)  # pairs per joint-encoder forward at query time
-    # joint scoring at query time: 'fast' = JointReranker.score_fast (same scores up to float rounding,
-    # [CLS]-only last block, shared text work); 'reference' = the encoder's full forward
-    score_path: Literal["fast", "reference"] = "fast"
+    # joint scoring at query time (all give the same scores up to float rounding): 'onnx' = score_fast's
+    # graph run by ONNX Runtime on the CPU (falls back to 'fast' without onnxruntime or on a GPU);
+    # 'fast' = JointReranker.score_fast in PyTorch ([CLS]-only last block, shared text work);
+    # 'reference' = the encoder's full forward
+    score_path: Literal["onnx", "fast", "reference"] = "onnx"
     seed: int = 0
 
     @model_validator(mode="after")

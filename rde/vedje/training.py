@@ -262,18 +262,25 @@ def stored_caches(model: Vedje, data: VedjeTensors, precision: str = "bf16"
     return cache_of
 
 
+SCORE_PATHS = ("onnx", "fast", "reference")  # vedje.score_path
+
+
 def joint_scores(model: Vedje, texts: Sequence[str], pairs: Sequence[tuple[int, int]], caches: torch.Tensor,
-                 rho: torch.Tensor, batch: int = 256, path: str = "fast") -> np.ndarray:
+                 rho: torch.Tensor, batch: int = 256, path: str = "onnx") -> np.ndarray:
     """s_θ for (query index, cache row) pairs, in chunks of ``batch`` pairs (Alg. 1, lines 9–11).
 
-    ``path`` "fast" (default) scores through ``JointReranker.score_fast`` under inference mode (the
-    same scores up to float rounding, fewer operations; a non-BERT encoder falls back to the
-    reference); "reference" runs the encoder's own forward over every token (``score``)."""
-    if path not in ("fast", "reference"):
-        raise ValueError(f"joint scoring path must be 'fast' or 'reference', got {path!r}")
+    ``path`` "onnx" (default) runs ``JointReranker.score_fast``'s graph in ONNX Runtime
+    (``score_onnx``; on the CPU, with onnxruntime installed, else it falls back to "fast"); "fast"
+    scores through ``score_fast`` under inference mode (the same scores up to float rounding, fewer
+    operations; a non-BERT encoder falls back to the reference); "reference" runs the encoder's own
+    forward over every token (``score``)."""
+    if path not in SCORE_PATHS:
+        raise ValueError(f"joint scoring path must be one of {', '.join(map(repr, SCORE_PATHS))}, got {path!r}")
     model.eval()
     reranker = model.reranker
-    score = reranker.score_fast if path == "fast" and reranker.fast_scoring_supported() else reranker.score
+    score = reranker.score
+    if path in ("onnx", "fast") and reranker.fast_scoring_supported():
+        score = reranker.score_onnx if path == "onnx" and reranker.onnx_scoring_supported() else reranker.score_fast
     with torch.inference_mode():
         text = reranker.tokenize(list(texts))
         out = []
