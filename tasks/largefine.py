@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from itertools import count
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +22,7 @@ from rde.common.embedding_cache import EmbeddingCache
 from rde.common.image_decoding import decode_rgb
 from rde.common.reasons import Reason, rejected_row
 from rde.common.seeds import draw_seed
-from rde.largefine.hard_negatives import hard_negative_neighbours
+from rde.largefine.hard_negatives import hard_negative_neighbours_streamed
 from rde.largefine.template_gallery import Gallery, Template, build_gallery
 from rde.largefine.tiered_captions import TIERS, TierCaptioner, TierImage, TierOutputs, assign_generator
 from storage import Artifact
@@ -51,7 +53,7 @@ class HardNegatives(Stage):
     hard negative (GTR+ Eq. 1), assign a generator; written in shards of ``largefine.shard_size``."""
 
     name = "hard-negatives"
-    version = "2"  # not bumped for embedding one accepted shard at a time: the outputs are the same
+    version = "2"  # not bumped for embedding shard by shard nor the streamed search: the same bytes on the demo
     reads = ("accepted",)
     writes = (Write("neighbours", "neighbours", NEIGHBOURS),
               Write("rejects", "rejects", REJECTS, folder="select_rejects", rejects=True))
@@ -59,6 +61,10 @@ class HardNegatives(Stage):
               "largefine.shard_size", "largefine.neighbour_index_above", "largefine.neighbour_ann")
     resources = Resources(device="gpu", hold_slot=False, batch_size="models.image_embedder.batch_size")
     balance = True
+    # images whose neighbours are searched together in the exact search (4096 × 1280 floats: 21 MB),
+    # one pass over the cached vectors per batch; not a profile field, because a field in ``config``
+    # enters the stage key, which every shard records, and would rewrite identical neighbours
+    query_batch: ClassVar[int] = 4096
 
     def lineage(self, run: StageRun) -> Lineage:
         if not run.models.generators:
@@ -70,20 +76,24 @@ class HardNegatives(Stage):
                                "generators": [g.model_dump(mode="json") for g in run.models.generators]})
 
     def run(self, run: StageRun) -> Work:
+        """Select, then search the chosen rows' neighbours with their vectors left in the embedding
+        cache (``hard_negative_neighbours_streamed``): a query batch and one pool shard of vectors
+        in memory where the search is exact; all of them only above ``neighbour_index_above``,
+        where the IVF index is built over the whole pool."""
         lf, cache = run.section("largefine"), run.prepared["cache"]
         accepted = run.input("accepted")
         rows = [dict(r, accepted_shard=index) for index, table in
                 accepted.iter_shards(["image_id", "source", "domain", "identity"]) for r in table.to_pylist()]
-        chosen, rejects = _select(rows, lf.domains, lf.max_images, lf.seed)
-        # embedded one accepted shard's bytes at a time; keep is asked once per row in artifact order,
-        # the order of ``rows``, so the vectors are the chosen rows' in their order
-        picked = {id(r) for r in chosen}  # _select returns the very row dicts it keeps
-        flags = iter([id(r) in picked for r in rows])
-        embedded_rows, vectors = cache.embed_artifact(accepted, ["image_id"], keep=lambda _: next(flags))
+        positions, rejects = _select(rows, lf.domains, lf.max_images, lf.seed)
+        chosen = [rows[p] for p in positions]
+        # misses embedded one accepted shard's bytes at a time; ``rows`` is in artifact order, so the
+        # cache's kept rows are the chosen ones, in their order (a duplicate image by its position)
+        embedded_rows, vectors = cache.index_artifact(accepted, ["image_id"], keep=_at_positions(positions))
         if [r["image_id"] for r in embedded_rows] != [r["image_id"] for r in chosen]:
             raise RuntimeError("hard-negatives: the accepted artifact changed while it was read")
-        found = hard_negative_neighbours(vectors, [r["image_id"] for r in chosen], lf.neighbours_k, lf.seed,
-                                         lf.neighbour_index_above, ann=lf.neighbour_ann)
+        found = hard_negative_neighbours_streamed(vectors.take, vectors.blocks, [r["image_id"] for r in chosen],
+                                                  lf.neighbours_k, lf.seed, lf.neighbour_index_above,
+                                                  lf.neighbour_ann, self.query_batch)
         shard_of = {r["image_id"]: r["accepted_shard"] for r in chosen}
         n_gen = len(run.models.generators)
         out_rows = [{**{k: r[k] for k in ("image_id", "source", "domain", "identity", "accepted_shard")},
@@ -110,23 +120,33 @@ class HardNegatives(Stage):
 
 
 def _select(rows: list[dict[str, Any]], domains: list[str], max_images: int | None, seed: int
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows in the profile's domains, capped at ``max_images`` by a seeded, order-independent draw;
-    every other row becomes a rejected row (``out_of_domain`` / ``not_sampled``)."""
+            ) -> tuple[list[int], list[dict[str, Any]]]:
+    """Positions in ``rows`` of the rows in the profile's domains, capped at ``max_images`` by a
+    seeded, order-independent draw (by image id: a duplicate image is kept or dropped with its
+    copies), in input order; every other row becomes a rejected row (``out_of_domain`` /
+    ``not_sampled``). Positions, not ids, because one image may sit in two domains: only the row in
+    a chosen domain is kept."""
     rejects = [rejected_row(r["image_id"], "select", Reason.OUT_OF_DOMAIN, kind="image", domain=r["domain"],
                             image_id=r["image_id"], source=r["source"],
                             detail=f"domain {r['domain']!r} not in largefine.domains {domains}")
                for r in rows if r["domain"] not in domains]
-    kept = [r for r in rows if r["domain"] in domains]
+    kept = [p for p, r in enumerate(rows) if r["domain"] in domains]
     if max_images is not None and len(kept) > max_images:
-        ranked = sorted(kept, key=lambda r: draw_seed(seed, r["image_id"] + "#sample"))
-        chosen_ids = {r["image_id"] for r in ranked[:max_images]}
+        ranked = sorted(kept, key=lambda p: draw_seed(seed, rows[p]["image_id"] + "#sample"))
+        chosen_ids = {rows[p]["image_id"] for p in ranked[:max_images]}
         rejects += [rejected_row(r["image_id"], "select", Reason.NOT_SAMPLED, kind="image", domain=r["domain"],
                                  image_id=r["image_id"], source=r["source"],
                                  detail=f"largefine.max_images = {max_images}")
-                    for r in kept if r["image_id"] not in chosen_ids]
-        kept = [r for r in kept if r["image_id"] in chosen_ids]
+                    for r in (rows[p] for p in kept) if r["image_id"] not in chosen_ids]
+        kept = [p for p in kept if rows[p]["image_id"] in chosen_ids]
     return kept, rejects
+
+
+def _at_positions(positions: list[int]) -> Callable[[dict[str, Any]], bool]:
+    """A ``keep`` for ``EmbeddingCache.index_artifact`` accepting the rows at ``positions`` (it is
+    asked once per row, in artifact order): rows are told apart by place, as ``_select`` chose them."""
+    wanted, place = set(positions), count()
+    return lambda _row: next(place) in wanted
 
 
 def _images(accepted_url: str, wanted: dict[int, set[str]], order: list[str]) -> list[np.ndarray]:

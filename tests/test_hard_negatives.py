@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
 from models.backends.interfaces import l2_normalize
-from rde.largefine.hard_negatives import hard_negative_neighbours, hard_negative_neighbours_blocks
+from rde.common.profiles import AnnSpec
+from rde.largefine.hard_negatives import (
+    hard_negative_neighbours,
+    hard_negative_neighbours_blocks,
+    hard_negative_neighbours_streamed,
+)
 
 
 def _vectors(n: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -89,3 +96,59 @@ def test_one_shard_against_a_gallery_in_blocks_finds_the_same_neighbours() -> No
                                                   ids, k=6, seed=3)
             assert got == [full[i] for i in shard], (shard, block)
     assert hard_negative_neighbours_blocks(vecs[:0], [], lambda: iter([vecs]), ids) == []
+
+
+class CountingVectors:
+    """A counting fake of ``CachedVectors``: rows' vectors handed out on demand (``blocks``: ``block``
+    rows at a time), recording how many each call gave, so a test sees the most held at once."""
+
+    def __init__(self, vectors: np.ndarray, block: int) -> None:
+        self.vectors, self.block = vectors, block
+        self.handed: list[int] = []
+
+    def take(self, positions: np.ndarray) -> np.ndarray:
+        self.handed.append(len(positions))
+        return self.vectors[np.asarray(positions)].copy()
+
+    def blocks(self, positions: np.ndarray) -> Iterator[np.ndarray]:
+        positions = np.asarray(positions)
+        for at in range(0, len(positions), self.block):
+            yield self.take(positions[at:at + self.block])
+
+
+def test_streamed_search_equals_the_in_memory_one_holding_a_query_batch_and_a_block() -> None:
+    """Every row's neighbours, scores and hard negative with the vectors read a query batch and a
+    gallery block at a time equal the in-memory search's (duplicates excluded the same way), for
+    any batch and block size, and no read hands out more than the larger of the two. Scores are
+    compared to 1e-6: a product's float32 rounding may depend on its shape (a batch of one query
+    is a matrix-vector product; its scores differed by 6e-8 here). Fails when the streamed search
+    reads every vector at once."""
+    vecs, ids = _vectors(90, seed=7), [f"q{i}" for i in range(90)]
+    vecs[31], ids[31] = vecs[30], "q30"  # an exact duplicate
+    full = hard_negative_neighbours(vecs, ids, k=6, seed=2)
+    for batch, block in ((1, 90), (16, 7), (25, 25), (200, 16)):
+        store = CountingVectors(vecs, block)
+        got = hard_negative_neighbours_streamed(store.take, store.blocks, ids, k=6, seed=2, query_batch=batch)
+        assert [(g.image_id, g.neighbour_ids, g.hard_negative_id) for g in got] == [
+            (f.image_id, f.neighbour_ids, f.hard_negative_id) for f in full], (batch, block)
+        assert np.allclose([g.scores for g in got], [f.scores for f in full], rtol=0, atol=1e-6)
+        assert max(store.handed) <= max(batch, block), (batch, block, max(store.handed))
+    assert hard_negative_neighbours_streamed(store.take, store.blocks, [], k=6) == []
+    with pytest.raises(ValueError, match="query_batch"):
+        hard_negative_neighbours_streamed(store.take, store.blocks, ids, query_batch=0)
+
+
+def test_streamed_search_above_the_index_threshold_reads_all_vectors_for_the_ivf_index() -> None:
+    """Above ``index_above`` (and with at least ``ann.min_queries`` rows) the IVF index needs every
+    vector: one read of all of them, and the in-memory search's result; below ``min_queries`` the
+    search is exact, so it streams."""
+    vecs, ids = _vectors(300, dim=8, seed=5), [f"v{i}" for i in range(300)]
+    ann = AnnSpec(min_queries=100, nlist=4, nprobe=4)
+    store = CountingVectors(vecs, 50)
+    got = hard_negative_neighbours_streamed(store.take, store.blocks, ids, k=5, index_above=200, ann=ann,
+                                            query_batch=40)
+    assert store.handed == [300] and got == hard_negative_neighbours(vecs, ids, k=5, index_above=200, ann=ann)
+    store = CountingVectors(vecs, 50)
+    exact = hard_negative_neighbours_streamed(store.take, store.blocks, ids, k=5, index_above=200,
+                                              ann=AnnSpec(min_queries=1000), query_batch=40)
+    assert max(store.handed) == 50 and exact == hard_negative_neighbours(vecs, ids, k=5)

@@ -53,15 +53,16 @@ def _jpeg(seed: int, side: int = 160) -> bytes:
     return buf.getvalue()
 
 
-def _accepted(folder: Path, n: int) -> Artifact:
-    """An ``accepted`` artifact of n noise images in shards of ``SHARD``, two domains."""
+def _accepted(folder: Path, n: int, copies: dict[int, int] | None = None) -> Artifact:
+    """An ``accepted`` artifact of n noise images in shards of ``SHARD``, two domains (row i is a
+    vehicle when i % 4 == 0); ``copies`` {row: other row}: that row holds the other's image."""
     writer = ArtifactWriter(str(folder), "accepted_images", ACCEPTED_IMAGES, "test")
     writer.begin()
     shards = []
     for index, start in enumerate(range(0, n, SHARD)):
         rows = []
         for i in range(start, min(n, start + SHARD)):
-            data = _jpeg(i)
+            data = _jpeg((copies or {}).get(i, i))
             rows.append({"input_id": f"in-{i}", "image_id": sha256_bytes(data), "source": f"s{i}",
                          "domain": "pedestrian" if i % 4 else "vehicle", "identity": f"p{i // 3}", "width": 160,
                          "height": 160, "source_mode": "RGB", "image_format": "JPEG", "exif_orientation": None,
@@ -324,3 +325,71 @@ def test_hard_negatives_decode_and_read_one_shard_of_images_at_a_time(
         assert [r["image_id"] for r in out] == [every[i]["image_id"] for i in chosen]
         assert [r["neighbour_ids"] for r in out] == [f.neighbour_ids for f in found]
         assert [r["hard_negative_id"] for r in out] == [f.hard_negative_id for f in found]
+
+
+def _hard_negative_run(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch, copies: dict[int, int] | None = None
+                       ) -> tuple[VectorCounts, list[dict], list[dict], StageRun, Artifact]:
+    """HardNegatives on an n-image pool, 16 per shard, queries searched 16 at a time, with every
+    vector reader counted; (counts, neighbour rows, reject rows, the run, the pool)."""
+    folder = tmp_path / f"hv{n}"
+    pool = _accepted(folder / "build-largefine" / "demo" / "accepted", n, copies)
+    monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self: MeanEmbedder())
+    monkeypatch.setattr(largefine_tasks.HardNegatives, "query_batch", SHARD)
+    profile = load_profile("demo", {"largefine": {"shard_size": 10}})
+    stage = largefine_tasks.HardNegatives()
+    run = StageRun(stage, RunContext(profile, "build-largefine", str(folder)))
+    stage.lineage(run)
+    with monkeypatch.context() as patch:
+        counts = VectorCounts(patch)
+        work = stage.run(run)
+        out = [r for t in work.shards for r in t["neighbours"].to_pylist()]
+        rejects = [r for t in work.shards for r in t["rejects"].to_pylist()]
+    return counts, out, rejects, run, pool
+
+
+def _in_memory(run: StageRun, pool: Artifact, rows: list[int]) -> list:
+    """The reference: ``hard_negative_neighbours`` on all the given pool rows' vectors at once."""
+    every = pool.rows(["image_id"])
+    images = decoded_list(pool)
+    lf = run.section("largefine")
+    return hard_negative_neighbours(MeanEmbedder().embed([images[i] for i in rows]),
+                                    [every[i]["image_id"] for i in rows], lf.neighbours_k, lf.seed,
+                                    lf.neighbour_index_above, ann=lf.neighbour_ann)
+
+
+def test_hard_negatives_never_hold_more_than_a_query_batch_or_a_shard_of_vectors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """48 and 192 images (36 and 144 chosen), 16 per shard, at most 16 queries at a time: no reader
+    hands the stage more than 16 vectors at once at either size (12 of a shard are pedestrians;
+    batches of 12 and 16 queries), and the neighbours, scores and hard negatives equal the
+    in-memory search over all the chosen vectors. Fails when the stage gathers the chosen rows'
+    vectors (``embed_artifact``, or ``take`` of every row) to search them all against all."""
+    largest: dict[int, int] = {}
+    for n in (48, 192):
+        counts, out, _, run, pool = _hard_negative_run(tmp_path, n, monkeypatch)
+        chosen = [i for i in range(n) if i % 4]
+        assert len(out) == len(chosen) and counts.batches
+        largest[n] = counts.largest
+        found = _in_memory(run, pool, chosen)
+        assert [(r["image_id"], r["neighbour_ids"], r["hard_negative_id"]) for r in out] == [
+            (f.image_id, f.neighbour_ids, f.hard_negative_id) for f in found]
+        assert np.allclose([r["neighbour_scores"] for r in out], [f.scores for f in found], rtol=0, atol=1e-6)
+    assert max(largest.values()) <= SHARD, (largest, counts.batches)  # 36 → 144 chosen: the bound stays
+
+
+def test_hard_negatives_keep_a_duplicate_image_by_its_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One image in two domains (rows 4, a vehicle, and 5, a pedestrian) and twice among the
+    pedestrians (rows 5 and 6): the pedestrian rows are chosen, the vehicle copy is rejected
+    ``out_of_domain``, and both pedestrian copies get neighbours that exclude their own image, as
+    the in-memory search over the chosen rows gives."""
+    _, out, rejects, run, pool = _hard_negative_run(tmp_path, 32, monkeypatch, copies={5: 4, 6: 4})
+    every = pool.rows(["image_id", "domain"])
+    chosen = [i for i in range(32) if i % 4]
+    assert [r["image_id"] for r in out] == [every[i]["image_id"] for i in chosen]
+    same = every[4]["image_id"]
+    assert [r["image_id"] for r in out].count(same) == 2 and every[5]["domain"] == "pedestrian"
+    assert sum(r["reason"] == "out_of_domain" and r["image_id"] == same for r in rejects) == 1
+    found = _in_memory(run, pool, chosen)
+    assert [(r["neighbour_ids"], r["hard_negative_id"]) for r in out] == [
+        (f.neighbour_ids, f.hard_negative_id) for f in found]
+    assert all(same not in r["neighbour_ids"] for r in out if r["image_id"] == same)

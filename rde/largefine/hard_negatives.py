@@ -3,7 +3,9 @@
 For every image: its top-k nearest neighbours by cosine similarity of image embeddings, never
 itself and never an exact duplicate (same content hash), then one of them drawn at random as the
 hard negative. The draw uses a generator seeded by (seed, image id), so it does not depend on the
-shard layout, the order of the pool or which worker computed it.
+shard layout, the order of the pool or which worker computed it. A pool searched exactly streams
+(:func:`hard_negative_neighbours_streamed`): its vectors stay in the embedding cache and are read a
+query batch and a gallery block at a time.
 """
 
 from __future__ import annotations
@@ -71,6 +73,39 @@ def hard_negative_neighbours_blocks(queries: np.ndarray, query_ids: Sequence[str
     search_k = min(len(ids), k + max(Counter(ids).values()))
     idx, val = topk_exact_blocks(np.ascontiguousarray(queries, dtype=np.float32), gallery(), search_k)
     return _draw(list(query_ids), ids, idx, val, k, seed)
+
+
+def hard_negative_neighbours_streamed(take: Callable[[np.ndarray], np.ndarray],
+                                      blocks: Callable[[np.ndarray], Iterable[np.ndarray]],
+                                      image_ids: Sequence[str], k: int = 10, seed: int = 0,
+                                      index_above: int = 100_000, ann: AnnSpec | None = None,
+                                      query_batch: int = 4096) -> list[Neighbours]:
+    """:func:`hard_negative_neighbours` of every row with the vectors read on demand, so the memory
+    does not grow with the pool: ``take(rows)`` gives those rows' vectors, ``blocks(rows)`` them a
+    block at a time (``CachedVectors.take`` / ``blocks``: one pool shard per block).
+
+    Where the search is exact (up to ``index_above`` rows, or fewer than ``ann.min_queries``, as
+    in :func:`rde.common.topk.search`) the rows are searched in batches of at most ``query_batch``,
+    each against the whole gallery streamed in blocks (:func:`hard_negative_neighbours_blocks`):
+    at most a query batch and one block of vectors are alive, whatever N, at the cost of one pass
+    over the cached vectors per batch. The same neighbours as the in-memory search but for ties at
+    the last place searched (lower row wins) and float32 rounding, which may depend on a product's
+    shape (bit-identical on the demo pool with 32 or more queries per batch, not with 8 or fewer).
+    Above that the IVF index is built over all N vectors, so they are read whole and searched in
+    memory (``take`` of every row)."""
+    if query_batch < 1:
+        raise ValueError(f"query_batch must be at least 1, got {query_batch}")
+    ids = list(image_ids)
+    everything = np.arange(len(ids), dtype=np.int64)
+    if len(ids) > index_above and len(ids) >= (ann or AnnSpec()).min_queries:
+        return hard_negative_neighbours(take(everything), ids, k, seed, index_above, ann=ann)
+    found: list[Neighbours] = []
+    # batches of equal size (at most query_batch), never a last batch of a few rows: a product of a
+    # few query rows is rounded otherwise in float32 (on the demo pool, 8 or fewer: scores off by 5e-7)
+    for rows in np.array_split(everything, -(-len(ids) // query_batch)) if ids else []:
+        found += hard_negative_neighbours_blocks(take(rows), [ids[r] for r in rows], lambda: blocks(everything),
+                                                 ids, k, seed)
+    return found
 
 
 def _draw(query_ids: list[str], ids: list[str], idx: np.ndarray, val: np.ndarray, k: int,
