@@ -8,11 +8,11 @@ shard tasks for its range. The parent writes the manifest.
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 from prefect import flow
 
-from flows import build_largefine, build_secmm, index_cache, train_vedje
 from rde.common.profiles import load_profile
 from rde.common.task_runners import default_task_runner
 from tasks.context import RunContext
@@ -20,18 +20,29 @@ from tasks.runner import run_shard_range
 from tasks.stage import Pipeline, Stage
 
 FLOW_NAME = "run-shards"
-PIPELINES: dict[str, Pipeline] = {p.name: p for p in (build_secmm.PIPELINE, build_largefine.PIPELINE,
-                                                      index_cache.PIPELINE, train_vedje.PIPELINE)}
+# flow name -> the module that declares its PIPELINE, imported only when a run asks for that flow: a
+# build-secmm or build-largefine shard range then never imports torch (the VEDJE flows' modules do)
+PIPELINE_MODULES: dict[str, str] = {"build-secmm": "flows.build_secmm", "build-largefine": "flows.build_largefine",
+                                    "index-cache": "flows.index_cache", "train-vedje": "flows.train_vedje"}
+
+
+def pipeline(flow_name: str) -> Pipeline:
+    """The pipeline of flow ``flow_name``; a clear error for an unknown name."""
+    if flow_name not in PIPELINE_MODULES:
+        raise ValueError(f"run-shards: no pipeline {flow_name!r} (known: {sorted(PIPELINE_MODULES)})")
+    found: Pipeline = import_module(PIPELINE_MODULES[flow_name]).PIPELINE
+    if found.name != flow_name:
+        raise RuntimeError(f"run-shards: {PIPELINE_MODULES[flow_name]} declares pipeline {found.name!r}, "
+                           f"not {flow_name!r}")
+    return found
 
 
 def pipeline_stage(flow_name: str, stage: str) -> Stage:
     """The stage ``stage`` of the pipeline of flow ``flow_name``; a clear error for unknown names."""
-    if flow_name not in PIPELINES:
-        raise ValueError(f"run-shards: no pipeline {flow_name!r} (known: {sorted(PIPELINES)})")
-    found = [s for s in PIPELINES[flow_name].stages if s.name == stage]
+    stages = pipeline(flow_name).stages
+    found = [s for s in stages if s.name == stage]
     if not found:
-        raise ValueError(f"run-shards: {flow_name} has no stage {stage!r} "
-                         f"(its stages: {[s.name for s in PIPELINES[flow_name].stages]})")
+        raise ValueError(f"run-shards: {flow_name} has no stage {stage!r} (its stages: {[s.name for s in stages]})")
     if not found[0].per_shard:
         raise ValueError(f"run-shards: {flow_name}'s stage {stage!r} works over its whole input, not per shard")
     return found[0]

@@ -273,3 +273,18 @@ def test_a_range_run_that_computes_another_key_refuses_to_write(tmp_path: Path) 
     with pytest.raises(FanoutError, match=r"has 4 shards; asked for \[9\]"):
         _range_flow(ctx, TOY.stages[1], key, [9])
     assert _range_flow(ctx, TOY.stages[1], key, [1, 3]) == {"computed": [], "reused": [1, 3]}
+
+
+def test_run_shards_finds_every_flows_pipeline_by_name_and_refuses_unknown_ones() -> None:
+    """run-shards imports a flow's module only when asked for it; each name maps to the module whose
+    PIPELINE carries that name, and unknown flows, stages or whole-input stages are refused clearly."""
+    from flows.run_shards import PIPELINE_MODULES, pipeline, pipeline_stage
+
+    assert {name: pipeline(name).name for name in PIPELINE_MODULES} == {name: name for name in PIPELINE_MODULES}
+    assert pipeline_stage("build-largefine", "qa-tiers").name == "qa-tiers"
+    with pytest.raises(ValueError, match="no pipeline 'build-nothing'"):
+        pipeline("build-nothing")
+    with pytest.raises(ValueError, match="has no stage 'nope'"):
+        pipeline_stage("build-secmm", "nope")
+    with pytest.raises(ValueError, match="works over its whole input"):
+        pipeline_stage("build-secmm", "cgds")

@@ -17,6 +17,10 @@ _SCRIPT = """
 import sys
 import numpy as np
 import flows.build_secmm, flows.build_largefine, tasks.denoise, tasks.ingest
+from flows.run_shards import pipeline_stage
+
+pipeline_stage("build-largefine", "qa-tiers")  # a fanned-out shard range of a pool or caption stage
+pipeline_stage("build-secmm", "measure")
 from models.backends.registry import ModelRegistry
 from rde.common.denoise import laplacian_variance
 from rde.common.profiles import load_profile
