@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import psutil
 
-from rde.entry.stack import StackConfig
+from rde.entry.stack import StackConfig, api_request
 
 PROBE_DEPLOYMENT = ("stack-probe", "probe")
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -52,12 +52,6 @@ class LoadResult:
         return asdict(self)
 
 
-def _api(cfg: StackConfig, method: str, path: str, body: dict | None = None) -> Any:
-    response = httpx.request(method, f"{cfg.api_url}{path}", json=body, timeout=60)
-    response.raise_for_status()
-    return response.json()
-
-
 def _retrying(call: Callable[[], Any], attempts: int, max_sleep: float,
               on_failure: Callable[[], None] = lambda: None) -> Any:
     """``call()``; a 5xx answer or a lost connection is retried with a doubling back-off (1, 2, 4, …
@@ -82,7 +76,7 @@ def _retrying(call: Callable[[], Any], attempts: int, max_sleep: float,
 def _read(cfg: StackConfig, path: str, body: dict) -> Any:
     """A filter / count call that waits out an overloaded server instead of ending the
     measurement: the busy server is what is measured."""
-    return _retrying(lambda: _api(cfg, "POST", path, body), attempts=8, max_sleep=30.0)
+    return _retrying(lambda: api_request(cfg, "POST", path, body), attempts=8, max_sleep=30.0)
 
 
 def _time(value: str | None) -> datetime | None:
@@ -134,7 +128,7 @@ def _submit(cfg: StackConfig, deployment_id: str, parameters: dict, result: Load
         result.submit_retries += 1
 
     try:
-        return _retrying(lambda: _api(cfg, "POST", f"/deployments/{deployment_id}/create_flow_run",
+        return _retrying(lambda: api_request(cfg, "POST", f"/deployments/{deployment_id}/create_flow_run",
                                       {"parameters": parameters}), attempts=6, max_sleep=float("inf"),
                          on_failure=failed)
     except httpx.TransportError:
@@ -155,7 +149,7 @@ def submit_and_wait(cfg: StackConfig, concurrent: int, shards: int = 50, work_ms
     """``concurrent`` probe runs submitted at once; returns when all ended or ``timeout_s`` passed."""
     database = "postgres" if cfg.postgres else ("url" if cfg.database_url else "sqlite")
     result = LoadResult(database, concurrent, shards)
-    [deployment] = _api(cfg, "POST", "/deployments/filter", {
+    [deployment] = api_request(cfg, "POST", "/deployments/filter", {
         "flows": {"name": {"any_": [PROBE_DEPLOYMENT[0]]}}, "deployments": {"name": {"any_": [PROBE_DEPLOYMENT[1]]}}})
     log_path = cfg.folder / "server.log"
     log_offset = log_path.stat().st_size if log_path.exists() else 0

@@ -184,13 +184,21 @@ def _create_pools_and_limit(cfg: StackConfig) -> None:
         _post(cfg, "/v2/concurrency_limits/", {"name": "gpu", "limit": cfg.gpu_slots or cfg.gpu_workers})
 
 
+def api_request(cfg: StackConfig, method: str, path: str, body: dict[str, Any] | None = None,
+                timeout: float = 60.0) -> Any:
+    """One call of the stack server's REST API (``path`` under ``/api``): its JSON answer; an HTTP
+    error status or a lost connection raises ``httpx``'s error, for the caller to retry or report."""
+    response = httpx.request(method, f"{cfg.api_url}{path}", json=body, timeout=timeout)
+    response.raise_for_status()
+    return response.json()
+
+
 def _post(cfg: StackConfig, path: str, body: dict[str, Any]) -> Any:
+    """``api_request`` for ``up``: a failure is a ``StackError`` naming the call."""
     try:
-        response = httpx.post(f"{cfg.api_url}{path}", json=body, timeout=30)
-        response.raise_for_status()
+        return api_request(cfg, "POST", path, body, timeout=30)
     except httpx.HTTPError as err:
         raise StackError(f"POST {path} to the stack's server failed: {err}") from err
-    return response.json()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
