@@ -1,20 +1,35 @@
-"""How time and memory grow with the pool: ``build-secmm --until candidates`` on synthetic pools of
-N images (``rde pool synth``), one CLI process per N, run back to back in one invocation.
+"""How time and memory grow with the pool: ``build-secmm --until candidates`` and ``build-largefine``
+(all stages) on synthetic pools of N images (``rde pool synth``), one CLI process per flow and N,
+run back to back in one invocation.
 
-For each N: seconds per stage (from the run's summary) and images per second of the per-shard
-stages (ingest, measure) and of the whole-pool stages that touch every image (denoise, CGDS), and
-the run's peak RSS (the CLI process and its children, sampled every 0.2 s with psutil). The
-generator work (caption pool, DAP) does not grow with N — it captions a fixed sample per domain
-and writes a fixed number of queries — so it runs with a small fixed budget
-(``--caption-sample``, ``--rounds``) with the demo's real SmolLM2, and is reported, not judged.
-Targets (issue 15): peak RSS at the largest N ≤ 1.5 × at the middle one; the per-image time of
-every per-shard stage within ±25 % across N; the growth exponent of CGDS (embedding + k-means)
-and MECF (whose gallery is bounded by the draw, so it should not grow).
+For each flow and N: seconds per stage (from the run's summary), milliseconds per image and images
+per second of the stages that touch every image (per-shard: ingest, measure, qa-tiers, adv-tier,
+export; whole-pool: denoise, CGDS, hard-negatives), the run's peak RSS (the CLI process and its
+children, sampled every 0.2 s with psutil) and the load average before and after the run (the
+machine may be shared). build-secmm's generator work (caption pool, DAP) does not grow with N — it
+captions a fixed sample per domain and writes a fixed number of queries — so it runs with a small
+fixed budget (``--caption-sample``, ``--rounds``) with the demo's real SmolLM2, and is reported,
+not judged. build-largefine captions with ``benchmarks/scripted_captioner.py``: a deterministic
+OpenAI-compatible server in this process (no LLM; the generator is not what is measured) reached
+through the product's ``openai-http`` backend, for the tiers and the template gallery alike; the
+captioning stages' time is then the pipeline's own (decoding, requests, gates, writes). Its
+captioning stages are per captioned image (the pool's pedestrians after denoise), the pool stages
+per pool image. Targets (issue 15): peak RSS at the largest N ≤ 1.5 × at the previous one; the
+per-image time of every per-shard stage within ±25 % across N; the growth exponent of CGDS
+(embedding + k-means), of the hard negatives (embedding + exact kNN) and of MECF (whose gallery is
+bounded by the draw, so it should not grow).
 
-    .venv/bin/python benchmarks/scale.py [--sizes 1000 10000 100000] [--workdir /tmp/rde-scale]
+The time outside the stages is reported too; for build-largefine it includes the dataset card
+(spaCy over every caption, after the export stage), timed from the run's log.
 
-A size already measured in the workdir (``result-N.json``) is not run again; the table covers every
-size measured there, so sizes can be added in later invocations on the same machine.
+    .venv/bin/python benchmarks/scale.py [--sizes 500 1000 2000] [--flows secmm largefine]
+                                         [--workdir /tmp/rde-scale] [--project]
+
+A (flow, size) already measured in the workdir (``result-<flow>-N.json``) is not run again; the
+tables cover every size measured there, so sizes can be added in later invocations. ``--project``
+adds the projection of a 1.2M-image three-tier build on 1, 8 and 32 GPU workers from the largest
+build-largefine measured: measured CPU costs plus GPU figures that are assumptions (each named at
+the constants below, with its source).
 """
 
 from __future__ import annotations
@@ -22,6 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -29,9 +46,13 @@ import time
 from pathlib import Path
 
 import psutil
+from scripted_captioner import ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
-PER_IMAGE = ("ingest", "measure", "denoise", "cgds")
+# stages timed per image: per pool image, or per captioned image (build-largefine's chosen pedestrians)
+PER_POOL_IMAGE = ("ingest", "measure", "denoise", "cgds")
+PER_CAPTIONED_IMAGE = ("hard-negatives", "qa-tiers", "adv-tier", "export-largefine")
+FLOWS = ("secmm", "largefine")
 
 
 def peak_rss(proc: subprocess.Popen, stop: threading.Event, out: list[int]) -> None:
@@ -75,63 +96,275 @@ def exponent(ns: list[int], ts: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
+def load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def card_seconds(log: Path) -> float | None:
+    """Seconds from the export stage's last log line to the flow run's end: the dataset card (spaCy
+    statistics over every caption), which the stage's own seconds do not include."""
+    stamps = {}
+    for line in log.read_text(errors="replace").splitlines():
+        found = re.match(r"(\d\d):(\d\d):(\d\d\.\d+) \| INFO .*?"
+                         r"(export-largefine: .* accepted|Flow run .* - Finished in)", line)
+        if found:
+            h, m, sec = int(found.group(1)), int(found.group(2)), float(found.group(3))
+            stamps["export" if found.group(4).startswith("export") else "end"] = 3600 * h + 60 * m + sec
+    if {"export", "end"} <= set(stamps):
+        return round((stamps["end"] - stamps["export"]) % 86400, 1)
+    return None
+
+
+def flow_args(flow: str, pool: Path, out: Path, args: argparse.Namespace, generator: dict | None) -> list[str]:
+    common = ["--input", str(pool), "--output", str(out), "--json", "--set", f"ingest.shard_size={args.shard_size}"]
+    if flow == "secmm":
+        return ["build-secmm", *common, "--until", "candidates",
+                "--set", f"queries.caption_sample_per_domain={args.caption_sample}",
+                "--set", f"queries.max_rounds={args.rounds}"]
+    spec = json.dumps(generator)
+    return ["build-largefine", *common, "--set", f"models.generators=[{spec}]",
+            "--set", f"models.template_generator={spec}", "--set", "largefine.tier_prompt=gtr_tiers",
+            "--set", f"largefine.shard_size={args.caption_shard_size}"]
+
+
+def measure_one(flow: str, n: int, work: Path, args: argparse.Namespace, server: ScriptedServer | None) -> None:
+    pool = work / f"pool-{n}"
+    if not (pool / "_manifest.json").exists():
+        synth_s, _, _ = run_cli(["pool", "synth", "--n", str(n), "--out", str(pool), "--shard-size",
+                                 str(args.shard_size)], work / f"synth-{n}.log")
+        print(f"synth pool of {n}: {synth_s:.0f} s", flush=True)
+    before = load()
+    counts_before = dict(server.counts) if server else {}
+    wall, rss, text = run_cli(flow_args(flow, pool, work / f"out-{flow}-{n}", args,
+                                        server.spec() if server else None), work / f"build-{flow}-{n}.log")
+    after = load()
+    summary = json.loads(text)
+    stages = {s["stage"]: s for s in summary["stages"]}
+    result = {"flow": flow, "n": n, "wall": wall, "rss": rss, "stages": stages, "accepted": summary["accepted"],
+              "rejected": summary["rejected"], "load_before": before, "load_after": after,
+              "captioned": stages["hard-negatives"]["accepted"] if "hard-negatives" in stages else None,
+              "captioning": summary.get("captioning"),
+              "requests": {k: v - counts_before.get(k, 0) for k, v in (server.counts if server else {}).items()
+                           if v - counts_before.get(k, 0)}}
+    result["card_s"] = card_seconds(work / f"build-{flow}-{n}.log") if flow == "largefine" else None
+    (work / f"result-{flow}-{n}.json").write_text(json.dumps(result))
+    print(f"{flow} N={n}: {wall:.0f} s, peak RSS {rss / 2**30:.2f} GiB, {summary['accepted']} accepted by denoise, "
+          f"load {before} -> {after}", flush=True)
+
+
+def per_image_cell(stage: str, seconds: float, result: dict) -> str:
+    images = result["n"] if stage in PER_POOL_IMAGE else result["captioned"] if stage in PER_CAPTIONED_IMAGE else None
+    if not images or seconds <= 0:
+        return "-"
+    return f"{1000 * seconds / images:.2f} ({images / seconds:.1f})"
+
+
+def print_table(flow: str, results: list[dict]) -> None:
+    ns = [r["n"] for r in results]
+    grows = len(results) > 1
+    print(f"\n### build-{flow}\n")
+    print("| stage | " + " | ".join(f"N={n:,} s" for n in ns) + " | "
+          + " | ".join(f"N={n:,} ms/image (images/s)" for n in ns) + " | growth exponent |")
+    print("|---|" + "---|" * (2 * len(results) + 1))
+    for name in results[0]["stages"]:
+        secs = [r["stages"][name]["seconds"] for r in results]
+        cells = [f"{s:.1f}" for s in secs] + [per_image_cell(name, s, r) for s, r in zip(secs, results, strict=True)]
+        grow = f"{exponent(ns, secs):.2f}" if grows else "-"
+        print(f"| {name} | " + " | ".join(cells) + f" | {grow} |")
+    outside = [r["wall"] - sum(st["seconds"] for st in r["stages"].values()) for r in results]
+    print("| *outside the stages (process start, Prefect, summary" + (", dataset card" if flow == "largefine" else "")
+          + ")* | " + " | ".join(f"{o:.1f}" for o in outside) + " | " + " | ".join("-" for _ in results) + " | "
+          + (f"{exponent(ns, outside):.2f}" if grows else "-") + " |")
+    if flow == "largefine" and all(r.get("card_s") is not None for r in results):
+        cards = [r["card_s"] for r in results]
+        print("| *of which the dataset card (spaCy over every caption)* | " + " | ".join(f"{c:.1f}" for c in cards)
+              + " | " + " | ".join(f"{1000 * c / (3 * r['captioned']):.2f} per caption" for c, r in
+                                   zip(cards, results, strict=True)) + " | "
+              + (f"{exponent(ns, cards):.2f}" if grows else "-") + " |")
+    print("| **run (wall)** | " + " | ".join(f"{r['wall']:.0f}" for r in results) + " | "
+          + " | ".join(f"{1000 * r['wall'] / r['n']:.1f}" for r in results) + " | "
+          + (f"{exponent(ns, [r['wall'] for r in results]):.2f}" if grows else "-") + " |")
+    print("| **peak RSS (GiB)** | " + " | ".join(f"{r['rss'] / 2**30:.2f}" for r in results) + " | "
+          + " | ".join("-" for _ in results) + " | "
+          + (f"{exponent(ns, [r['rss'] for r in results]):.2f}" if grows else "-") + " |")
+    print()
+    for r in results:
+        extra = ""
+        if r["captioned"] is not None:
+            caps = {row["stage"]: row for row in r["captioning"] or []}
+            extra = (f"; {r['captioned']} images captioned; captioning stages accepted/input "
+                     + ", ".join(f"{k} {v['accepted']}/{v['input']} (generator {v['generator_seconds']:.0f} s "
+                                 f"summed over shards)" for k, v in caps.items())
+                     + f"; scripted requests {r['requests']}")
+        print(f"- N={r['n']:,}: load average (1/5/15 min) {r['load_before']} before, {r['load_after']} after; "
+              f"rejected {r['rejected']}{extra}")
+    if grows:
+        for name in ("ingest", "measure", "qa-tiers", "adv-tier"):
+            if name not in results[0]["stages"]:
+                continue
+            per = [r["stages"][name]["seconds"] / (r["n"] if name in PER_POOL_IMAGE else r["captioned"])
+                   for r in results]
+            mid = sorted(per)[len(per) // 2]
+            print(f"- {name}: per-image time within {max(abs(p / mid - 1) for p in per):.0%} of its median "
+                  "across N (target ±25 %)")
+        print(f"- peak RSS largest / previous N: {results[-1]['rss'] / max(results[-2]['rss'], 1):.2f} "
+              "(target ≤ 1.5)")
+
+
+# -- projection: a 1.2M-image, three-tier build on N GPU workers -----------------------------------------
+# Measured here: the per-image CPU cost of every stage (largest N, fixed costs included). ASSUMED (no GPU
+# was available): everything below marked so, with its source.
+PROJECT_IMAGES = 1_200_000  # images captioned; assumed: the pool stages see the same images (all pass)
+WORKERS = (1, 8, 32)
+FANOUT_EFFICIENCY = 2.50 / 3  # measured by benchmarks/pool_scaling.py at 3 gpu workers; ASSUMED to hold at 8, 32
+# Caption requests per image, as scripts/gpu_check.py assumes them (rde/largefine/tiered_captions.py):
+# (requests, images per request, generated tokens) for base (Q&A + summary), inter (target + hard negative), adv.
+TIERS = {"base": (2, 1, 180), "inter": (2, 2, 200), "adv": (1, 1, 60)}
+PROMPT_TEXT_TOKENS = 128  # per request, scripts/gpu_check.py's default
+IMAGE_PATCHES, IMAGE_TOKENS = 256, 64  # 224 px, patch 14, 2x2 merge (Qwen2-VL), scripts/gpu_check.py
+LLM_PARAMS, VIT_PARAMS = 7.0e9, 0.675e9  # production generator Qwen2-VL-7B (profiles/production.yaml)
+KV_BYTES_PER_TOKEN = 28 * 2 * 4 * 128 * 2  # Qwen2-7B: 28 layers, K and V, 4 KV heads x 128, bf16
+GPU_BF16_FLOPS, GPU_HBM_BYTES_S = 989e12, 3.35e12  # NVIDIA H100 SXM datasheet (dense BF16, HBM3)
+MFU_PREFILL, HBM_EFFICIENCY = 0.40, 0.50  # ASSUMED (no source): share of peak reached in prefill / decode
+DECODE_BATCH, MEAN_CONTEXT = 64, 400  # production profile's batch_size; ASSUMED mean tokens in context
+DETECTOR_GPU_S = 2 * 3.53e-3  # YOLOv8x 640 px: 3.53 ms/image on A100 TensorRT (docs.ultralytics.com/models/yolov8),
+#                               doubled: the product runs it through PyTorch, not TensorRT (ASSUMED factor)
+# hard-negative kNN above 100k images is faiss IVF (largefine.neighbour_index_above): README "Top-K at scale"
+# measured 23.4-26.4 s for 20k queries over 100k 768-d vectors (build + search, nprobe 32) on these 2 cores;
+# ASSUMED to grow as queries x sqrt(N) x dim (nlist = 4 sqrt N, so a query scans nprobe/nlist of N)
+KNN_MEASURED_S, KNN_Q, KNN_N, KNN_DIM, PROJECT_DIM = 26.4, 20_000, 100_000, 768, 1024  # DINOv2-L: 1024-d
+# qa-tiers reads, per captioning shard, every accepted shard that holds one of its images or hard negatives
+# (tasks/largefine.py `_tier_images`); on the synthetic pool every captioning shard read every accepted
+# shard. Production shard sizes (profiles/production.yaml ingest 4096; largefine.shard_size default 64);
+# ASSUMED worst case at 1.2M: the 64 negatives of a captioning shard lie in 64 other accepted shards.
+PROD_INGEST_SHARD, CAPTION_SHARD = 4096, 64
+
+
+READ_PROBE = """
+import sys, time
+from storage import Artifact
+art = Artifact(sys.argv[1])
+shards = range(len(art.manifest().shards))
+for index in shards:  # once to warm the page cache: the figure is a lower bound of a read
+    art.read_shard(index, ["image_id", "image_bytes"])
+start, rows = time.perf_counter(), 0
+for index in shards:
+    rows += art.read_shard(index, ["image_id", "image_bytes"]).num_rows
+print((time.perf_counter() - start) / max(rows, 1), flush=True)
+"""
+
+
+def image_read_seconds(accepted: Path) -> float | None:
+    """Seconds to read one image's bytes from an accepted shard (whole shards, as the tiers read them).
+    In a child process: an interpreter that has read Parquet through ``storage`` sometimes aborts at exit
+    here ("terminate called without an active exception"), which must not end the benchmark."""
+    if not (accepted / "_manifest.json").exists():
+        return None
+    done = subprocess.run([sys.executable, "-c", READ_PROBE, str(accepted)], cwd=ROOT, capture_output=True, text=True)
+    try:
+        return float(done.stdout.split()[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def generator_seconds_per_image() -> tuple[float, float]:
+    """ASSUMED GPU seconds per image of the three tiers (prefill, decode) from a roofline of the
+    production generator on one H100: prefill compute-bound, decode bandwidth-bound."""
+    prompt_tokens = sum(r * (PROMPT_TEXT_TOKENS + IMAGE_TOKENS * i) for r, i, _ in TIERS.values())
+    image_encodes = sum(r * i for r, i, _ in TIERS.values())
+    prefill_flops = 2 * LLM_PARAMS * prompt_tokens + 2 * VIT_PARAMS * IMAGE_PATCHES * image_encodes
+    prefill = prefill_flops / (MFU_PREFILL * GPU_BF16_FLOPS)
+    step_bytes = 2 * LLM_PARAMS + DECODE_BATCH * MEAN_CONTEXT * KV_BYTES_PER_TOKEN
+    step = step_bytes / (HBM_EFFICIENCY * GPU_HBM_BYTES_S)
+    decode_tokens = sum(t - r for r, _, t in TIERS.values())  # each request's first token comes with its prefill
+    return prefill, decode_tokens * step / DECODE_BATCH
+
+
+def print_projection(r: dict, work: Path) -> None:
+    """Hours of a PROJECT_IMAGES build: the parent's stages (one process, does not scale with workers)
+    plus the fanned-out stages divided over N workers at FANOUT_EFFICIENCY."""
+    st, n, cap = r["stages"], r["n"], r["captioned"]
+    knn = KNN_MEASURED_S * (PROJECT_IMAGES / KNN_Q) * math.sqrt(PROJECT_IMAGES / KNN_N) * PROJECT_DIM / KNN_DIM
+    prefill, decode = generator_seconds_per_image()
+    # (part, where, seconds per image, source)
+    parent = [("ingest + denoise", (st["ingest"]["seconds"] + st["denoise"]["seconds"]) / n, "measured"),
+              ("hard-negatives: embedding (EfficientNet-Lite0, CPU)", st["hard-negatives"]["seconds"] / cap,
+               "measured (includes the exact kNN, trivial at this N)"),
+              ("hard-negatives: kNN at 1.2M (faiss IVF)", knn / PROJECT_IMAGES, "extrapolated from ann_recall"),
+              ("template gallery", st["template-gallery"]["seconds"] / PROJECT_IMAGES, "measured (fixed)"),
+              ("export", st["export-largefine"]["seconds"] / cap, "measured"),
+              ("dataset card (spaCy, 3 captions/image)", (r.get("card_s") or 0.0) / cap, "measured")]
+    fanned = [("measure: detector on GPU (YOLOv8x)", DETECTOR_GPU_S, "ASSUMED (Ultralytics A100 TRT x2)"),
+              ("captioning pipeline (decode, requests, gates, writes)",
+               (st["qa-tiers"]["seconds"] + st["adv-tier"]["seconds"]) / cap, "measured (scripted generator)"),
+              ("generation: prefill (7 image encodes, 5 prompts)", prefill, "ASSUMED (roofline, H100)"),
+              ("generation: decode (435 tokens at batch 64)", decode, "ASSUMED (roofline, H100)")]
+    read = image_read_seconds(work / f"out-largefine-{n}" / "build-largefine" / "demo" / "accepted")
+    if read is not None:
+        per = (min(CAPTION_SHARD, math.ceil(PROJECT_IMAGES / PROD_INGEST_SHARD)) + 1) * PROD_INGEST_SHARD \
+            / CAPTION_SHARD * read
+        worst = ("qa-tiers: whole accepted shards read for hard negatives", per,
+                 f"extrapolated worst case ({1e6 * read:.0f} us per image read, measured, warm cache)")
+    else:
+        worst = None
+    print(f"\n### Projection: {PROJECT_IMAGES:,} images, three tiers (from N={n:,})\n")
+    print("| part | runs on | ms/image | source | " + " | ".join(f"{w} worker{'s' * (w > 1)} (h)" for w in WORKERS)
+          + " |")
+    print("|---|---|---|---|" + "---|" * len(WORKERS))
+    def hours(per: float, where: str) -> dict[int, float]:
+        return {w: per * PROJECT_IMAGES / 3600 / (1 if where.startswith("parent") else
+                                                  w * (FANOUT_EFFICIENCY if w > 1 else 1.0)) for w in WORKERS}
+
+    totals = dict.fromkeys(WORKERS, 0.0)
+    for where, rows in (("parent (1 process)", parent), ("gpu workers", fanned)):
+        for name, per, source in rows:
+            h = hours(per, where)
+            totals = {w: totals[w] + h[w] for w in WORKERS}
+            print(f"| {name} | {where} | {1000 * per:.2f} | {source} | " + " | ".join(f"{h[w]:.2f}" for w in WORKERS)
+                  + " |")
+    print("| **total** | | | | " + " | ".join(f"**{totals[w]:.1f}**" for w in WORKERS) + " |")
+    if worst is not None:
+        h = hours(worst[1], "gpu workers")
+        print(f"| {worst[0]} | gpu workers | {1000 * worst[1]:.2f} | {worst[2]} | "
+              + " | ".join(f"{h[w]:.2f}" for w in WORKERS) + " |")
+        print("| **total with that worst case** | | | | " + " | ".join(f"**{totals[w] + h[w]:.1f}**" for w in WORKERS)
+              + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 2000])
+    parser.add_argument("--flows", nargs="+", choices=FLOWS, default=list(FLOWS))
     parser.add_argument("--workdir", default="/tmp/rde-scale")
     parser.add_argument("--shard-size", type=int, default=256, help="ingest.shard_size (images per shard)")
+    parser.add_argument("--caption-shard-size", type=int, default=64, help="largefine.shard_size")
     parser.add_argument("--caption-sample", type=int, default=16, help="queries.caption_sample_per_domain")
     parser.add_argument("--rounds", type=int, default=2, help="queries.max_rounds")
+    parser.add_argument("--project", action="store_true",
+                        help="also print the 1.2M-image projection from the largest build-largefine measured")
     args = parser.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    for n in args.sizes:
-        if (work / f"result-{n}.json").exists():
-            print(f"N={n}: measured before in {work} (result-{n}.json); delete it and out-{n}/ to measure again")
-            continue
-        pool = work / f"pool-{n}"
-        if not (pool / "_manifest.json").exists():
-            synth_s, _, _ = run_cli(["pool", "synth", "--n", str(n), "--out", str(pool), "--shard-size",
-                                     str(args.shard_size)], work / f"synth-{n}.log")
-            print(f"synth pool of {n}: {synth_s:.0f} s", flush=True)
-        out = work / f"out-{n}"
-        wall, rss, text = run_cli(["build-secmm", "--input", str(pool), "--until", "candidates", "--output", str(out),
-                                   "--json", "--set", f"ingest.shard_size={args.shard_size}",
-                                   "--set", f"queries.caption_sample_per_domain={args.caption_sample}",
-                                   "--set", f"queries.max_rounds={args.rounds}"], work / f"build-{n}.log")
-        summary = json.loads(text)
-        stages = {s["stage"]: s for s in summary["stages"]}
-        result = {"n": n, "wall": wall, "rss": rss, "stages": stages, "accepted": summary["accepted"]}
-        (work / f"result-{n}.json").write_text(json.dumps(result))
-        print(f"N={n}: {wall:.0f} s, peak RSS {rss / 2**30:.2f} GiB, {summary['accepted']} accepted", flush=True)
+    with ScriptedServer() as server:
+        for n in args.sizes:
+            for flow in args.flows:
+                if (work / f"result-{flow}-{n}.json").exists():
+                    print(f"{flow} N={n}: measured before in {work} (result-{flow}-{n}.json); delete it and "
+                          f"out-{flow}-{n}/ to measure again")
+                    continue
+                measure_one(flow, n, work, args, server if flow == "largefine" else None)
     # every size measured in this workdir (so a large N can be added later to the same table)
-    results = sorted((json.loads(p.read_text()) for p in work.glob("result-*.json")), key=lambda r: r["n"])
-    names = list(results[0]["stages"])
-    print("\n| stage | " + " | ".join(f"N={r['n']:,} s" for r in results) + " | "
-          + " | ".join(f"N={r['n']:,} ms/image" for r in results) + " | growth exponent |")
-    print("|---|" + "---|" * (2 * len(results) + 1))
-    for name in names:
-        secs = [r["stages"][name]["seconds"] for r in results]
-        per = [1000 * s / r["n"] for s, r in zip(secs, results, strict=True)]
-        cells = [f"{s:.1f}" for s in secs] + [f"{p:.2f}" if name in PER_IMAGE else "-" for p in per]
-        grow = f"{exponent([r['n'] for r in results], secs):.2f}" if len(results) > 1 else "-"
-        print(f"| {name} | " + " | ".join(cells) + f" | {grow} |")
-    print("| **run (wall)** | " + " | ".join(f"{r['wall']:.0f}" for r in results) + " | "
-          + " | ".join(f"{1000 * r['wall'] / r['n']:.1f}" for r in results) + " | "
-          + (f"{exponent([r['n'] for r in results], [r['wall'] for r in results]):.2f}" if len(results) > 1 else "-")
-          + " |")
-    print("| **peak RSS (GiB)** | " + " | ".join(f"{r['rss'] / 2**30:.2f}" for r in results) + " | "
-          + " | ".join("-" for _ in results) + " | "
-          + (f"{exponent([r['n'] for r in results], [r['rss'] for r in results]):.2f}" if len(results) > 1 else "-")
-          + " |")
-    if len(results) > 1:
-        spread = {name: [1000 * r["stages"][name]["seconds"] / r["n"] for r in results]
-                  for name in ("ingest", "measure")}
-        for name, per in spread.items():
-            mid = sorted(per)[len(per) // 2]
-            print(f"\n{name}: per-image time within {max(abs(p / mid - 1) for p in per):.0%} of its median across N "
-                  "(target ±25 %)")
-        print(f"peak RSS largest / previous N: {results[-1]['rss'] / max(results[-2]['rss'], 1):.2f} (target ≤ 1.5)")
+    for flow in FLOWS:
+        results = sorted((json.loads(p.read_text()) for p in work.glob(f"result-{flow}-*.json")),
+                         key=lambda r: r["n"])
+        for r in results:  # results written before the card was timed: from the log
+            log = work / f"build-{flow}-{r['n']}.log"
+            if flow == "largefine" and r.get("card_s") is None and log.exists():
+                r["card_s"] = card_seconds(log)
+        if results:
+            print_table(flow, results)
+        if flow == "largefine" and results and args.project:
+            print_projection(results[-1], work)
 
 
 if __name__ == "__main__":
