@@ -37,6 +37,10 @@ SHARD_PATTERN = re.compile(r"^part-(\d{5})\.parquet$")
 KEY_FIELD = b"rde.stage_key"
 SHARD_FIELD = b"rde.shard"
 STATS_FIELD = b"rde.stats"  # the stage's own counts for this shard (JSON), read back on resume
+# Rows per Parquet row group of a table that holds image bytes: a reader that needs a few images of
+# a shard (a caption task's hard negatives) reads the row groups holding them, not the whole shard.
+IMAGE_ROW_GROUP = 64
+IMAGE_COLUMN = "image_bytes"
 FORMAT_VERSION = 1
 
 
@@ -121,7 +125,8 @@ def serialize_table(table: pa.Table, stage_key: str, index: int, stats: dict[str
     table = table.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     if table.num_rows:
-        pq.write_table(table, sink, compression="zstd")
+        rows_per_group = IMAGE_ROW_GROUP if IMAGE_COLUMN in table.column_names else None
+        pq.write_table(table, sink, compression="zstd", row_group_size=rows_per_group)
     else:  # no row group at all: `datasets` fails on a 0-row row group ("BatchSize must be greater than 0")
         pq.ParquetWriter(sink, table.schema, compression="zstd").close()
     return sink.getvalue().to_pybytes()
@@ -210,6 +215,27 @@ class Artifact:
         path = join(self.path, shard_name(index))
         with self.fs.open(path, "rb") as handle:
             return pq.read_table(handle, columns=list(columns) if columns else None)
+
+    def read_matching(self, index: int, key: str, wanted: set[Any], columns: Sequence[str]) -> pa.Table:
+        """The rows of shard ``index`` whose ``key`` is in ``wanted`` (``columns``, ``key`` first),
+        reading ``key`` whole and the other columns only from the row groups that hold such rows:
+        a few images of a shard cost their row groups (``IMAGE_ROW_GROUP`` rows), not the shard."""
+        with self.fs.open(join(self.path, shard_name(index)), "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            others = [c for c in columns if c != key]
+            parts = []
+            for group in range(parquet.num_row_groups):
+                keys = parquet.read_row_group(group, columns=[key]).column(key)
+                mask = pa.array([k in wanted for k in keys.to_pylist()], pa.bool_())
+                if not any(mask.to_pylist()):
+                    continue
+                rest = parquet.read_row_group(group, columns=others) if others else None
+                table = pa.table({key: keys, **({c: rest.column(c) for c in others} if rest is not None else {})})
+                parts.append(table.filter(mask))
+        if parts:
+            return pa.concat_tables(parts)
+        return pa.table({key: pa.array([], parquet.schema_arrow.field(key).type),
+                         **{c: pa.array([], parquet.schema_arrow.field(c).type) for c in others}})
 
     def iter_shards(self, columns: Sequence[str] | None = None) -> Iterator[tuple[int, pa.Table]]:
         """Yield (shard index, table) one shard at a time."""

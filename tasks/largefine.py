@@ -150,11 +150,13 @@ def _at_positions(positions: list[int]) -> Callable[[dict[str, Any]], bool]:
 
 
 def _images(accepted_url: str, wanted: dict[int, set[str]], order: list[str]) -> list[np.ndarray]:
-    """Decoded images of ``order`` (ids), reading only the accepted shards that hold them."""
+    """Decoded images of ``order`` (ids), reading only the row groups of the accepted shards that hold
+    them (a caption shard's hard negatives are spread over the pool: whole shards would be read for one
+    image each)."""
     found: dict[str, np.ndarray] = {}
     accepted = Artifact(accepted_url)
     for shard, ids in wanted.items():
-        table = accepted.read_shard(shard, ["image_id", "image_bytes"])
+        table = accepted.read_matching(shard, "image_id", ids, ["image_id", "image_bytes"])
         for image_id, data in zip(table.column("image_id").to_pylist(), table.column("image_bytes").to_pylist(),
                                   strict=True):
             if image_id in ids and image_id not in found:

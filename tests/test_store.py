@@ -244,3 +244,39 @@ def test_sigkill_at_random_moments_never_exposes_partial_shards(tmp_path: Path) 
             assert pq.read_table(shard).num_rows == 150_000
             inspected += 1
     assert inspected >= 1, "no shard was written before any kill: the test checked nothing"
+
+
+def test_a_few_images_of_a_shard_are_read_from_their_row_groups_only(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table with image bytes is written in row groups of IMAGE_ROW_GROUP rows; read_matching
+    reads the ids whole and the bytes only of the groups holding a wanted id (a caption task's
+    hard negatives), and returns exactly those rows. A table without image bytes stays one group."""
+    from storage.artifact import IMAGE_ROW_GROUP
+
+    schema = pa.schema([pa.field("image_id", pa.string()), pa.field("image_bytes", pa.binary())])
+    n = 2 * IMAGE_ROW_GROUP + 10
+    table = pa.table({"image_id": [f"i{k}" for k in range(n)],
+                      "image_bytes": [bytes([k % 256]) * 50 for k in range(n)]}, schema=schema)
+    url = str(tmp_path / "accepted")
+    writer = ArtifactWriter(url, "images", schema, "k")
+    writer.begin()
+    writer.finalize([writer.write_shard(0, table)], code_version="t", config={}, models={}, prompt_versions={},
+                    upstream=(), stats={})
+    assert pq.ParquetFile(f"{url}/{shard_name(0)}").num_row_groups == 3
+    _write(str(tmp_path / "plain"), "k", [_table(0, n)])
+    assert pq.ParquetFile(f"{tmp_path / 'plain'}/{shard_name(0)}").num_row_groups == 1
+    reads: list[tuple[int, tuple[str, ...]]] = []
+    real = pq.ParquetFile.read_row_group
+
+    def counted(self, i, columns=None, **kwargs):
+        reads.append((i, tuple(columns or ())))
+        return real(self, i, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    wanted = {f"i{IMAGE_ROW_GROUP + 3}", f"i{n - 1}"}  # in the second and the third group
+    got = Artifact(url).read_matching(0, "image_id", wanted, ["image_id", "image_bytes"])
+    assert sorted(got.column("image_id").to_pylist()) == sorted(wanted)
+    assert dict(zip(got.column("image_id").to_pylist(), got.column("image_bytes").to_pylist(), strict=True)) == {
+        i: bytes([int(i[1:]) % 256]) * 50 for i in wanted}
+    assert sorted(i for i, cols in reads if "image_bytes" in cols) == [1, 2]  # never the first group's bytes
+    assert Artifact(url).read_matching(0, "image_id", {"nope"}, ["image_id", "image_bytes"]).num_rows == 0
