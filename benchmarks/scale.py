@@ -48,6 +48,8 @@ from pathlib import Path
 import psutil
 from scripted_captioner import ScriptedServer
 
+from storage.artifact import IMAGE_ROW_GROUP
+
 ROOT = Path(__file__).resolve().parent.parent
 # stages timed per image: per pool image, or per captioned image (build-largefine's chosen pedestrians)
 PER_POOL_IMAGE = ("ingest", "measure", "denoise", "cgds")
@@ -233,9 +235,10 @@ DETECTOR_GPU_S = 2 * 3.53e-3  # YOLOv8x 640 px: 3.53 ms/image on A100 TensorRT (
 # measured 23.4-26.4 s for 20k queries over 100k 768-d vectors (build + search, nprobe 32) on these 2 cores;
 # ASSUMED to grow as queries x sqrt(N) x dim (nlist = 4 sqrt N, so a query scans nprobe/nlist of N)
 KNN_MEASURED_S, KNN_Q, KNN_N, KNN_DIM, PROJECT_DIM = 26.4, 20_000, 100_000, 768, 1024  # DINOv2-L: 1024-d
-# qa-tiers reads, per captioning shard, every accepted shard that holds one of its images or hard negatives
-# (tasks/largefine.py `_tier_images`); on the synthetic pool every captioning shard read every accepted
-# shard. Production shard sizes (profiles/production.yaml ingest 4096; largefine.shard_size default 64);
+# qa-tiers reads, per captioning shard, the row groups (of IMAGE_ROW_GROUP rows) that hold one of its
+# images or hard negatives (tasks/largefine.py `_images`, Artifact.read_matching); on the synthetic pool
+# every captioning shard read from every accepted shard. Production shard sizes (profiles/production.yaml
+# ingest 4096; largefine.shard_size default 64);
 # ASSUMED worst case at 1.2M: the 64 negatives of a captioning shard lie in 64 other accepted shards.
 PROD_INGEST_SHARD, CAPTION_SHARD = 4096, 64
 
@@ -301,9 +304,10 @@ def print_projection(r: dict, work: Path) -> None:
               ("generation: decode (435 tokens at batch 64)", decode, "ASSUMED (roofline, H100)")]
     read = image_read_seconds(work / f"out-largefine-{n}" / "build-largefine" / "demo" / "accepted")
     if read is not None:
-        per = (min(CAPTION_SHARD, math.ceil(PROJECT_IMAGES / PROD_INGEST_SHARD)) + 1) * PROD_INGEST_SHARD \
+        # a shard's images are read by row group (storage.artifact.IMAGE_ROW_GROUP rows), not whole
+        per = (min(CAPTION_SHARD, math.ceil(PROJECT_IMAGES / PROD_INGEST_SHARD)) + 1) * IMAGE_ROW_GROUP \
             / CAPTION_SHARD * read
-        worst = ("qa-tiers: whole accepted shards read for hard negatives", per,
+        worst = ("qa-tiers: row groups read for hard negatives", per,
                  f"extrapolated worst case ({1e6 * read:.0f} us per image read, measured, warm cache)")
     else:
         worst = None

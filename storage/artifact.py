@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -223,19 +224,20 @@ class Artifact:
         with self.fs.open(join(self.path, shard_name(index)), "rb") as handle:
             parquet = pq.ParquetFile(handle)
             others = [c for c in columns if c != key]
-            parts = []
+            keys = parquet.read(columns=[key]).column(key)
+            hit = np.fromiter((k in wanted for k in keys.to_pylist()), bool, len(keys))
+            parts, start = [], 0
             for group in range(parquet.num_row_groups):
-                keys = parquet.read_row_group(group, columns=[key]).column(key)
-                mask = pa.array([k in wanted for k in keys.to_pylist()], pa.bool_())
-                if not any(mask.to_pylist()):
-                    continue
-                rest = parquet.read_row_group(group, columns=others) if others else None
-                table = pa.table({key: keys, **({c: rest.column(c) for c in others} if rest is not None else {})})
-                parts.append(table.filter(mask))
-        if parts:
-            return pa.concat_tables(parts)
-        return pa.table({key: pa.array([], parquet.schema_arrow.field(key).type),
-                         **{c: pa.array([], parquet.schema_arrow.field(c).type) for c in others}})
+                stop = start + parquet.metadata.row_group(group).num_rows
+                mask = hit[start:stop]
+                if mask.any():
+                    rest = parquet.read_row_group(group, columns=others) if others else None
+                    part = pa.table({key: keys.slice(start, stop - start),
+                                     **({c: rest.column(c) for c in others} if rest is not None else {})})
+                    parts.append(part.filter(pa.array(mask)))
+                start = stop
+            schema = pa.schema([parquet.schema_arrow.field(c) for c in [key, *others]])
+        return pa.concat_tables(parts) if parts else schema.empty_table()
 
     def iter_shards(self, columns: Sequence[str] | None = None) -> Iterator[tuple[int, pa.Table]]:
         """Yield (shard index, table) one shard at a time."""
