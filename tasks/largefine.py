@@ -159,7 +159,7 @@ def _images(accepted_url: str, wanted: dict[int, set[str]], order: list[str]) ->
         table = accepted.read_matching(shard, "image_id", ids, ["image_id", "image_bytes"])
         for image_id, data in zip(table.column("image_id").to_pylist(), table.column("image_bytes").to_pylist(),
                                   strict=True):
-            if image_id in ids and image_id not in found:
+            if image_id not in found:  # read_matching returns only the wanted ids; a duplicate image once
                 found[image_id] = decode_rgb(data)
     return [found[i] for i in order]
 

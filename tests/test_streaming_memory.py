@@ -25,7 +25,7 @@ from storage.schemas import ACCEPTED_IMAGES
 from tasks import largefine as largefine_tasks
 from tasks import secmm as secmm_tasks
 from tasks.context import RunContext
-from tasks.stage import StageRun
+from tasks.stage import Stage, StageRun
 
 SHARD = 16
 
@@ -159,17 +159,24 @@ class BytesReads:
         return max((n for _, n in self.batches), default=0)
 
 
+def _prepared(stage: Stage, flow: str, folder: Path, overrides: dict[str, object], embedder: MeanEmbedder,
+              monkeypatch: pytest.MonkeyPatch) -> StageRun:
+    """``stage`` of ``flow`` on ``folder`` under the demo profile with ``overrides``, the registry's
+    image embedder replaced by ``embedder``, its lineage run as the runner does before ``run``."""
+    monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self: embedder)
+    run = StageRun(stage, RunContext(load_profile("demo", overrides), flow, str(folder)))
+    stage.lineage(run)
+    return run
+
+
 def _cgds_reads(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[BytesReads, int, int]:
     """CGDS on an n-image pool with the counting readers; (reads, gallery size, pool bytes)."""
     folder = tmp_path / f"n{n}"
     pool = _accepted(folder / "build-secmm" / "demo" / "accepted", n)
     total = sum(len(r["image_bytes"]) for r in pool.rows(["image_bytes"]))
-    monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self: MeanEmbedder())
-    profile = load_profile("demo", {"sampling": {"clusters_per_domain": 3, "min_per_cluster": 2,
-                                                 "max_per_cluster": 8}})
     stage = secmm_tasks.Cgds()
-    run = StageRun(stage, RunContext(profile, "build-secmm", str(folder)))
-    stage.lineage(run)
+    run = _prepared(stage, "build-secmm", folder, {"sampling": {"clusters_per_domain": 3, "min_per_cluster": 2,
+                                                                "max_per_cluster": 8}}, MeanEmbedder(), monkeypatch)
     with monkeypatch.context() as patch:
         reads = BytesReads(patch)
         work = stage.run(run)
@@ -253,10 +260,8 @@ def _cgds_vectors(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch
     folder = tmp_path / f"v{n}"
     _accepted(folder / "build-secmm" / "demo" / "accepted", n)
     embedder = MeanEmbedder()
-    monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self: embedder)
     stage = secmm_tasks.Cgds()
-    run = StageRun(stage, RunContext(load_profile("demo", STREAMED), "build-secmm", str(folder)))
-    stage.lineage(run)
+    run = _prepared(stage, "build-secmm", folder, STREAMED, embedder, monkeypatch)
     with monkeypatch.context() as patch:
         counts = VectorCounts(patch)
         work = stage.run(run)
@@ -302,11 +307,8 @@ def test_hard_negatives_decode_and_read_one_shard_of_images_at_a_time(
         folder = tmp_path / f"h{n}"
         pool = _accepted(folder / "build-largefine" / "demo" / "accepted", n)
         embedder = MeanEmbedder()
-        monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self, e=embedder: e)
         stage = largefine_tasks.HardNegatives()
-        run = StageRun(stage, RunContext(load_profile("demo", {"largefine": {"shard_size": 10}}), "build-largefine",
-                                         str(folder)))
-        stage.lineage(run)
+        run = _prepared(stage, "build-largefine", folder, {"largefine": {"shard_size": 10}}, embedder, monkeypatch)
         with monkeypatch.context() as patch:
             reads = BytesReads(patch)
             work = stage.run(run)
@@ -333,12 +335,9 @@ def _hard_negative_run(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch, 
     vector reader counted; (counts, neighbour rows, reject rows, the run, the pool)."""
     folder = tmp_path / f"hv{n}"
     pool = _accepted(folder / "build-largefine" / "demo" / "accepted", n, copies)
-    monkeypatch.setattr(ModelRegistry, "image_embedder", lambda self: MeanEmbedder())
     monkeypatch.setattr(largefine_tasks.HardNegatives, "query_batch", SHARD)
-    profile = load_profile("demo", {"largefine": {"shard_size": 10}})
     stage = largefine_tasks.HardNegatives()
-    run = StageRun(stage, RunContext(profile, "build-largefine", str(folder)))
-    stage.lineage(run)
+    run = _prepared(stage, "build-largefine", folder, {"largefine": {"shard_size": 10}}, MeanEmbedder(), monkeypatch)
     with monkeypatch.context() as patch:
         counts = VectorCounts(patch)
         work = stage.run(run)

@@ -140,6 +140,12 @@ class TopK:
     checked: int = 0
 
 
+def uses_index(n_queries: int, n_gallery: int, index_above: int, ann: AnnSpec | None = None) -> bool:
+    """Whether :func:`search` builds the IVF index: above ``index_above`` gallery items and for at least
+    ``ann.min_queries`` queries (building it costs more than a few hundred exact queries)."""
+    return n_gallery > index_above and n_queries >= (ann or AnnSpec()).min_queries
+
+
 def search(queries: np.ndarray, gallery: np.ndarray, k: int, index_above: int,
            ann: AnnSpec | None = None) -> TopK:
     """Exact blocked top-k up to ``index_above`` gallery items or below ``ann.min_queries`` queries
@@ -148,7 +154,7 @@ def search(queries: np.ndarray, gallery: np.ndarray, k: int, index_above: int,
     Below ``ann.min_recall`` the whole search is redone exactly (``exact-fallback``), so an index
     that does not fit the data costs time, never results."""
     params = ann or AnnSpec()
-    if len(gallery) <= index_above or len(queries) < params.min_queries:
+    if not uses_index(len(queries), len(gallery), index_above, params):
         idx, val = topk_exact(queries, gallery, k)
         return TopK(idx, val, "exact")
     idx, val = topk_ivf(queries, gallery, k, params)

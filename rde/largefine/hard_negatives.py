@@ -18,7 +18,7 @@ import numpy as np
 
 from rde.common.profiles import AnnSpec
 from rde.common.seeds import draw_seed
-from rde.common.topk import topk, topk_exact_blocks
+from rde.common.topk import topk, topk_exact_blocks, uses_index
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ def hard_negative_neighbours_streamed(take: Callable[[np.ndarray], np.ndarray],
     does not grow with the pool: ``take(rows)`` gives those rows' vectors, ``blocks(rows)`` them a
     block at a time (``CachedVectors.take`` / ``blocks``: one pool shard per block).
 
-    Where the search is exact (up to ``index_above`` rows, or fewer than ``ann.min_queries``, as
-    in :func:`rde.common.topk.search`) the rows are searched in batches of at most ``query_batch``,
+    Where the search is exact (``rde.common.topk.uses_index`` false: up to ``index_above`` rows, or
+    fewer than ``ann.min_queries``) the rows are searched in batches of at most ``query_batch``,
     each against the whole gallery streamed in blocks (:func:`hard_negative_neighbours_blocks`):
     at most a query batch and one block of vectors are alive, whatever N, at the cost of one pass
     over the cached vectors per batch. The same neighbours as the in-memory search but for ties at
@@ -97,7 +97,7 @@ def hard_negative_neighbours_streamed(take: Callable[[np.ndarray], np.ndarray],
         raise ValueError(f"query_batch must be at least 1, got {query_batch}")
     ids = list(image_ids)
     everything = np.arange(len(ids), dtype=np.int64)
-    if len(ids) > index_above and len(ids) >= (ann or AnnSpec()).min_queries:
+    if uses_index(len(ids), len(ids), index_above, ann):
         return hard_negative_neighbours(take(everything), ids, k, seed, index_above, ann=ann)
     found: list[Neighbours] = []
     # batches of equal size (at most query_batch), never a last batch of a few rows: a product of a
