@@ -258,7 +258,8 @@ print((time.perf_counter() - start) / max(rows, 1), flush=True)
 
 
 def image_read_seconds(accepted: Path) -> float | None:
-    """Seconds to read one image's bytes from an accepted shard (whole shards, as the tiers read them).
+    """Seconds to read one image's bytes from an accepted shard (timed over whole shards; the tiers read
+    row groups of ``IMAGE_ROW_GROUP`` images, so the projection counts that many reads per group).
     In a child process: an interpreter that has read Parquet through ``storage`` sometimes aborts at exit
     here ("terminate called without an active exception"), which must not end the benchmark."""
     if not (accepted / "_manifest.json").exists():
