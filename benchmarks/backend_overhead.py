@@ -141,7 +141,8 @@ def main() -> None:
     def bare_gen() -> None:
         total = 0
         for p in prompts:
-            r = gen.server.handle_chat_completions({"messages": [{"role": "user", "content": p}], "max_tokens": 48,
+            with gen.context() as server:
+                r = server.handle_chat_completions({"messages": [{"role": "user", "content": p}], "max_tokens": 48,
                                                     "temperature": 0.0, "logprobs": True, "top_logprobs": 1})
             total += len(r["choices"][0]["logprobs"]["content"])
         counted["bare"] = total

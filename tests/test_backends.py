@@ -311,7 +311,8 @@ def test_llama_cpp_tokenizer_from_the_gguf_splits_as_the_model_does(smollm2) -> 
     assert smollm2.tokenize(res.text) == smollm2.tokenize("".join(emitted))
     assert len(smollm2.tokenize(res.text)) == len(emitted)
     for text in ("The person wears a purple giraffe hat.", "It's 1234 pixels, naïve — ok?\n  Two  spaces."):
-        counted = smollm2.server.handle_completions({"prompt": text, "n_predict": 1})["usage"]["prompt_tokens"]
+        with smollm2.context() as server:
+            counted = server.handle_completions({"prompt": text, "n_predict": 1})["usage"]["prompt_tokens"]
         assert len(smollm2.tokenize(text)) == counted
 
 
@@ -335,6 +336,38 @@ def test_llama_cpp_teacher_forcing_reproduces_greedy_logprobs_and_penalises_unli
     assert [t.token for t in odd.tokens][4] == " purple" and odd.tokens[4].logprob < -5  # one token, unlikely
     [bad] = smollm2.score([req], [""])
     assert not bad.ok
+
+
+@pytest.mark.slow
+def test_llama_cpp_contexts_answer_a_batch_at_once_the_same_way_every_run() -> None:
+    """Two contexts answer a batch concurrently: results in request order, the same texts and
+    logprobs on every run (contiguous runs, run k on context k), and on these requests the texts
+    one context writes (a near-tie may flip: the class docstring says why); teacher-forced scores
+    likewise."""
+    from models.backends.generators import LlamaCppGenerator
+
+    colours = ["red", "blue", "black", "white", "gray", "green"]
+    system = ChatMessage("system", "Describe the person in one sentence from the facts.")
+    reqs = [GenerationRequest(f"r{i}", [system, ChatMessage("user", f"Facts: top {c}, bottoms {colours[i - 1]}.")],
+                              max_tokens=24) for i, c in enumerate(colours)]
+    spec = ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct")
+    one = LlamaCppGenerator(spec)
+    two = LlamaCppGenerator(spec.model_copy(update={"options": {"contexts": 2}}))
+    assert two.parallel_requests == 2 and one.parallel_requests == 1
+
+    def seen(results):
+        return [(r.request_id, r.text, [(t.token, t.logprob) for t in r.tokens]) for r in results]
+
+    alone = seen(one.generate(reqs))
+    first = seen(two.generate(reqs))
+    assert len(two._servers) == 2
+    assert [rid for rid, *_ in first] == [r.request_id for r in reqs]
+    assert seen(LlamaCppGenerator(two.spec).generate(reqs)) == first  # a fresh generator, same results
+    assert len({text for _, text, _ in first}) > 3  # different requests, different answers
+    assert sum(a[1] == b[1] for a, b in zip(alone, first, strict=True)) >= 5
+    texts = [text for _, text, _ in first]
+    forced = seen(two.score(reqs, texts))
+    assert [text for _, text, _ in forced] == texts and seen(LlamaCppGenerator(two.spec).score(reqs, texts)) == forced
 
 
 class _ScoringLlm(_ScriptedLlm):

@@ -439,3 +439,35 @@ def test_domain_queries_fills_the_quota_and_accounts_for_every_line() -> None:
     assert made.lines_in == 7 == len(made.queries) + len(made.rejects)
     assert len(gen.calls) == 3 and [r["request"] for r in made.requests] == [f"pedestrian-r00{i}" for i in range(3)]
     assert all(set(r) >= {"noun", "adj", "verb", "grammar"} for r in made.requests)
+
+
+def test_rounds_generated_ahead_give_the_same_queries_and_record_only_the_rounds_read() -> None:
+    """A generator that answers three requests at once gets DAP's rounds three at a time; the
+    queries, rejects, recorded requests and each round's request (keywords, grammar, seed) equal
+    one-at-a-time generation's, and the rounds generated past the quota are not recorded."""
+    from scripted_generator import ScriptedGenerator
+
+    pool = ["The person is wearing a black top and blue bottoms.", "The person is wearing a red top.",
+            "The person is carrying a backpack."]
+    stats = caption_stats.pos_frequencies(pool)
+    by_round = {0: "A person wearing a black top.", 1: RuntimeError("timeout after 30 s"),
+                2: "A person wearing a black top.\nA person riding a horse today.",
+                3: "A person wearing a red top.\nA person carrying a backpack."}
+    spec = SPEC.model_copy(update={"per_domain": 3, "max_rounds": 9, "keyword_check": False,
+                                   "near_duplicate_cosine": 0.999})
+
+    def run(parallel: int):
+        gen = ScriptedGenerator(lambda r: by_round.get(int(r.request_id.rsplit("r", 1)[1]), "A person walks."))
+        gen.parallel_requests = parallel
+        return gen, domain_queries("pedestrian", PED, stats, pool, gen, BagOfWords(), spec, BLOCKED)
+
+    one_gen, one = run(1)
+    many_gen, many = run(3)
+    assert [q["text"] for q in one.queries] == ["A person wearing a black top.", "A person wearing a red top.",
+                                                "A person carrying a backpack."]
+    assert (many.queries, many.rejects, many.requests, many.lines_in) == (one.queries, one.rejects, one.requests,
+                                                                          one.lines_in)
+    assert [r["request"] for r in many.requests] == [f"pedestrian-r00{i}" for i in range(4)]
+    assert len(one_gen.calls) == 4 and len(many_gen.calls) == 6  # rounds 4 and 5 generated, never read
+    assert [(c.request_id, c.messages, c.seed, c.grammar) for c in many_gen.calls[:4]] == \
+        [(c.request_id, c.messages, c.seed, c.grammar) for c in one_gen.calls]

@@ -21,6 +21,7 @@ from gtr_hallucination import (
     teacher_forced_q,
 )
 from gtr_noise import identity_split
+from saft_ablation import interval_table
 from tiny_models import build_tiny_bert
 from vedje_convergence import main as vedje_convergence_main
 
@@ -162,3 +163,16 @@ def test_vedje_convergence_runs_tiny_and_early_stopping_keeps_a_best_epoch(tmp_p
     assert report["clips"]["counts"]["val_gap_items"] == 3  # training clips sharing a frame with a validation clip
     assert report["images"]["counts"]["val_gap_items"] == 0
     assert (tmp_path / "state" / "experiments" / "vedje_convergence.json").exists()
+
+
+def test_saft_ablation_interval_table_pairs_each_condition_with_zero_shot_and_itc() -> None:
+    """Hand-computed: zero-shot AP (0, 1, 0.5), ITC (1, 1, 1) → mAP 0.5 and 1.0; ITC − zero-shot
+    = (1, 0, 0.5), mean +0.5; the bootstrap bounds lie within the per-query extremes."""
+    table = interval_table({"zero-shot (semantic bridge)": np.array([0.0, 1.0, 0.5]),
+                            "ITC": np.array([1.0, 1.0, 1.0])})
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert rows["zero-shot (semantic bridge)"].split(" | ")[1].startswith("0.500 [")
+    itc = rows["ITC"].split(" | ")
+    assert itc[1] == "1.000 [1.000, 1.000]" and itc[2].startswith("+0.500 [") and itc[3].strip(" |") == "-"
+    low, high = (float(v) for v in itc[2].split("[")[1].rstrip("] ").split(", "))
+    assert 0.0 <= low <= 0.5 <= high <= 1.0

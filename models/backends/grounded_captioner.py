@@ -34,6 +34,7 @@ from models.backends.interfaces import (
     GenerationResult,
     Generator,
     TokenLogprob,
+    parallel_requests,
     score_texts,
 )
 from models.prompt_files import PromptFile, load_prompt
@@ -295,6 +296,7 @@ class GroundedCaptionGenerator:
         self.detector, self.embedder, self.llm = detector, embedder, llm
         self.prompt = prompt or load_prompt("grounded_captioner")
         self.model_id = f"{spec.model_id}[{llm.model_id}]"
+        self.parallel_requests = parallel_requests(llm)
         defaults = FactOptions()
         self.fact_options = FactOptions(**{name: type(getattr(defaults, name))(spec.options[name])
                                            for name in defaults.__dataclass_fields__ if name in spec.options})

@@ -126,6 +126,12 @@ class Generator(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 
 
+def parallel_requests(generator: Generator) -> int:
+    """How many requests ``generator`` answers at once (its ``parallel_requests`` attribute; 1 when it
+    has none), so a caller with requests that do not depend on each other can hand over that many."""
+    return max(1, int(getattr(generator, "parallel_requests", 1)))
+
+
 @runtime_checkable
 class ScoringGenerator(Generator, Protocol):
     """A Generator that can also teacher-force: the log-probability of each token of a given reply

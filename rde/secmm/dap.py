@@ -28,7 +28,14 @@ from typing import Any
 import numpy as np
 
 from models.backends.attributes import SLOTS, parse_text_attributes
-from models.backends.interfaces import ChatMessage, GenerationRequest, Generator, TextEncoder
+from models.backends.interfaces import (
+    ChatMessage,
+    GenerationRequest,
+    GenerationResult,
+    Generator,
+    TextEncoder,
+    parallel_requests,
+)
 from models.prompt_files import PromptFile
 from rde.common import caption_stats
 from rde.common.caption_stats import NounUse
@@ -454,6 +461,26 @@ class DomainQueries:
     lines_in: int = 0
 
 
+def generate_rounds(generator: Generator, prompt: PromptFile, stats: dict[str, Counter], uses: dict[str, NounUse],
+                    domain_words: set[str], spec: QueriesSpec, rng: np.random.Generator, domain: str,
+                    first: int) -> list[tuple[str, dict[str, Any], str | None, GenerationResult]]:
+    """Rounds ``first``, ``first + 1``, ... generated in one call, as many as the generator answers
+    at once (``parallel_requests``; 1 for most). A round's request depends only on the keyword
+    draw, never on earlier rounds' answers, and the draws are made in round order, so the rounds
+    and their answers are those one-at-a-time generation gives; rounds generated beyond the quota
+    are never read (they cost compute, not wall time)."""
+    count = max(1, min(parallel_requests(generator), spec.max_rounds - first))
+    made = []
+    for round_ in range(first, first + count):
+        keywords = sample_request_keywords(stats, spec, rng)
+        grammar = build_grammar(prompt, keywords, uses, domain_words, spec) if spec.constrained_decoding else None
+        made.append((f"{domain}-r{round_:03d}", keywords, grammar,
+                     dap_request(prompt, keywords, spec, f"{domain}-r{round_:03d}", seed=spec.seed * 1000 + round_,
+                                 grammar=grammar)))
+    answers = generator.generate([request for *_, request in made])
+    return [(rid, keywords, grammar, res) for (rid, keywords, grammar, _), res in zip(made, answers, strict=True)]
+
+
 def domain_queries(domain: str, prompt: PromptFile, stats: dict[str, Counter], texts: list[str],
                    generator: Generator, encoder: TextEncoder, spec: QueriesSpec, blocked: list[str]) -> DomainQueries:
     """Distribution-Aware Prompting for one domain: up to ``spec.max_rounds`` requests, each with
@@ -469,17 +496,16 @@ def domain_queries(domain: str, prompt: PromptFile, stats: dict[str, Counter], t
     line_ctx = LineContext(examples, encoder.encode(examples) if examples else None, vocab)
     rng = np.random.default_rng([spec.seed, len(domain)])
     accepted: list[str] = []
+    ahead: list[tuple[str, dict[str, Any], str | None, GenerationResult]] = []  # rounds generated, not yet read
     for round_ in range(spec.max_rounds):
         if len(accepted) >= spec.per_domain:
             break
-        rid = f"{domain}-r{round_:03d}"
-        keywords = sample_request_keywords(stats, spec, rng)
-        grammar = build_grammar(prompt, keywords, uses, domain_words, spec) if spec.constrained_decoding else None
+        if not ahead:
+            ahead = generate_rounds(generator, prompt, stats, uses, domain_words, spec, rng, domain, round_)
+        rid, keywords, grammar, res = ahead.pop(0)
         if spec.keyword_check:
             line_ctx.keywords[rid] = keywords
         out.requests.append({"request": rid, "domain": domain, **keywords, "grammar": grammar is not None})
-        [res] = generator.generate([dap_request(prompt, keywords, spec, rid, seed=spec.seed * 1000 + round_,
-                                                grammar=grammar)])
         if not res.ok:
             out.lines_in += 1
             out.rejects.append(rejected_row(rid, "dap", Reason.GENERATION_FAILED, kind="query", domain=domain,
