@@ -103,9 +103,9 @@ class LlamaCppGenerator:
     contiguous runs, run k always on context k, each in order, so a batch's results are the same
     on every run. They can differ from one context's in a few texts: llama.cpp reuses the part of a
     prompt its context's cache already holds (the previous request's), and logits computed over a
-    different split differ in the last bits, enough to flip a near-tie in greedy decoding (3 of the
-    demo's 154 pool captions). So ``contexts`` is part of the stage keys, like a generator's batch
-    size. A request's ``grammar`` (GBNF) constrains sampling. ``score`` teacher-forces a given
+    different split differ in the last bits, enough to flip a near-tie in greedy decoding (1 of the
+    demo's 154 pool requests with 2 contexts). So ``contexts`` is part of the stage keys, like a
+    generator's batch size. A request's ``grammar`` (GBNF) constrains sampling. ``score`` teacher-forces a given
     reply (see there).
     """
 

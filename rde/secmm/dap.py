@@ -466,9 +466,9 @@ def generate_rounds(generator: Generator, prompt: PromptFile, stats: dict[str, C
                     first: int) -> list[tuple[str, dict[str, Any], str | None, GenerationResult]]:
     """Rounds ``first``, ``first + 1``, ... generated in one call, as many as the generator answers
     at once (``parallel_requests``; 1 for most). A round's request depends only on the keyword
-    draw, never on earlier rounds' answers, and the draws are made in round order, so the rounds
-    and their answers are those one-at-a-time generation gives; rounds generated beyond the quota
-    are never read (they cost compute, not wall time)."""
+    draw, never on earlier rounds' answers, and the draws are made in round order, so the requests
+    are those one-at-a-time generation sends; rounds generated beyond the quota are never read
+    (they cost compute, not wall time)."""
     count = max(1, min(parallel_requests(generator), spec.max_rounds - first))
     made = []
     for round_ in range(first, first + count):
