@@ -42,7 +42,16 @@ def make_handler(state: StubState):
         def log_message(self, *args: object) -> None:  # keep test output clean
             pass
 
+        def _leave(self) -> None:
+            """This request stops counting as in flight: before its response is written, since
+            the client may send its next request as soon as it has read this one's."""
+            if getattr(self, "_in_flight", False):
+                self._in_flight = False
+                with state.lock:
+                    state.in_flight -= 1
+
         def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self._leave()
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -58,6 +67,7 @@ def make_handler(state: StubState):
                 state.calls[text] += 1
                 calls = state.calls[text]
                 state.in_flight += 1
+                self._in_flight = True
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
                 state.auth_headers.append(self.headers.get("Authorization"))
                 state.bodies.append(body)
@@ -89,8 +99,7 @@ def make_handler(state: StubState):
                 else:
                     self._send(200, json.dumps(_completion("A person.")).encode())
             finally:
-                with state.lock:
-                    state.in_flight -= 1
+                self._leave()
 
     return Handler
 
