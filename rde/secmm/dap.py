@@ -472,11 +472,11 @@ def generate_rounds(generator: Generator, prompt: PromptFile, stats: dict[str, C
     count = max(1, min(parallel_requests(generator), spec.max_rounds - first))
     made = []
     for round_ in range(first, first + count):
+        rid = f"{domain}-r{round_:03d}"
         keywords = sample_request_keywords(stats, spec, rng)
         grammar = build_grammar(prompt, keywords, uses, domain_words, spec) if spec.constrained_decoding else None
-        made.append((f"{domain}-r{round_:03d}", keywords, grammar,
-                     dap_request(prompt, keywords, spec, f"{domain}-r{round_:03d}", seed=spec.seed * 1000 + round_,
-                                 grammar=grammar)))
+        made.append((rid, keywords, grammar,
+                     dap_request(prompt, keywords, spec, rid, seed=spec.seed * 1000 + round_, grammar=grammar)))
     answers = generator.generate([request for *_, request in made])
     return [(rid, keywords, grammar, res) for (rid, keywords, grammar, _), res in zip(made, answers, strict=True)]
 
