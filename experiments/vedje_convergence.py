@@ -197,8 +197,10 @@ def train_early_stopped(data: VedjeTensors, args: argparse.Namespace, seed: int,
     n_val = min(20, len(data.rows("val")[0]))
     s1, r1 = val_recall(model, data, n_val)
     loss0, n_terms = validation_vtm_loss(model, data, cfg)
+    cos0, pairs0 = content_signal(model, data, n_val)
     curve: list[dict[str, Any]] = [{"epoch": 0, "step": 0, "lr": cfg.lr_start, "train_loss": float("nan"),
-                                    "train_vtm": float("nan"), "val_vtm": loss0, "val_r1": r1, "best": False}]
+                                    "train_vtm": float("nan"), "val_vtm": loss0, "val_r1": r1, "cache_cos": cos0,
+                                    "rho0_pairs": pairs0, "best": False}]
     state: dict[str, Any] = {"best_loss": math.inf, "best": None, "weights": None, "bad": 0, "seen": 0,
                              "eval_s": 0.0, "stopped": "max-epochs"}
 
@@ -212,13 +214,15 @@ def train_early_stopped(data: VedjeTensors, args: argparse.Namespace, seed: int,
         state["seen"] = len(result.step_losses)
         val_loss, _ = validation_vtm_loss(model, data, cfg)
         _, val_r1 = val_recall(model, data, n_val)
+        cache_cos, rho0_pairs = content_signal(model, data, n_val)
         point = {"epoch": done, "step": len(result.step_losses),
                  "lr": learning_rate(cfg, max(len(result.step_losses) - 1, 0), epoch),
                  "train_loss": float(np.mean([sum(v for k, v in s.items() if k not in ("step", "epoch"))
                                               for s in new])) if new else float("nan"),
                  "train_vtm": float(np.mean([s["vtm"] for s in new if "vtm" in s])) if any(
                      "vtm" in s for s in new) else float("nan"),
-                 "val_vtm": val_loss, "val_r1": val_r1, "best": False}
+                 "val_vtm": val_loss, "val_r1": val_r1, "cache_cos": cache_cos, "rho0_pairs": rho0_pairs,
+                 "best": False}
         if val_loss < state["best_loss"] - 1e-4:
             state.update(best_loss=val_loss, best=point, bad=0,
                          weights={k: v.detach().clone() for k, v in model.state_dict().items()})
@@ -251,15 +255,32 @@ def train_early_stopped(data: VedjeTensors, args: argparse.Namespace, seed: int,
     return model, info
 
 
+def content_signal(model: Vedje, data: VedjeTensors, n: int) -> tuple[float, float]:
+    """Whether the content path learns as training goes on, on the validation lists (stage-1 top-n):
+    (the mean cosine between a list's positive and negative stored caches — near 1 when the
+    compressor collapses different people onto one cache; the pairs (%) of positive vs negative the
+    score orders right with ρ zeroed — 50 is chance). Leaves the model in eval mode."""
+    qs, top, sims = candidate_lists(data, "val", n)
+    if not len(qs):
+        return float("nan"), float("nan")
+    pos = is_positive(data, qs, top)
+    listed = sorted({int(i) for i in top.ravel()})
+    cache = torch.zeros(len(data.items.item_ids), model.cache_tokens * model.reranker.d)
+    cache[listed] = stored_caches(model, data, "bf16")(listed).reshape(len(listed), -1).float()
+    return pos_neg_cosine(cache, top, pos), pair_auc(model_scores(model, data, qs, top, sims, zero_rho=True), pos)
+
+
 def curve_table(info: dict[str, Any], label: str) -> str:
     f = lambda x: "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
     lines = [f"\n{label}: validation stage-1 R@1 {info['val_stage1_r1']:.1f} (rerank over the top-{info['val_n']}; "
              f"{info['val_vtm_queries']} validation queries with a VTM term)",
-             "\n| epoch | step | lr | train loss | train VTM | val VTM loss | val R@1 | best |",
-             "|---|---|---|---|---|---|---|---|"]
+             "\n| epoch | step | lr | train loss | train VTM | val VTM loss | val R@1 | val cache cos pos–neg "
+             "| val pairs, ρ zeroed (%) | best |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for p in info["curve"]:
         lines.append(f"| {p['epoch']} | {p['step']} | {p['lr']:.2e} | {f(p['train_loss'])} | {f(p['train_vtm'])} | "
-                     f"{f(p['val_vtm'])} | {p['val_r1']:.1f} | {'*' if p['best'] else ''} |")
+                     f"{f(p['val_vtm'])} | {p['val_r1']:.1f} | {f(p['cache_cos'])} | {p['rho0_pairs']:.1f} | "
+                     f"{'*' if p['best'] else ''} |")
     best = (f"best epoch {info['best_epoch']} (step {info['best_step']}, val VTM {info['best_val_vtm']:.4f})"
             if info["best_epoch"] is not None else "best epoch none (no validation VTM loss improved)")
     budget = f", time share {info['budget_s']}s" if info.get("budget_s") is not None else ""

@@ -143,7 +143,8 @@ def test_vedje_convergence_runs_tiny_and_early_stopping_keeps_a_best_epoch(tmp_p
     report = vedje_convergence_main(["--tiny", "--seeds", "1", "--max-epochs", "2", "--checks", "always",
                                      "--encoder", str(bert)], load=_vedje_tensors)
     out = capsys.readouterr().out
-    assert out.count("| epoch | step | lr | train loss | train VTM | val VTM loss | val R@1 | best |") == 2
+    assert out.count("| epoch | step | lr | train loss | train VTM | val VTM loss | val R@1 | val cache cos pos–neg "
+                     "| val pairs, ρ zeroed (%) | best |") == 2
     assert out.count("### rerank vs stage 1") == 2 and out.count("| stage 1 |") == 2
     assert "| VEDJE rerank, N_c=5 |" in out and "| VEDJE rerank, N_c=12 |" in out  # the two test galleries
     for check in ("### (a) ρ hidden", "### (b) fit", "### (c) the frozen feature map"):
@@ -155,6 +156,8 @@ def test_vedje_convergence_runs_tiny_and_early_stopping_keeps_a_best_epoch(tmp_p
         assert info["best_epoch"] in (1, 2) and info["epochs_run"] <= 2
         curve = info["curve"]
         assert [p["epoch"] for p in curve] == [0, 1, 2]  # the untrained reference + one point per epoch
+        # the content-path columns: a cosine and a share of pairs, measured at every point
+        assert all(-1.0 <= p["cache_cos"] <= 1.0 and 0.0 <= p["rho0_pairs"] <= 100.0 for p in curve)
         best = [p for p in curve if p["best"]]
         assert len(best) == 1 and best[0]["epoch"] == info["best_epoch"]
         assert best[0]["val_vtm"] == min(p["val_vtm"] for p in curve[1:])  # best = lowest validation VTM loss
