@@ -15,7 +15,9 @@ clips (T = 8, test clips later in time than every training clip).
    validation queries: stage-1 top-N within the validation gallery, the positive + hard negatives
    of other groups from it, fixed draws, eval mode, no gradient;
    ``rde.vedje.training.validation_vtm_loss``) and validation R@1 of rerank (top-20 or the whole
-   validation gallery) are computed. Training stops when the validation VTM loss has not improved
+   validation gallery) are computed, and whether the content path learns (``content_signal``: the
+   validation lists' positive–negative cosine of the stored caches, and the pairs ordered right
+   with ρ zeroed). Training stops when the validation VTM loss has not improved
    for ``--patience`` evaluations, or at ``--max-epochs``; the checkpoint with the lowest
    validation VTM loss is kept. The curve is printed per seed (row "0" = the untrained model, for
    reference; it cannot be chosen as best).
@@ -53,9 +55,10 @@ run takes ≈ 30–33 min, plus feature extraction on a first run (≈ 3 min per
 ``.rde/cache``). Inside that budget a clips run gets ≈ 3 min (both sources) or ≈ 6 min (clips alone)
 ≈ 1–6 epochs — no longer than vedje_rerank.py's 3 epochs; a validation loss that does not move
 stops a run after 4 epochs anyway (patience 3). Images were not timed (no build-largefine run
-here); their steps are cheaper (T = 1: 4 cached tokens, no delta head) but there are more
-queries. To train long, give one source the time: ``--only clips --seeds 1 --budget-min 0``
-(≤ ``--max-epochs`` 30 epochs, ≈ 30–75 min).
+here then); measured since: an images epoch (305 training images, 680 captions, 43 steps) ≈ 53 s
+plus ≈ 11 s for its validation point; one seed stopped by patience after 24 epochs, 1686 s. To
+train long, give one source the time: ``--only clips --seeds 1 --budget-min 0`` (≤ ``--max-epochs``
+30 epochs, ≈ 30–75 min), or ``--only images --seeds 1 --checks never --budget-min 36``.
 
     .venv/bin/python experiments/vedje_convergence.py [--only images|clips] [--seeds 3]
         [--max-epochs 30] [--patience 3] [--eval-every 1] [--budget-min 30] [--checks auto|always|never]
