@@ -258,6 +258,16 @@ def train_early_stopped(data: VedjeTensors, args: argparse.Namespace, seed: int,
     return model, info
 
 
+def listed_caches(model: Vedje, data: VedjeTensors, lists: Sequence[np.ndarray]) -> torch.Tensor:
+    """One flattened BF16 stored cache per item row, for the items in ``lists`` (arrays of item
+    rows); zeros for the rest, which no cosine over those lists reads."""
+    listed = sorted({int(i) for c in lists for i in c.ravel()})
+    cache = torch.zeros(len(data.items.item_ids), model.cache_tokens * model.reranker.d)
+    if listed:
+        cache[listed] = stored_caches(model, data, "bf16")(listed).reshape(len(listed), -1).float()
+    return cache
+
+
 def content_signal(model: Vedje, data: VedjeTensors, n: int) -> tuple[float, float]:
     """Whether the content path learns as training goes on, on the validation lists (stage-1 top-n):
     (the mean cosine between a list's positive and negative stored caches — near 1 when the
@@ -267,10 +277,8 @@ def content_signal(model: Vedje, data: VedjeTensors, n: int) -> tuple[float, flo
     if not len(qs):
         return float("nan"), float("nan")
     pos = is_positive(data, qs, top)
-    listed = sorted({int(i) for i in top.ravel()})
-    cache = torch.zeros(len(data.items.item_ids), model.cache_tokens * model.reranker.d)
-    cache[listed] = stored_caches(model, data, "bf16")(listed).reshape(len(listed), -1).float()
-    return pos_neg_cosine(cache, top, pos), pair_auc(model_scores(model, data, qs, top, sims, zero_rho=True), pos)
+    cosine = pos_neg_cosine(listed_caches(model, data, [top]), top, pos)
+    return cosine, pair_auc(model_scores(model, data, qs, top, sims, zero_rho=True), pos)
 
 
 def curve_table(info: dict[str, Any], label: str) -> str:
@@ -571,10 +579,7 @@ def run_checks(data: VedjeTensors, model: Vedje, args: argparse.Namespace, n: in
         row_c["rerank_r1"] = top1(score(qs, top, sims) if reranked is None else reranked, pos)
         c_rows[name] = row_c
     raw = torch.stack([data.features(torch.tensor([i]))[0].mean(dim=(0, 1)) for i in range(len(data.items.item_ids))])
-    listed = sorted({int(i) for hard in (True, False) for i in lists[hard][1].ravel()})
-    cache = torch.zeros(len(data.items.item_ids), model.cache_tokens * model.reranker.d)
-    if listed:
-        cache[listed] = stored_caches(model, data, "bf16")(listed).reshape(len(listed), -1)
+    cache = listed_caches(model, data, [lists[hard][1] for hard in (True, False)])
     cosines = {f"{what}, {key}": pos_neg_cosine(vecs, lists[hard][1], lists[hard][3])
                for what, vecs in (("features", raw), ("caches", cache)) for hard, key in ((True, "hard"),
                                                                                          (False, "random"))}
