@@ -25,7 +25,7 @@ clips (T = 8, test clips later in time than every training clip).
    N_c = 20/50/100 (capped at the test gallery), ``--seeds`` seeds, mean ± sd
    (``evaluate_rerank``; BF16 caches as served).
 3. If rerank does not beat stage 1 (``--checks auto``; ``always``/``never`` force it), checks on
-   seed 0's best model, each a small table with a one-line reading:
+   the first seed's best model, each a small table with a one-line reading:
    (a) ρ hidden: does the score separate the test positives from the stage-1 hard negatives of its
        top-N_c (pairwise AUC) when ρ is zeroed at scoring, and when a model is trained with ρ = 0
        (``VedjeTrainConfig.hide_prior``; same early stopping)? The scorer uses ρ as
@@ -62,7 +62,8 @@ train long, give one source the time: ``--only clips --seeds 1 --budget-min 0`` 
 
     .venv/bin/python experiments/vedje_convergence.py [--only images|clips] [--seeds 3]
         [--max-epochs 30] [--patience 3] [--eval-every 1] [--budget-min 30] [--checks auto|always|never]
-        [--layers 3] [--batch 16] [--candidates 4] [--lr 1e-4] [--tiny]
+        [--layers 3] [--batch 16] [--candidates 4] [--lr 1e-4] [--compressor-norm post|pre]
+        [--first-seed 0] [--tiny]
 """
 
 from __future__ import annotations
@@ -165,8 +166,9 @@ def validation_split(data: VedjeTensors, by: str, share: float, seed: int) -> tu
 # ---------------------------------------------------------------- training with early stopping
 
 def model_spec(args: argparse.Namespace) -> Any:
-    """The demo profile's vedje section, with ``--encoder`` as the joint encoder when given."""
-    spec = load_profile("demo").vedje
+    """The demo profile's vedje section, with ``--compressor-norm`` and ``--encoder`` (the joint
+    encoder, when given)."""
+    spec = load_profile("demo").vedje.model_copy(update={"compressor_norm": args.compressor_norm})
     if args.encoder:
         spec = spec.model_copy(update={"joint_encoder": spec.joint_encoder.model_copy(
             update={"model_id": args.encoder, "revision": None})})
@@ -201,6 +203,8 @@ def train_early_stopped(data: VedjeTensors, args: argparse.Namespace, seed: int,
     s1, r1 = val_recall(model, data, n_val)
     loss0, n_terms = validation_vtm_loss(model, data, cfg)
     cos0, pairs0 = content_signal(model, data, n_val)
+    print(f"  seed {seed}, untrained: val VTM {loss0:.4f}, val R@1 {r1:.1f}, cache cos {cos0:.4f}, pairs right with "
+          f"ρ zeroed {pairs0:.1f} %", flush=True)
     curve: list[dict[str, Any]] = [{"epoch": 0, "step": 0, "lr": cfg.lr_start, "train_loss": float("nan"),
                                     "train_vtm": float("nan"), "val_vtm": loss0, "val_r1": r1, "cache_cos": cos0,
                                     "rho0_pairs": pairs0, "best": False}]
@@ -232,6 +236,8 @@ def train_early_stopped(data: VedjeTensors, args: argparse.Namespace, seed: int,
         else:
             state["bad"] += 1
         curve.append(point)
+        print(f"  seed {seed}, epoch {done} (step {point['step']}): val VTM {val_loss:.4f}, val R@1 {val_r1:.1f}, "
+              f"cache cos {cache_cos:.4f}, pairs right with ρ zeroed {rho0_pairs:.1f} %", flush=True)
         state["eval_s"] += time.perf_counter() - t0
         if state["bad"] >= args.patience:
             state["stopped"] = f"patience {args.patience}"
@@ -499,7 +505,8 @@ def run_checks(data: VedjeTensors, model: Vedje, args: argparse.Namespace, n: in
     pos = is_positive(data, qs, top)
     with_rho = model_scores(model, data, qs, top, sims)
     zero_rho = model_scores(model, data, qs, top, sims, zero_rho=True)
-    hidden, hidden_info = train_early_stopped(data, args, 0, negatives_from, hide_prior=True, deadline=deadline)
+    hidden, hidden_info = train_early_stopped(data, args, args.first_seed, negatives_from, hide_prior=True,
+                                              deadline=deadline)
     hidden_scores = model_scores(hidden, data, qs, top, sims, zero_rho=True)
     rows_a = {"stage 1 (ρ alone)": sims, "VEDJE (ρ = stage-1 score)": with_rho,
               "VEDJE, ρ zeroed at scoring": zero_rho,
@@ -657,6 +664,9 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
     parser.add_argument("--budget-min", type=float, default=30.0,
                         help="wall-clock budget for training + evaluation, shared out over sources and training runs; "
                              "0 = none (only --max-epochs and --patience stop training)")
+    parser.add_argument("--compressor-norm", choices=("post", "pre"), default="post",
+                        help="LayerNorm placement in the cache compressor (models/reranker/compressor.py)")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed … first-seed + seeds − 1")
     parser.add_argument("--encoder", default=None, help="joint encoder id or folder (default: the demo profile's)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (smoke test): few items, 1 layer, batch 4")
     args = parser.parse_args(argv)
@@ -687,14 +697,15 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
         data, counts = validation_split(data, VAL_BY[name], args.val_share, seed=0)
         gallery = counts["test_items"]
         n_c = sorted({min(n, gallery) for n in (20, 50, 100)})
-        print(f"\n## {name}: T={data.item_frames.shape[1]}, stage 1 = {src['stage1']}; train {counts['train_items']} "
-              f"items / {counts['train_queries']} queries, validation (by {VAL_BY[name]}) {counts['val_items']} / "
+        print(f"\n## {name}: T={data.item_frames.shape[1]}, stage 1 = {src['stage1']}, compressor "
+              f"{args.compressor_norm}-norm; train {counts['train_items']} items / {counts['train_queries']} queries, "
+              f"validation (by {VAL_BY[name]}) {counts['val_items']} / "
               f"{counts['val_queries']}, {counts['val_gap_items']} training items dropped as val_gap, test "
               f"{gallery} / {counts['test_queries']}", flush=True)
         runs, models = [], []
-        for seed in range(args.seeds):
+        for k_seed, seed in enumerate(range(args.first_seed, args.first_seed + args.seeds)):
             model, info = train_early_stopped(data, args, seed, src["negatives_from"],
-                                              deadline=run_deadline(source_end, trainings - seed))
+                                              deadline=run_deadline(source_end, trainings - k_seed))
             print(curve_table(info, f"### curve, seed {seed}"), flush=True)
             rows = evaluate_rerank(model, data, stored_caches(model, data, "bf16"), n_c)
             runs.append({"bf16": rows, "train": info})

@@ -156,7 +156,7 @@ def load_model(ctx: RunContext) -> tuple[Vedje, dict[str, Any]]:
         raise FileNotFoundError(f"no trained reranker at {folder}: run `rde train-vedje --profile "
                                 f"{ctx.profile.name}` first")
     meta = json.loads((folder / "model.json").read_text())
-    shape = meta["shape"]
+    shape = {"compressor_norm": "post"} | meta["shape"]  # models saved before the option were post-norm
     trained = ModelSpec(**{**meta["joint_encoder"], "device": ctx.profile.vedje.joint_encoder.device})
     spec = ctx.profile.vedje.model_copy(update={"joint_encoder": trained, "max_text_tokens": meta["max_text_tokens"]})
     model = build_model(spec, shape["d_v"], shape["patches"], shape["frames"], meta["item_dim"],

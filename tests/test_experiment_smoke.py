@@ -1,6 +1,7 @@
 """Smoke tests of the experiment scripts' core functions on tiny synthetic feature sets (no
 build-largefine run, no real model): experiments/gtr_hallucination.py and its gtr_noise helpers,
-and experiments/vedje_convergence.py end to end (``--tiny``, a tiny random joint encoder)."""
+and experiments/vedje_convergence.py and vedje_cache_collapse.py end to end (``--tiny``, a tiny
+random joint encoder)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from gtr_hallucination import (
 from gtr_noise import identity_split
 from saft_ablation import interval_table
 from tiny_models import build_tiny_bert
+from vedje_cache_collapse import main as vedje_cache_collapse_main
 from vedje_convergence import main as vedje_convergence_main
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
@@ -140,11 +142,12 @@ def test_vedje_convergence_runs_tiny_and_early_stopping_keeps_a_best_epoch(tmp_p
                                                                            capsys) -> None:
     monkeypatch.setenv("RDE_STATE_DIR", str(tmp_path / "state"))
     bert = build_tiny_bert(tmp_path / "tiny-bert")
-    report = vedje_convergence_main(["--tiny", "--seeds", "1", "--max-epochs", "2", "--checks", "always",
-                                     "--encoder", str(bert)], load=_vedje_tensors)
+    report = vedje_convergence_main(["--tiny", "--seeds", "1", "--first-seed", "2", "--max-epochs", "2", "--checks",
+                                     "always", "--encoder", str(bert)], load=_vedje_tensors)
     out = capsys.readouterr().out
     assert out.count("| epoch | step | lr | train loss | train VTM | val VTM loss | val R@1 | val cache cos pos–neg "
                      "| val pairs, ρ zeroed (%) | best |") == 2
+    assert out.count("### curve, seed 2") == 2 and "seed 0" not in out  # --first-seed 2 --seeds 1
     assert out.count("### rerank vs stage 1") == 2 and out.count("| stage 1 |") == 2
     assert "| VEDJE rerank, N_c=5 |" in out and "| VEDJE rerank, N_c=12 |" in out  # the two test galleries
     for check in ("### (a) ρ hidden", "### (b) fit", "### (c) the frozen feature map"):
@@ -166,6 +169,25 @@ def test_vedje_convergence_runs_tiny_and_early_stopping_keeps_a_best_epoch(tmp_p
     assert report["clips"]["counts"]["val_gap_items"] == 3  # training clips sharing a frame with a validation clip
     assert report["images"]["counts"]["val_gap_items"] == 0
     assert (tmp_path / "state" / "experiments" / "vedje_convergence.json").exists()
+
+
+def test_vedje_cache_collapse_measures_each_condition_and_vtc_leaves_the_caches_alone(tmp_path: Path, monkeypatch,
+                                                                                     capsys) -> None:
+    """VTC reaches no compressor weight (text-only): its caches must not move, which checks the
+    measurement; VTM does train the compressor (its Q_0 moves)."""
+    monkeypatch.setenv("RDE_STATE_DIR", str(tmp_path / "state"))
+    bert = build_tiny_bert(tmp_path / "tiny-bert")
+    report = vedje_cache_collapse_main(["--tiny", "--epochs", "2", "--conditions", "vtm", "vtc", "--encoder",
+                                        str(bert)], load=_vedje_tensors)
+    out = capsys.readouterr().out
+    assert out.count("| epoch | step | cache cos pos–neg |") == 2 and "### summary" in out
+    vtm, vtc = report["conditions"]["vtm"], report["conditions"]["vtc"]
+    assert [r["epoch"] for r in vtm] == [0, 1, 2] and [r["epoch"] for r in vtc] == [0, 1, 2]
+    assert all(-1.0 <= r["cache_cos"] <= 1.0 and 0.0 <= r["rho0_pairs"] <= 100.0 for r in vtm + vtc)
+    assert vtc[0]["cache_cos"] == vtc[-1]["cache_cos"] and vtc[0]["q0_rms"] == vtc[-1]["q0_rms"]
+    assert vtm[0]["q0_rms"] != vtm[-1]["q0_rms"] and vtm[-1]["step"] > 0
+    assert vtm[0]["cache_cos"] == vtc[0]["cache_cos"]  # one seed: every condition starts from the same model
+    assert (tmp_path / "state" / "experiments" / "vedje_cache_collapse.json").exists()
 
 
 def test_saft_ablation_interval_table_pairs_each_condition_with_zero_shot_and_itc() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -59,6 +61,27 @@ def test_pooled_controls_keep_the_budget_but_lose_order() -> None:
         assert torch.allclose(comp(x[:, [3, 1, 0, 2]]), z, atol=1e-5)  # frame order is pooled away
     with pytest.raises(ValueError, match="structure"):
         FrameCompressor(20, 16, structure="max")  # type: ignore[arg-type]
+
+
+def test_pre_norm_compressor_is_the_pre_ln_decoder_by_hand() -> None:
+    """compressor_norm "pre": x = Q_0; x += SA(LN₁x); x += CA(LN₂x, X W_kv); x += FFN(LN₃x); Z = LN(x),
+    recomputed from the layer's own weights (one layer, eval mode). "post" keeps PyTorch's layout
+    (LN after each residual sum, no output LN)."""
+    torch.manual_seed(0)
+    comp = FrameCompressor(20, 16, tokens_per_frame=3, frames=1, layers=1, heads=4, norm="pre").eval()
+    x = torch.randn(2, 1, 5, 20)
+    layer, mem = comp.decoder.layers[0], comp.kv_proj(x[:, 0])
+    h = comp.queries.unsqueeze(0).expand(2, -1, -1)
+    a = layer.norm1(h)
+    h = h + layer.self_attn(a, a, a, need_weights=False)[0]
+    a = layer.norm2(h)
+    h = h + layer.multihead_attn(a, mem, mem, need_weights=False)[0]
+    h = h + layer.linear2(torch.nn.functional.gelu(layer.linear1(layer.norm3(h))))
+    assert torch.allclose(comp(x), comp.decoder.norm(h), atol=1e-5)
+    post = FrameCompressor(20, 16, tokens_per_frame=3, frames=1, layers=1, heads=4).eval()
+    assert post.decoder.norm is None and not post.decoder.layers[0].norm_first
+    with pytest.raises(ValueError, match="norm"):
+        FrameCompressor(20, 16, norm="sandwich")  # type: ignore[arg-type]
 
 
 def test_sinusoidal_queries_encode_horizon_then_patch() -> None:
@@ -183,6 +206,16 @@ def test_fingerprint_tracks_compressor_only(reranker: JointReranker) -> None:
         model.compressor.queries.add_(1.0)
     assert model.compressor_fingerprint() != before
     assert model.delta_head is not None
+    # the option added later leaves the fingerprints of post-norm (default) caches as they were
+    shape = VedjeShape(d_v=20, patches=5, frames=4, tokens_per_frame=2, horizons=(3,), heads=4)
+    old = {k: v for k, v in asdict(shape).items() if k != "compressor_norm"}
+    h = hashlib.sha256(repr(sorted(old.items())).encode())
+    for name, tensor in sorted(model.compressor.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    assert model.compressor_fingerprint() == h.hexdigest()
+    pre = Vedje(VedjeShape(d_v=20, patches=5, frames=4, tokens_per_frame=2, heads=4, compressor_norm="pre"), reranker)
+    assert pre.compressor_fingerprint() != model.compressor_fingerprint()
     image_model = Vedje(VedjeShape(d_v=20, patches=5, frames=1, heads=4), reranker)
     assert image_model.delta_head is None  # T=1: no (t, t+h) pair, no delta head
     with pytest.raises(ValueError, match="per-frame"):

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from models.reranker.compressor import FrameCompressor, Structure
+from models.reranker.compressor import FrameCompressor, NormPlacement, Structure
 from models.reranker.future_delta import FutureDeltaHead
 from models.reranker.joint_encoder import JointReranker
 
@@ -28,6 +28,7 @@ class VedjeShape:
     compressor_layers: int = 2
     heads: int = 8
     dropout: float = 0.1
+    compressor_norm: NormPlacement = "post"  # LayerNorm placement in C_η (not in the paper; compressor.py)
 
 
 class Vedje(nn.Module):
@@ -38,7 +39,8 @@ class Vedje(nn.Module):
         self.shape = shape
         self.reranker = reranker
         self.compressor = FrameCompressor(shape.d_v, reranker.d, shape.tokens_per_frame, shape.frames,
-                                          shape.compressor_layers, shape.heads, shape.dropout, shape.structure)
+                                          shape.compressor_layers, shape.heads, shape.dropout, shape.structure,
+                                          shape.compressor_norm)
         use_delta = shape.delta and shape.frames > min(shape.horizons)
         if use_delta and shape.structure != "frames":
             raise ValueError("the future-delta loss needs per-frame tokens (structure 'frames')")
@@ -55,7 +57,10 @@ class Vedje(nn.Module):
 
     def compressor_fingerprint(self) -> str:
         """sha256 over the compressor's shape and weights: a cache is valid only for this value."""
-        h = hashlib.sha256(repr(sorted(asdict(self.shape).items())).encode())
+        shape = asdict(self.shape)
+        if shape["compressor_norm"] == "post":  # added later: at its default, caches indexed before stay valid
+            del shape["compressor_norm"]
+        h = hashlib.sha256(repr(sorted(shape.items())).encode())
         for name, tensor in sorted(self.compressor.state_dict().items()):
             h.update(name.encode())
             h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())

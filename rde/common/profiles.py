@@ -284,6 +284,9 @@ class VedjeSpec(Strict):
     # reranker, so the caches index-cache wrote stay valid (no re-indexing)
     train_compressor: bool = True
     compressor_layers: int = Field(2, ge=1)
+    # LayerNorm placement in the compressor C_η (the paper does not say; models/reranker/compressor.py):
+    # 'post' after each residual sum, 'pre' before each sub-layer plus one on the output
+    compressor_norm: Literal["post", "pre"] = "post"
     heads: int = Field(8, ge=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     max_text_tokens: int = Field(64, ge=4)

@@ -342,7 +342,8 @@ def build_model(spec: Any, d_v: int, patches: int, frames: int, item_dim: int, *
     bert, tokenizer = load_bert(spec.joint_encoder.model_id, spec.joint_encoder.revision, layers)
     shape = VedjeShape(**{"d_v": d_v, "patches": patches, "frames": frames, "tokens_per_frame": spec.tokens_per_frame,
                           "structure": spec.structure, "horizons": tuple(spec.horizons), "delta": spec.delta,
-                          "compressor_layers": spec.compressor_layers, "heads": spec.heads, "dropout": spec.dropout,
+                          "compressor_layers": spec.compressor_layers, "compressor_norm": spec.compressor_norm,
+                          "heads": spec.heads, "dropout": spec.dropout,
                           **overrides})
     model = Vedje(shape, JointReranker(bert, tokenizer, item_dim, spec.max_text_tokens))
     return model.to(resolve_device(spec.joint_encoder.device))
