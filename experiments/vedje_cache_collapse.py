@@ -14,17 +14,22 @@ neither reaches the compressor on images):
 - ``vtm, ρ hidden``: VTM alone with ρ = 0 fed to the scorer (the content path is its only way);
 - ``mlm``: MLM alone;
 - ``vtc``: VTC alone (no gradient reaches the compressor: its caches must stay as initialised —
-  the control that the measurement itself does not move).
+  the control that the measurement itself does not move);
+- ``vtm+vtc+mlm+structure`` and ``vtm+structure, ρ hidden``: the same with the experiment-only
+  cache-structure term (``models.reranker.losses.cache_structure_loss``, weight
+  ``--structure-weight``; not the paper's recipe): the positive control — if the caches are kept
+  as distinct as the frozen features, does the content path learn (pairs right with ρ zeroed
+  above 50, a ρ-hidden VTM loss below ln 4)?
 
 After every epoch, on the validation lists (stage-1 top-20): the mean positive–negative cosine of
 the stored BF16 caches, the pairs the score orders right with ρ zeroed (chance 50), the validation
 VTM loss, and the RMS of the learned cache queries Q_0 and of W_kv (what each term does to the
 compressor's two inputs). Prints one table per condition and a summary. ≈ 1 min per epoch and
-condition on the 2-core machine (an MLM- or VTC-only epoch is shorter): the default (5 conditions ×
-3 epochs) ≈ 15 min.
+condition on the 2-core machine (an MLM- or VTC-only epoch is shorter): the default (7 conditions ×
+3 epochs) ≈ 20 min.
 
     .venv/bin/python experiments/vedje_cache_collapse.py [--epochs 3] [--compressor-norm post|pre]
-        [--conditions "vtm+vtc+mlm" vtm ...] [--seed 0] [--tiny]
+        [--conditions "vtm+vtc+mlm" vtm ...] [--structure-weight 1] [--seed 0] [--tiny]
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ CONDITIONS: dict[str, tuple[tuple[str, ...], bool]] = {
     "vtm, ρ hidden": (("vtm",), True),
     "mlm": (("mlm",), False),
     "vtc": (("vtc",), False),
+    "vtm+vtc+mlm+structure": (("vtm", "vtc", "mlm", "structure"), False),
+    "vtm+structure, ρ hidden": (("vtm", "structure"), True),
 }
 
 
@@ -84,7 +91,7 @@ def run_condition(data: VedjeTensors, args: argparse.Namespace, losses: tuple[st
     cfg = train_config(spec, epochs=args.epochs, batch_size=args.batch, train_candidates=args.candidates,
                        negatives_from=SOURCES["images"]["negatives_from"], warmup_steps=args.warmup,
                        lr_peak=args.lr, epoch_decay=args.decay, seed=args.seed, losses=losses,
-                       hide_prior=hide_prior)
+                       hide_prior=hide_prior, structure_weight=args.structure_weight)
     n_val = min(20, len(data.rows("val")[0]))
     rows = [measure(model, data, cfg, n_val, 0, 0)]
 
@@ -111,6 +118,8 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
     parser.add_argument("--conditions", nargs="+", choices=sorted(CONDITIONS), default=list(CONDITIONS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compressor-norm", choices=("post", "pre"), default="post")
+    parser.add_argument("--structure-weight", type=float, default=1.0,
+                        help="weight of the cache-structure term in the conditions that name it")
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--candidates", type=int, default=4)

@@ -60,10 +60,14 @@ plus ≈ 11 s for its validation point; one seed stopped by patience after 24 ep
 train long, give one source the time: ``--only clips --seeds 1 --budget-min 0`` (≤ ``--max-epochs``
 30 epochs, ≈ 30–75 min), or ``--only images --seeds 1 --checks never --budget-min 36``.
 
+``--structure-weight W`` (> 0) trains with the experiment-only cache-structure term added to the
+recipe (``models.reranker.losses.cache_structure_loss``, weight W): not the paper's objective, a
+test of whether caches kept as distinct as the frozen features let the content path learn.
+
     .venv/bin/python experiments/vedje_convergence.py [--only images|clips] [--seeds 3]
         [--max-epochs 30] [--patience 3] [--eval-every 1] [--budget-min 30] [--checks auto|always|never]
         [--layers 3] [--batch 16] [--candidates 4] [--lr 1e-4] [--compressor-norm post|pre]
-        [--first-seed 0] [--tiny]
+        [--structure-weight 0] [--first-seed 0] [--tiny]
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ from rde.common.profiles import load_profile
 from rde.vedje.data import negatives_for
 from rde.vedje.features import cached_tensors
 from rde.vedje.training import (
+    LOSSES,
     VedjeTensors,
     build_model,
     evaluate_rerank,
@@ -181,6 +186,14 @@ def new_model(data: VedjeTensors, args: argparse.Namespace, seed: int) -> Vedje:
                        data.item_frames.shape[1], data.item_emb.shape[1], layers=args.layers)
 
 
+def experiment_losses(args: argparse.Namespace) -> dict[str, Any]:
+    """``train_config`` overrides for ``--structure-weight`` (> 0: the recipe's terms plus the
+    experiment-only cache-structure term at that weight; 0: the recipe)."""
+    if args.structure_weight <= 0:
+        return {}
+    return {"losses": (*LOSSES, "structure"), "structure_weight": args.structure_weight}
+
+
 def val_recall(model: Vedje, data: VedjeTensors, n: int) -> tuple[float, float]:
     """(stage-1 R@1, rerank R@1 over the top-n) on the validation split."""
     rows = evaluate_rerank(model, data, stored_caches(model, data, "bf16"), [n], split="val", ks=(1,))
@@ -198,7 +211,7 @@ def train_early_stopped(data: VedjeTensors, args: argparse.Namespace, seed: int,
     model = new_model(data, args, seed)
     cfg = train_config(spec, epochs=args.max_epochs, batch_size=args.batch, train_candidates=args.candidates,
                        negatives_from=negatives_from, warmup_steps=args.warmup, lr_peak=args.lr,
-                       epoch_decay=args.decay, seed=seed, hide_prior=hide_prior)
+                       epoch_decay=args.decay, seed=seed, hide_prior=hide_prior, **experiment_losses(args))
     n_val = min(20, len(data.rows("val")[0]))
     s1, r1 = val_recall(model, data, n_val)
     loss0, n_terms = validation_vtm_loss(model, data, cfg)
@@ -666,6 +679,8 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
                              "0 = none (only --max-epochs and --patience stop training)")
     parser.add_argument("--compressor-norm", choices=("post", "pre"), default="post",
                         help="LayerNorm placement in the cache compressor (models/reranker/compressor.py)")
+    parser.add_argument("--structure-weight", type=float, default=0.0,
+                        help="> 0: add the experiment-only cache-structure term (not the paper's recipe), this weight")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed … first-seed + seeds − 1")
     parser.add_argument("--encoder", default=None, help="joint encoder id or folder (default: the demo profile's)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (smoke test): few items, 1 layer, batch 4")

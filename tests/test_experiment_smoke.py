@@ -5,6 +5,7 @@ random joint encoder)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -26,10 +27,11 @@ from saft_ablation import interval_table
 from tiny_models import build_tiny_bert
 from vedje_cache_collapse import main as vedje_cache_collapse_main
 from vedje_convergence import main as vedje_convergence_main
+from vedje_convergence import new_model
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
 from rde.vedje.data import ItemSet
-from rde.vedje.training import VedjeTensors
+from rde.vedje.training import LOSSES, VedjeTensors, VedjeTrainConfig, batch_losses, stage1_top
 
 
 def _synthetic(n_ids: int = 8, per_id: int = 3, dim: int = 8, cnn: int = 4, seed: int = 0):
@@ -188,6 +190,26 @@ def test_vedje_cache_collapse_measures_each_condition_and_vtc_leaves_the_caches_
     assert vtm[0]["q0_rms"] != vtm[-1]["q0_rms"] and vtm[-1]["step"] > 0
     assert vtm[0]["cache_cos"] == vtc[0]["cache_cos"]  # one seed: every condition starts from the same model
     assert (tmp_path / "state" / "experiments" / "vedje_cache_collapse.json").exists()
+
+
+def test_cache_structure_term_is_added_only_when_named_and_weighted(tmp_path: Path) -> None:
+    """The experiment-only term joins ``batch_losses`` when ``losses`` names it, times its weight,
+    and is computed on the batch's caches: the recipe's loss set never carries it."""
+    data = _vedje_tensors("images", {})
+    args = argparse.Namespace(compressor_norm="post", encoder=str(build_tiny_bert(tmp_path / "tiny-bert")), layers=1)
+    model = new_model(data, args, 0).eval()
+    queries = data.rows("train")[1][:6]
+    top, _ = stage1_top(data, queries, data.rows("train")[0], 10)
+    ranked = {q: top[k] for k, q in enumerate(queries)}
+    terms = {}
+    for weight in (1.0, 2.5):
+        cfg = VedjeTrainConfig(train_candidates=3, negatives_from=10, losses=("vtm", "structure"),
+                               structure_weight=weight)
+        with torch.no_grad():
+            terms[weight] = batch_losses(model, data, queries, ranked, cfg, 0, torch.Generator().manual_seed(0))
+    assert set(terms[1.0]) == {"vtm", "structure"} and float(terms[1.0]["structure"]) > 0
+    assert float(terms[2.5]["structure"]) == pytest.approx(2.5 * float(terms[1.0]["structure"]))
+    assert "structure" not in VedjeTrainConfig().losses and "structure" not in LOSSES
 
 
 def test_saft_ablation_interval_table_pairs_each_condition_with_zero_shot_and_itc() -> None:

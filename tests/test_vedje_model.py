@@ -16,7 +16,7 @@ from models.reranker.cache_store import CacheIndex, CacheLineageError, cache_row
 from models.reranker.compressor import FrameCompressor
 from models.reranker.future_delta import FutureDeltaHead, delta_loss, horizon_patch_queries, valid_pairs
 from models.reranker.joint_encoder import JointReranker, load_bert
-from models.reranker.losses import mlm_loss, vtc_loss, vtm_loss
+from models.reranker.losses import cache_structure_loss, mlm_loss, vtc_loss, vtm_loss
 from models.reranker.vedje import Vedje, VedjeShape
 from rde.vedje.training import VedjeTrainConfig, learning_rate
 from storage import ArtifactWriter
@@ -129,6 +129,27 @@ def test_vtm_and_vtc_hand_computed() -> None:
     assert float(vtc_loss(t, v, groups=torch.tensor([0, 0]))) == pytest.approx(0.0, abs=1e-6)
     logits = torch.zeros(1, 2, 4)
     assert float(mlm_loss(logits, torch.tensor([[2, -100]]))) == pytest.approx(math.log(4))
+
+
+def test_cache_structure_loss_hand_computed_and_trains_the_compressor() -> None:
+    """Caches [1,0], [1,0], [0,1] (cosines 1, 0, 0) against features whose frame means are [1,0],
+    [0,1], [0,1] (cosines 0, 0, 1): squared differences 1, 0, 1 over the three pairs, 2/3."""
+    caches = torch.tensor([[[1.0, 0.0]], [[1.0, 0.0]], [[0.0, 1.0]]])
+    features = torch.tensor([[[[2.0, 0.0]], [[0.0, 0.0]]], [[[0.0, 1.0]], [[0.0, 3.0]]], [[[0.0, 5.0]], [[0.0, 1.0]]]])
+    assert float(cache_structure_loss(caches, features)) == pytest.approx(2 / 3)
+    assert float(cache_structure_loss(caches[:1], features[:1])) == 0.0  # one item: no pair
+    # through a post-norm compressor whose caches start alike, the term makes them as distinct as the features
+    torch.manual_seed(0)
+    comp = FrameCompressor(16, 32, tokens_per_frame=4, frames=1, heads=4)
+    x = torch.randn(12, 1, 5, 16) + 3.0 * torch.randn(12, 1, 1, 16)  # items differ by a per-item shift
+    opt = torch.optim.Adam(comp.parameters(), lr=1e-3)
+    first = float(cache_structure_loss(comp(x), x))
+    for _ in range(30):
+        loss = cache_structure_loss(comp(x), x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(cache_structure_loss(comp(x), x)) < 0.5 * first
 
 
 def test_score_head_and_prior_follow_eq5(reranker: JointReranker) -> None:

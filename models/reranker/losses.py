@@ -32,3 +32,18 @@ def vtc_loss(text: torch.Tensor, items: torch.Tensor, scale: float = 20.0, group
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the masked positions (labels −100 elsewhere)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+def cache_structure_loss(caches: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """Not in the paper (an experiment, ``experiments/vedje_cache_collapse.py``): mean over item
+    pairs i ≠ j of (cos(c_i, c_j) − cos(f̄_i, f̄_j))², c_i the item's flattened cache, f̄_i the mean
+    of its frozen backbone features. It asks the compressor to keep the backbone's pairwise
+    similarity structure — items the features tell apart get caches that differ as much — where the
+    recipe's terms make every cache alike. No parameters; 0 for fewer than two items."""
+    n = caches.shape[0]
+    if n < 2:
+        return caches.sum() * 0.0
+    c = F.normalize(caches.reshape(n, -1).float(), dim=-1)
+    f = F.normalize(features.reshape(n, -1, features.shape[-1]).float().mean(dim=1), dim=-1)
+    off = ~torch.eye(n, dtype=torch.bool, device=c.device)
+    return ((c @ c.T - (f @ f.T).to(c.device)) ** 2)[off].mean()

@@ -27,11 +27,13 @@ import numpy as np
 import torch
 
 from models.reranker.future_delta import delta_loss
-from models.reranker.losses import mlm_loss, vtc_loss, vtm_loss
+from models.reranker.losses import cache_structure_loss, mlm_loss, vtc_loss, vtm_loss
 from models.reranker.vedje import Vedje
 from rde.vedje.data import ItemSet, negatives_for
 
 LOSSES = ("vtm", "vtc", "mlm", "delta")
+# terms outside the paper's recipe, for experiments only (never in a profile's default)
+EXPERIMENT_LOSSES = ("structure",)
 
 
 @dataclass
@@ -71,6 +73,9 @@ class VedjeTrainConfig:
     # a control (experiments/vedje_convergence.py): the scorer is fed ρ = 0 in training, so any
     # VTM gain has to come from the text and the cache, not from the stage-1 score
     hide_prior: bool = False
+    # weight of the experiment-only cache-structure term (``cache_structure_loss``), used when
+    # "structure" is in ``losses``
+    structure_weight: float = 1.0
 
 
 @dataclass
@@ -100,7 +105,8 @@ def stage1_top(data: VedjeTensors, query_rows: Sequence[int], item_rows: Sequenc
 
 def batch_losses(model: Vedje, data: VedjeTensors, queries: Sequence[int], ranked: dict[int, np.ndarray],
                  cfg: VedjeTrainConfig, step: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """The four loss terms for one batch of query rows (those not in ``cfg.losses`` are skipped)."""
+    """The four loss terms for one batch of query rows (those not in ``cfg.losses`` are skipped),
+    and the experiment-only cache-structure term when ``cfg.losses`` names it (weighted)."""
     items = data.items
     pos = [items.query_items[q] for q in queries]
     vtm = [k for k, (q, p) in enumerate(zip(queries, pos, strict=True)) if p in ranked[q]]
@@ -136,6 +142,8 @@ def batch_losses(model: Vedje, data: VedjeTensors, queries: Sequence[int], ranke
         ids, labels = model.reranker.mask_tokens(text, generator)
         logits = model.reranker.mlm_logits(ids, text.mask, caches[[where[p] for p in pos]])
         out["mlm"] = mlm_loss(logits, labels)
+    if "structure" in cfg.losses:
+        out["structure"] = cfg.structure_weight * cache_structure_loss(caches, x)
     if "delta" in cfg.losses and model.delta_head is not None and frame_tokens is not None:
         n = len(dict.fromkeys(pos))
         z = frame_tokens[:n]
