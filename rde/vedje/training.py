@@ -32,8 +32,6 @@ from models.reranker.vedje import Vedje
 from rde.vedje.data import ItemSet, negatives_for
 
 LOSSES = ("vtm", "vtc", "mlm", "delta")
-# terms outside the paper's recipe, for experiments only (never in a profile's default)
-EXPERIMENT_LOSSES = ("structure",)
 
 
 @dataclass
