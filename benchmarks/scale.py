@@ -25,6 +25,12 @@ The time outside the stages is reported too; for build-largefine it includes the
     .venv/bin/python benchmarks/scale.py [--sizes 500 1000 2000] [--flows secmm largefine]
                                          [--workdir /tmp/rde-scale] [--project]
 
+``--largefine-from-secmm`` starts each build-largefine from the build-secmm run of the same N in the
+workdir: its ingest, measure and denoise outputs are hard-linked into build-largefine's output folder
+(the runner skips them only when their content keys match, i.e. same pool, code and config), so the
+detector is not run twice; those stages read "reused" in the table and their time and memory are the
+build-secmm run's. The embedding cache is not shared: the hard negatives embed as they would alone.
+
 A (flow, size) already measured in the workdir (``result-<flow>-N.json``) is not run again; the
 tables cover every size measured there, so sizes can be added in later invocations. ``--project``
 adds the projection of a 1.2M-image three-tier build on 1, 8 and 32 GPU workers from the largest
@@ -129,12 +135,41 @@ def flow_args(flow: str, pool: Path, out: Path, args: argparse.Namespace, genera
             "--set", f"largefine.shard_size={args.caption_shard_size}"]
 
 
+POOL_STAGE_ARTIFACTS = ("images", "ingest_rejects", "measurements", "accepted", "denoise_rejects")
+
+
+def seed_from_secmm(work: Path, n: int, profile: str = "demo") -> list[str]:
+    """Hard-link build-secmm's ingest, measure and denoise outputs at ``n`` into build-largefine's
+    output folder at ``n``; the artifact names linked. The runner still checks each stage's content
+    key, so a stale or foreign artifact is recomputed, never trusted."""
+    source = work / f"out-secmm-{n}" / "build-secmm" / profile
+    target = work / f"out-largefine-{n}" / "build-largefine" / profile
+    missing = [a for a in POOL_STAGE_ARTIFACTS if not (source / a / "_manifest.json").exists()]
+    if missing:
+        raise SystemExit(f"--largefine-from-secmm: {source} lacks {', '.join(missing)}; run build-secmm at "
+                         f"N={n} in this workdir first (--flows secmm largefine)")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in POOL_STAGE_ARTIFACTS:
+        if (target / name).exists():
+            continue
+        for path in sorted((source / name).rglob("*")):
+            dest = target / name / path.relative_to(source / name)
+            if path.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+            else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, dest)
+    return list(POOL_STAGE_ARTIFACTS)
+
+
 def measure_one(flow: str, n: int, work: Path, args: argparse.Namespace, server: ScriptedServer | None) -> None:
     pool = work / f"pool-{n}"
     if not (pool / "_manifest.json").exists():
         synth_s, _, _ = run_cli(["pool", "synth", "--n", str(n), "--out", str(pool), "--shard-size",
                                  str(args.shard_size)], work / f"synth-{n}.log")
         print(f"synth pool of {n}: {synth_s:.0f} s", flush=True)
+    if flow == "largefine" and args.largefine_from_secmm:
+        seed_from_secmm(work, n)
     before = load()
     counts_before = dict(server.counts) if server else {}
     wall, rss, text = run_cli(flow_args(flow, pool, work / f"out-{flow}-{n}", args,
@@ -148,6 +183,7 @@ def measure_one(flow: str, n: int, work: Path, args: argparse.Namespace, server:
               "captioning": summary.get("captioning"),
               "requests": {k: v - counts_before.get(k, 0) for k, v in (server.counts if server else {}).items()
                            if v - counts_before.get(k, 0)}}
+    result["reused"] = [name for name, s in stages.items() if s.get("skipped")]
     result["card_s"] = card_seconds(work / f"build-{flow}-{n}.log") if flow == "largefine" else None
     (work / f"result-{flow}-{n}.json").write_text(json.dumps(result))
     print(f"{flow} N={n}: {wall:.0f} s, peak RSS {rss / 2**30:.2f} GiB, {summary['accepted']} accepted by denoise, "
@@ -161,6 +197,11 @@ def per_image_cell(stage: str, seconds: float, result: dict) -> str:
     return f"{1000 * seconds / images:.2f} ({images / seconds:.1f})"
 
 
+def reused_stages(results: list[dict]) -> set[str]:
+    """Stages skipped (their outputs reused) in any of ``results``: timed elsewhere, never judged here."""
+    return {name for r in results for name in r.get("reused", [])}
+
+
 def print_table(flow: str, results: list[dict]) -> None:
     ns = [r["n"] for r in results]
     grows = len(results) > 1
@@ -168,8 +209,12 @@ def print_table(flow: str, results: list[dict]) -> None:
     print("| stage | " + " | ".join(f"N={n:,} s" for n in ns) + " | "
           + " | ".join(f"N={n:,} ms/image (images/s)" for n in ns) + " | growth exponent |")
     print("|---|" + "---|" * (2 * len(results) + 1))
+    reused = reused_stages(results)
     for name in results[0]["stages"]:
         secs = [r["stages"][name]["seconds"] for r in results]
+        if name in reused:  # skipped in some run: its time is the run it came from (--largefine-from-secmm)
+            print(f"| {name} | " + " | ".join("reused" for _ in range(2 * len(results))) + " | - |")
+            continue
         cells = [f"{s:.1f}" for s in secs] + [per_image_cell(name, s, r) for s, r in zip(secs, results, strict=True)]
         grow = f"{exponent(ns, secs):.2f}" if grows else "-"
         print(f"| {name} | " + " | ".join(cells) + f" | {grow} |")
@@ -202,7 +247,7 @@ def print_table(flow: str, results: list[dict]) -> None:
               f"rejected {r['rejected']}{extra}")
     if grows:
         for name in ("ingest", "measure", "qa-tiers", "adv-tier"):
-            if name not in results[0]["stages"]:
+            if name not in results[0]["stages"] or name in reused:
                 continue
             per = [r["stages"][name]["seconds"] / (r["n"] if name in PER_POOL_IMAGE else r["captioned"])
                    for r in results]
@@ -345,6 +390,8 @@ def main() -> None:
     parser.add_argument("--caption-shard-size", type=int, default=64, help="largefine.shard_size")
     parser.add_argument("--caption-sample", type=int, default=16, help="queries.caption_sample_per_domain")
     parser.add_argument("--rounds", type=int, default=2, help="queries.max_rounds")
+    parser.add_argument("--largefine-from-secmm", action="store_true",
+                        help="start build-largefine from build-secmm's ingest/measure/denoise outputs at the same N")
     parser.add_argument("--project", action="store_true",
                         help="also print the 1.2M-image projection from the largest build-largefine measured")
     args = parser.parse_args()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -95,3 +96,43 @@ def test_projection_generation_roofline_by_hand() -> None:
     prefill, decode = generator_seconds_per_image()
     assert math.isclose(prefill, (2 * 7.0e9 * 1088 + 2 * 0.675e9 * 256 * 7) / (0.4 * 989e12))
     assert math.isclose(prefill, 0.0446, abs_tol=5e-4) and math.isclose(decode, 0.0628, abs_tol=5e-4)
+
+
+def test_seed_from_secmm_links_the_pool_stages(tmp_path: Path) -> None:
+    """build-largefine's output folder gets build-secmm's five pool-stage artifacts as hard links
+    (same inode: no copy of a 100k pool); nothing else; a missing source says what to run."""
+    from scale import POOL_STAGE_ARTIFACTS, seed_from_secmm
+
+    source = tmp_path / "out-secmm-48" / "build-secmm" / "demo"
+    for name in (*POOL_STAGE_ARTIFACTS, "gallery"):
+        (source / name / "shards").mkdir(parents=True)
+        (source / name / "_manifest.json").write_text("{}")
+        (source / name / "shards" / "00000.parquet").write_bytes(name.encode())
+    assert seed_from_secmm(tmp_path, 48) == list(POOL_STAGE_ARTIFACTS)
+    target = tmp_path / "out-largefine-48" / "build-largefine" / "demo"
+    assert sorted(p.name for p in target.iterdir()) == sorted(POOL_STAGE_ARTIFACTS)
+    for name in POOL_STAGE_ARTIFACTS:
+        linked = target / name / "shards" / "00000.parquet"
+        assert linked.read_bytes() == name.encode()
+        assert linked.stat().st_ino == (source / name / "shards" / "00000.parquet").stat().st_ino
+    seed_from_secmm(tmp_path, 48)  # a second call (a resumed benchmark) leaves the links as they are
+    (source / "measurements" / "_manifest.json").unlink()
+    with pytest.raises(SystemExit, match="lacks measurements"):
+        seed_from_secmm(tmp_path, 48)
+
+
+def test_reused_stages_are_not_judged(capsys: pytest.CaptureFixture[str]) -> None:
+    """A stage skipped in any run prints "reused" and stays out of the ±25 % check; the others do not."""
+    from scale import print_table
+
+    def result(n: int, reused: list[str]) -> dict:
+        stages = {"ingest": {"seconds": 0.0}, "measure": {"seconds": 0.0},
+                  "qa-tiers": {"seconds": n / 100}, "adv-tier": {"seconds": n / 400}}
+        return {"n": n, "wall": n / 50, "rss": 2**31, "stages": stages, "captioned": n // 2, "reused": reused,
+                "captioning": [], "requests": {}, "rejected": {}, "load_before": "", "load_after": ""}
+
+    print_table("largefine", [result(1000, ["ingest", "measure"]), result(10000, ["ingest", "measure"])])
+    out = capsys.readouterr().out
+    assert "| measure | reused | reused | reused | reused | - |" in out
+    assert "- measure:" not in out and "- ingest:" not in out
+    assert "- qa-tiers: per-image time within 0% of its median" in out
