@@ -24,7 +24,12 @@ neither reaches the compressor on images):
 After every epoch, on the validation lists (stage-1 top-20): the mean positive–negative cosine of
 the stored BF16 caches, the pairs the score orders right with ρ zeroed (chance 50), the validation
 VTM loss, and the RMS of the learned cache queries Q_0 and of W_kv (what each term does to the
-compressor's two inputs). Prints one table per condition and a summary. ≈ 1 min per epoch and
+compressor's two inputs). Then whether the joint encoder reads the cache at all (``joint_response``),
+on a grid of 20 validation queries × their positives, every pair: the [CLS]'s attention mass on the
+cache tokens (last layer and all layers, against an even spread over the tokens), and how much of
+the final [CLS] state c(q, v) and of the score with ρ = 0 varies with the query, with the item
+(the cache) and with the two together (two-way sums of squares; only the interaction can rank one
+query's candidates differently from another's). Prints one table per condition and a summary. ≈ 1 min per epoch and
 condition on the 2-core machine (an MLM- or VTC-only epoch is shorter): the default (7 conditions ×
 3 epochs) ≈ 20 min.
 
@@ -42,6 +47,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from vedje_convergence import (
     SOURCES,
@@ -56,7 +62,7 @@ from vedje_convergence import (
 )
 
 from models.reranker.vedje import Vedje
-from rde.vedje.training import VedjeTensors, train_config, train_vedje, validation_vtm_loss
+from rde.vedje.training import VedjeTensors, stored_caches, train_config, train_vedje, validation_vtm_loss
 from storage.locations import state_dir
 
 # condition → (loss terms, ρ hidden)
@@ -75,12 +81,84 @@ def rms(t: torch.Tensor) -> float:
     return float(t.detach().float().pow(2).mean().sqrt())
 
 
+def two_way_shares(grid: np.ndarray) -> tuple[float, float, float]:
+    """Shares (%) of a Q×C(×D) grid's sum of squares about its mean from the query effect, the item
+    effect and their interaction (two-way ANOVA without replication, summed over D): SS = C·Σa_q² +
+    Q·Σb_v² + Σ(ab)_qv², the three parts orthogonal. Only the interaction depends on the query and
+    the item together: a score without it ranks every query's candidates the same way."""
+    g = grid.reshape(grid.shape[0], grid.shape[1], -1).astype(np.float64)
+    g = g - g.mean(axis=(0, 1), keepdims=True)
+    a, b = g.mean(axis=1, keepdims=True), g.mean(axis=0, keepdims=True)
+    inter = g - a - b
+    total = float((g ** 2).sum())
+    if total == 0.0:
+        return float("nan"), float("nan"), float("nan")
+    q, c = g.shape[:2]
+    return (100.0 * c * float((a ** 2).sum()) / total, 100.0 * q * float((b ** 2).sum()) / total,
+            100.0 * float((inter ** 2).sum()) / total)
+
+
+def response_grid(data: VedjeTensors, n: int) -> tuple[list[int], list[int]]:
+    """(query rows, item rows) of the check grid: the first ``n`` validation queries whose positives
+    are distinct items, and those positives (so each query's match is on the grid's diagonal)."""
+    queries, items = [], []
+    for q in data.rows("val")[1]:
+        item = data.items.query_items[q]
+        if item not in items:
+            queries.append(q)
+            items.append(item)
+        if len(queries) == n:
+            break
+    return queries, items
+
+
+def joint_response(model: Vedje, data: VedjeTensors, n: int) -> dict[str, float]:
+    """Does the joint encoder's [CLS] respond to which cache is in context? On a grid of ``n``
+    validation queries × their ``n`` positives (every pair, stored BF16 caches): the [CLS]'s
+    attention mass on the cache tokens per layer (mean over pairs and heads; ``uniform``: the mass
+    if it attended evenly to the unpadded tokens, K/(L+K)), and the two-way shares (query / item /
+    interaction, %) of the final [CLS] states c(q, v) and of the scores with ρ = 0. Attention is read
+    with the eager kernel (SDPA returns no weights; the states agree to float rounding)."""
+    queries, items = response_grid(data, n)
+    if len(queries) < 2:
+        return {}
+    reranker, bert = model.reranker, model.reranker.bert
+    model.eval()
+    caught: list[torch.Tensor] = []
+    hooks = [block.attention.self.register_forward_hook(lambda _m, _i, out: caught.append(out[1].detach()))
+             for block in bert.encoder.layer]
+    kernel = bert.config._attn_implementation
+    bert.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            text = reranker.tokenize([data.items.query_texts[q] for q in queries])
+            caches = stored_caches(model, data, "bf16")(items).to(reranker.device)
+            rows = torch.arange(len(queries)).repeat_interleave(len(items))
+            states = reranker.joint_state(text, rows, caches.repeat(len(queries), 1, 1))
+            scores = reranker.score_state(states, torch.zeros(len(rows)))
+    finally:
+        bert.set_attn_implementation(kernel)
+        for hook in hooks:
+            hook.remove()
+    k = caches.shape[1]
+    lengths = text.mask[rows].sum(1).float()
+    on_cache = [float(w[:, :, 0, -k:].sum(-1).mean()) for w in caught]  # per layer: N×heads×(L+K)×(L+K)
+    shape = (len(queries), len(items))
+    c_shares = two_way_shares(states.float().cpu().numpy().reshape(*shape, -1))
+    s_shares = two_way_shares(scores.float().cpu().numpy().reshape(shape))
+    return {"attn_cache_last": 100.0 * on_cache[-1], "attn_cache_mean": 100.0 * float(np.mean(on_cache)),
+            "attn_uniform": 100.0 * float((k / (lengths + k)).mean()),
+            "c_query": c_shares[0], "c_item": c_shares[1], "c_inter": c_shares[2],
+            "s_query": s_shares[0], "s_item": s_shares[1], "s_inter": s_shares[2]}
+
+
 def measure(model: Vedje, data: VedjeTensors, cfg: Any, n_val: int, epoch: int, step: int) -> dict[str, Any]:
     """One row of a condition's table (leaves the model in eval mode)."""
     cosine, pairs = content_signal(model, data, n_val)
     val_vtm, _ = validation_vtm_loss(model, data, cfg)
     return {"epoch": epoch, "step": step, "cache_cos": cosine, "rho0_pairs": pairs, "val_vtm": val_vtm,
-            "q0_rms": rms(model.compressor.queries), "wkv_rms": rms(model.compressor.kv_proj.weight)}
+            "q0_rms": rms(model.compressor.queries), "wkv_rms": rms(model.compressor.kv_proj.weight),
+            **joint_response(model, data, n_val)}
 
 
 def run_condition(data: VedjeTensors, args: argparse.Namespace, losses: tuple[str, ...], hide_prior: bool
@@ -105,10 +183,18 @@ def run_condition(data: VedjeTensors, args: argparse.Namespace, losses: tuple[st
 
 def condition_table(name: str, rows: list[dict[str, Any]]) -> str:
     f = lambda x: "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
+    p = lambda r, key: "–" if key not in r or math.isnan(r[key]) else f"{r[key]:.1f}"  # noqa: E731
     lines = [f"\n### {name}", "\n| epoch | step | cache cos pos–neg | pairs right, ρ zeroed (%) | val VTM loss "
              "| Q_0 rms | W_kv rms |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['epoch']} | {r['step']} | {f(r['cache_cos'])} | {r['rho0_pairs']:.1f} | {f(r['val_vtm'])} | "
               f"{f(r['q0_rms'])} | {f(r['wkv_rms'])} |" for r in rows]
+    lines += ["\nThe [CLS]'s response to the cache (validation queries × their positives, every pair):",
+              "\n| epoch | [CLS] attention on cache, last layer (%) | all layers (%) | even spread (%) "
+              "| c: query / item / interaction (% of SS) | s, ρ = 0: query / item / interaction (% of SS) |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {r['epoch']} | {p(r, 'attn_cache_last')} | {p(r, 'attn_cache_mean')} | {p(r, 'attn_uniform')} | "
+              f"{p(r, 'c_query')} / {p(r, 'c_item')} / {p(r, 'c_inter')} | "
+              f"{p(r, 's_query')} / {p(r, 's_item')} / {p(r, 's_inter')} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -155,13 +241,17 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
         report["conditions"][name] = rows
         print(condition_table(name, rows) + f"\n({time.perf_counter() - t0:.0f}s)", flush=True)
         out.write_text(json.dumps(report, indent=1, default=str))
-    print("\n### summary: cache cosine positive–negative, untrained → last epoch; pairs right with ρ zeroed "
-          "at the last epoch\n\n| condition | cache cos untrained | last | change | pairs, ρ zeroed (%) |\n"
-          "|---|---|---|---|---|")
+    print("\n### summary: cache cosine positive–negative, untrained → last epoch; at the last epoch: pairs right "
+          "with ρ zeroed, the [CLS]'s attention on the cache (last layer) and the item + interaction share of c "
+          "(untrained → last)\n\n| condition | cache cos untrained | last | change | pairs, ρ zeroed (%) "
+          "| [CLS] attention on cache (%) | c: item + interaction (% of SS) |\n|---|---|---|---|---|---|---|")
     for name, rows in report["conditions"].items():
         first, last = rows[0], rows[-1]
+        reads = lambda r: r.get("c_item", math.nan) + r.get("c_inter", math.nan)  # noqa: E731
         print(f"| {name} | {first['cache_cos']:.4f} | {last['cache_cos']:.4f} | "
-              f"{last['cache_cos'] - first['cache_cos']:+.4f} | {last['rho0_pairs']:.1f} |")
+              f"{last['cache_cos'] - first['cache_cos']:+.4f} | {last['rho0_pairs']:.1f} | "
+              f"{first.get('attn_cache_last', math.nan):.1f} → {last.get('attn_cache_last', math.nan):.1f} | "
+              f"{reads(first):.1f} → {reads(last):.1f} |")
     print(f"\n{time.perf_counter() - start:.0f}s; raw results in {out}")
     return report
 

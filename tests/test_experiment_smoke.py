@@ -25,9 +25,10 @@ from gtr_hallucination import (
 from gtr_noise import identity_split
 from saft_ablation import interval_table
 from tiny_models import build_tiny_bert
+from vedje_cache_collapse import joint_response, two_way_shares
 from vedje_cache_collapse import main as vedje_cache_collapse_main
+from vedje_convergence import TINY, new_model, validation_split
 from vedje_convergence import main as vedje_convergence_main
-from vedje_convergence import new_model
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
 from rde.vedje.data import ItemSet
@@ -183,6 +184,9 @@ def test_vedje_cache_collapse_measures_each_condition_and_vtc_leaves_the_caches_
                                         str(bert)], load=_vedje_tensors)
     out = capsys.readouterr().out
     assert out.count("| epoch | step | cache cos pos–neg |") == 2 and "### summary" in out
+    assert out.count("| epoch | [CLS] attention on cache, last layer (%) |") == 2
+    for r in report["conditions"]["vtm"]:  # the encoder-response columns at every epoch
+        assert 0.0 < r["attn_cache_last"] < 100.0 and r["c_query"] + r["c_item"] + r["c_inter"] == pytest.approx(100.0)
     vtm, vtc = report["conditions"]["vtm"], report["conditions"]["vtc"]
     assert [r["epoch"] for r in vtm] == [0, 1, 2] and [r["epoch"] for r in vtc] == [0, 1, 2]
     assert all(-1.0 <= r["cache_cos"] <= 1.0 and 0.0 <= r["rho0_pairs"] <= 100.0 for r in vtm + vtc)
@@ -223,3 +227,46 @@ def test_saft_ablation_interval_table_pairs_each_condition_with_zero_shot_and_it
     assert itc[1] == "1.000 [1.000, 1.000]" and itc[2].startswith("+0.500 [") and itc[3].strip(" |") == "-"
     low, high = (float(v) for v in itc[2].split("[")[1].rstrip("] ").split(", "))
     assert 0.0 <= low <= 0.5 <= high <= 1.0
+
+
+def test_two_way_shares_by_hand() -> None:
+    """[[1, 2], [3, 6]]: about the mean 3, SS 14 = query 2·(1.5² + 1.5²) = 9 + item 2·(1² + 1²) = 4
+    + interaction 4·0.5² = 1; a vector grid adds its dimensions' sums of squares."""
+    shares = two_way_shares(np.array([[1.0, 2.0], [3.0, 6.0]]))
+    assert np.allclose(shares, [900 / 14, 400 / 14, 100 / 14])
+    grid = np.stack([np.array([[1.0, 2.0], [3.0, 6.0]]), np.array([[0.0, 1.0], [0.0, 1.0]])], axis=-1)
+    assert np.allclose(two_way_shares(grid), [900 / 15, 500 / 15, 100 / 15])  # dim 2: item SS 2·(0.5² + 0.5²) = 1
+
+
+def _response_model(tmp_path: Path) -> tuple:
+    data, _ = validation_split(_vedje_tensors("images", {}), "identity", 0.3, seed=0)
+    args = argparse.Namespace(compressor_norm="post", encoder=str(build_tiny_bert(tmp_path / "tiny-bert")),
+                              layers=TINY["layers"])
+    return new_model(data, args, 0), data
+
+
+def test_joint_response_reads_queries_as_rows_and_attention_by_hand(tmp_path: Path, monkeypatch) -> None:
+    """One cache for every item: c and s cannot depend on the item, so the item and interaction
+    shares are 0 and the query share 100 (a grid read the wrong way round puts it on the item).
+    Query weights zeroed: every [CLS] attends evenly, so its mass on the cache is K/(L+K) exactly."""
+    import vedje_cache_collapse
+
+    model, data = _response_model(tmp_path)
+    real = vedje_cache_collapse.stored_caches
+    monkeypatch.setattr(vedje_cache_collapse, "stored_caches", lambda m, d, p: lambda rows: real(m, d, p)(
+        [rows[0]] * len(rows)))
+    r = joint_response(model, data, 6)
+    assert r["c_query"] == pytest.approx(100.0, abs=1e-6) and r["s_query"] == pytest.approx(100.0, abs=1e-6)
+    assert r["c_item"] + r["c_inter"] == pytest.approx(0.0, abs=1e-6)
+    monkeypatch.setattr(vedje_cache_collapse, "stored_caches", real)
+    r = joint_response(model, data, 6)
+    assert r["c_item"] > 1.0 and sum(r[k] for k in ("c_query", "c_item", "c_inter")) == pytest.approx(100.0)
+    assert 0.0 < r["attn_cache_last"] < 100.0
+    with torch.no_grad():
+        for block in model.reranker.bert.encoder.layer:
+            block.attention.self.query.weight.zero_()
+            block.attention.self.query.bias.zero_()
+    r = joint_response(model, data, 6)
+    assert r["attn_cache_last"] == pytest.approx(r["attn_uniform"], rel=1e-5)
+    assert r["attn_cache_mean"] == pytest.approx(r["attn_uniform"], rel=1e-5)
+    assert model.reranker.bert.config._attn_implementation != "eager"  # the kernel is put back

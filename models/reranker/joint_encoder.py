@@ -106,11 +106,18 @@ class JointReranker(nn.Module):
                         position_ids=positions.unsqueeze(0).expand(ids.shape[0], -1))
         return out.last_hidden_state
 
+    def joint_state(self, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        """c(q, v) for N pairs: the final [CLS] state of [text; cache] (N×d), what ``score`` reads."""
+        rows = rows.to(text.ids.device)
+        return self._encode(text.ids[rows], text.mask[rows], cache)[:, 0]
+
+    def score_state(self, c: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """s = h_ψ(c + e_ρ(ρ)) (Eq. 5's head) from joint states c (N×d) and ρ (N)."""
+        return self.head(c + self.prior(rho.reshape(-1, 1).to(c.device, c.dtype))).squeeze(-1)
+
     def score(self, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
         """Eq. 5 for N pairs: query ``rows`` (N indices into ``text``), caches N×K×d, ρ (N) → s (N)."""
-        rows = rows.to(text.ids.device)
-        c = self._encode(text.ids[rows], text.mask[rows], cache)[:, 0]
-        return self.head(c + self.prior(rho.reshape(-1, 1).to(c.device, c.dtype))).squeeze(-1)
+        return self.score_state(self.joint_state(text, rows, cache), rho)
 
     def score_embedded(self, words: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, cache: torch.Tensor,
                        rho: torch.Tensor) -> torch.Tensor:
@@ -125,8 +132,7 @@ class JointReranker(nn.Module):
         out = self.bert(inputs_embeds=torch.cat([words[rows], cache.to(words.dtype)], dim=1),
                         attention_mask=torch.cat([mask[rows], mask.new_ones(n, k)], dim=1), token_type_ids=types,
                         position_ids=positions.unsqueeze(0).expand(n, -1))
-        c = out.last_hidden_state[:, 0]
-        return self.head(c + self.prior(rho.reshape(-1, 1).to(c.device, c.dtype))).squeeze(-1)
+        return self.score_state(out.last_hidden_state[:, 0], rho)
 
     def fast_scoring_supported(self) -> bool:
         """Whether ``score_fast`` can read this encoder: a BERT-style stack (absolute positions,
@@ -246,7 +252,7 @@ class JointReranker(nn.Module):
                 a = a.reshape(n, d)
             y = block.attention.output.LayerNorm(block.attention.output.dense(a) + residual)
             x = block.output.LayerNorm(block.output.dense(block.intermediate(y)) + y)
-        return self.head(x + self.prior(rho.reshape(-1, 1).to(x.device, x.dtype))).squeeze(-1)
+        return self.score_state(x, rho)
 
     def text_embedding(self, text: TextBatch) -> torch.Tensor:
         """VTC side: the projected [CLS] of a text-only pass (Q×item_dim, not normalised)."""
