@@ -98,6 +98,13 @@ def two_way_shares(grid: np.ndarray) -> tuple[float, float, float]:
             100.0 * float((inter ** 2).sum()) / total)
 
 
+def grid_sd(grid: np.ndarray) -> float:
+    """The grid's spread in absolute terms: √(SS / (Q·C)), SS the sum of squares about its mean
+    (summed over D for vectors) — the scale that ``two_way_shares`` divides out."""
+    g = grid.reshape(grid.shape[0], grid.shape[1], -1).astype(np.float64)
+    return float(np.sqrt(((g - g.mean(axis=(0, 1), keepdims=True)) ** 2).sum() / (g.shape[0] * g.shape[1])))
+
+
 def response_grid(data: VedjeTensors, n: int) -> tuple[list[int], list[int]]:
     """(query rows, item rows) of the check grid: the first ``n`` validation queries whose positives
     are distinct items, and those positives (so each query's match is on the grid's diagonal)."""
@@ -117,7 +124,8 @@ def joint_response(model: Vedje, data: VedjeTensors, n: int) -> dict[str, float]
     validation queries × their ``n`` positives (every pair, stored BF16 caches): the [CLS]'s
     attention mass on the cache tokens per layer (mean over pairs and heads; ``uniform``: the mass
     if it attended evenly to the unpadded tokens, K/(L+K)), and the two-way shares (query / item /
-    interaction, %) of the final [CLS] states c(q, v) and of the scores with ρ = 0. Attention is read
+    interaction, %) of the final [CLS] states c(q, v) and of the scores with ρ = 0, with each grid's
+absolute spread (``grid_sd``: a share of a near-constant score is a share of nothing). Attention is read
     with the eager kernel (SDPA returns no weights; the states agree to float rounding)."""
     queries, items = response_grid(data, n)
     if len(queries) < 2:
@@ -144,12 +152,14 @@ def joint_response(model: Vedje, data: VedjeTensors, n: int) -> dict[str, float]
     lengths = text.mask[rows].sum(1).float()
     on_cache = [float(w[:, :, 0, -k:].sum(-1).mean()) for w in caught]  # per layer: N×heads×(L+K)×(L+K)
     shape = (len(queries), len(items))
-    c_shares = two_way_shares(states.float().cpu().numpy().reshape(*shape, -1))
-    s_shares = two_way_shares(scores.float().cpu().numpy().reshape(shape))
+    c_grid = states.float().cpu().numpy().reshape(*shape, -1)
+    s_grid = scores.float().cpu().numpy().reshape(shape)
+    c_shares, s_shares = two_way_shares(c_grid), two_way_shares(s_grid)
     return {"attn_cache_last": 100.0 * on_cache[-1], "attn_cache_mean": 100.0 * float(np.mean(on_cache)),
             "attn_uniform": 100.0 * float((k / (lengths + k)).mean()),
             "c_query": c_shares[0], "c_item": c_shares[1], "c_inter": c_shares[2],
-            "s_query": s_shares[0], "s_item": s_shares[1], "s_inter": s_shares[2]}
+            "s_query": s_shares[0], "s_item": s_shares[1], "s_inter": s_shares[2],
+            "c_sd": grid_sd(c_grid), "s_sd": grid_sd(s_grid)}
 
 
 def measure(model: Vedje, data: VedjeTensors, cfg: Any, n_val: int, epoch: int, step: int) -> dict[str, Any]:
@@ -184,17 +194,18 @@ def run_condition(data: VedjeTensors, args: argparse.Namespace, losses: tuple[st
 def condition_table(name: str, rows: list[dict[str, Any]]) -> str:
     f = lambda x: "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
     p = lambda r, key: "–" if key not in r or math.isnan(r[key]) else f"{r[key]:.1f}"  # noqa: E731
+    g = lambda r, key: "–" if key not in r else f"{r[key]:.2g}"  # noqa: E731
     lines = [f"\n### {name}", "\n| epoch | step | cache cos pos–neg | pairs right, ρ zeroed (%) | val VTM loss "
              "| Q_0 rms | W_kv rms |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['epoch']} | {r['step']} | {f(r['cache_cos'])} | {r['rho0_pairs']:.1f} | {f(r['val_vtm'])} | "
               f"{f(r['q0_rms'])} | {f(r['wkv_rms'])} |" for r in rows]
     lines += ["\nThe [CLS]'s response to the cache (validation queries × their positives, every pair):",
               "\n| epoch | [CLS] attention on cache, last layer (%) | all layers (%) | even spread (%) "
-              "| c: query / item / interaction (% of SS) | s, ρ = 0: query / item / interaction (% of SS) |",
-              "|---|---|---|---|---|---|"]
+              "| c: query / item / interaction (% of SS) | c sd | s, ρ = 0: query / item / interaction (% of SS) "
+              "| s sd |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['epoch']} | {p(r, 'attn_cache_last')} | {p(r, 'attn_cache_mean')} | {p(r, 'attn_uniform')} | "
-              f"{p(r, 'c_query')} / {p(r, 'c_item')} / {p(r, 'c_inter')} | "
-              f"{p(r, 's_query')} / {p(r, 's_item')} / {p(r, 's_inter')} |" for r in rows]
+              f"{p(r, 'c_query')} / {p(r, 'c_item')} / {p(r, 'c_inter')} | {g(r, 'c_sd')} | "
+              f"{p(r, 's_query')} / {p(r, 's_item')} / {p(r, 's_inter')} | {g(r, 's_sd')} |" for r in rows]
     return "\n".join(lines)
 
 

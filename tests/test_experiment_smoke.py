@@ -25,7 +25,7 @@ from gtr_hallucination import (
 from gtr_noise import identity_split
 from saft_ablation import interval_table
 from tiny_models import build_tiny_bert
-from vedje_cache_collapse import joint_response, two_way_shares
+from vedje_cache_collapse import grid_sd, joint_response, two_way_shares
 from vedje_cache_collapse import main as vedje_cache_collapse_main
 from vedje_convergence import TINY, new_model, validation_split
 from vedje_convergence import main as vedje_convergence_main
@@ -270,3 +270,9 @@ def test_joint_response_reads_queries_as_rows_and_attention_by_hand(tmp_path: Pa
     assert r["attn_cache_last"] == pytest.approx(r["attn_uniform"], rel=1e-5)
     assert r["attn_cache_mean"] == pytest.approx(r["attn_uniform"], rel=1e-5)
     assert model.reranker.bert.config._attn_implementation != "eager"  # the kernel is put back
+
+
+def test_grid_sd_by_hand() -> None:
+    """[[1, 2], [3, 6]]: SS 14 over 4 cells → √3.5; a constant grid has none."""
+    assert grid_sd(np.array([[1.0, 2.0], [3.0, 6.0]])) == pytest.approx(3.5 ** 0.5)
+    assert grid_sd(np.full((3, 2, 4), 7.0)) == 0.0
