@@ -140,8 +140,8 @@ POOL_STAGE_ARTIFACTS = ("images", "ingest_rejects", "measurements", "accepted", 
 
 def seed_from_secmm(work: Path, n: int, profile: str = "demo") -> list[str]:
     """Hard-link build-secmm's ingest, measure and denoise outputs at ``n`` into build-largefine's
-    output folder at ``n``; the artifact names linked. The runner still checks each stage's content
-    key, so a stale or foreign artifact is recomputed, never trusted."""
+    output folder at ``n`` (an artifact already there is left as it is); returns their names. The
+    runner checks each stage's content key, so a stale or foreign artifact is recomputed."""
     source = work / f"out-secmm-{n}" / "build-secmm" / profile
     target = work / f"out-largefine-{n}" / "build-largefine" / profile
     missing = [a for a in POOL_STAGE_ARTIFACTS if not (source / a / "_manifest.json").exists()]
