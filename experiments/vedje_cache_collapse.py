@@ -33,7 +33,10 @@ query's candidates differently from another's). Prints one table per condition a
 condition on the 2-core machine (an MLM- or VTC-only epoch is shorter): the default (7 conditions ×
 3 epochs) ≈ 20 min.
 
-    .venv/bin/python experiments/vedje_cache_collapse.py [--epochs 3] [--compressor-norm post|pre]
+``--readout mean`` reads c(q, v) as the mean of every unpadded token's final state instead of the
+[CLS] (a control for the finding that this encoder's [CLS] hardly varies; not the paper's model).
+
+    .venv/bin/python experiments/vedje_cache_collapse.py [--epochs 3] [--compressor-norm post|pre] [--readout cls|mean]
         [--conditions "vtm+vtc+mlm" vtm ...] [--structure-weight 1] [--seed 0] [--tiny]
 """
 
@@ -176,6 +179,7 @@ def run_condition(data: VedjeTensors, args: argparse.Namespace, losses: tuple[st
     """Train one model with ``losses`` for ``--epochs`` epochs; a measurement before and after each."""
     spec = model_spec(args)
     model = new_model(data, args, args.seed)
+    model.reranker.readout = args.readout
     cfg = train_config(spec, epochs=args.epochs, batch_size=args.batch, train_candidates=args.candidates,
                        negatives_from=SOURCES["images"]["negatives_from"], warmup_steps=args.warmup,
                        lr_peak=args.lr, epoch_decay=args.decay, seed=args.seed, losses=losses,
@@ -217,6 +221,8 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
     parser.add_argument("--compressor-norm", choices=("post", "pre"), default="post")
     parser.add_argument("--structure-weight", type=float, default=1.0,
                         help="weight of the cache-structure term in the conditions that name it")
+    parser.add_argument("--readout", choices=("cls", "mean"), default="cls",
+                        help="c(q, v): the final [CLS] state (the paper) or the mean of every token's (a control)")
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--candidates", type=int, default=4)
@@ -238,7 +244,8 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
     if args.tiny:
         data = tiny_subset(data)
     data, counts = validation_split(data, "identity", args.val_share, seed=0)
-    print(f"## images, compressor {args.compressor_norm}-norm, seed {args.seed}, {args.epochs} epochs per "
+    print(f"## images, compressor {args.compressor_norm}-norm, readout {args.readout}, seed {args.seed}, "
+          f"{args.epochs} epochs per "
           f"condition; train {counts['train_items']} items / {counts['train_queries']} queries, validation "
           f"{counts['val_items']} / {counts['val_queries']}", flush=True)
     report: dict[str, Any] = {"args": vars(args), "counts": counts, "conditions": {}}

@@ -173,6 +173,29 @@ def test_score_head_and_prior_follow_eq5(reranker: JointReranker) -> None:
         assert not torch.allclose(reranker.score(text, rows, cache, torch.tensor([0.9, 0.2])), s)
 
 
+def test_mean_readout_averages_unpadded_tokens_and_leaves_the_fast_path(tiny_bert_dir) -> None:
+    """The experiment-only readout: c = the mean of the final states of the unpadded text tokens
+    and every cache token (the padded one excluded, by hand); the [CLS]-only fast path, which
+    cannot compute it, is refused so scoring falls back to the reference forward."""
+    bert, tok = load_bert(str(tiny_bert_dir))
+    reranker = JointReranker(bert, tok, item_dim=12, max_text_tokens=16, readout="mean").eval()
+    text = reranker.tokenize(["a person in a red top walks to the left", "two people"])
+    cache = torch.randn(2, 3, reranker.d)
+    with torch.no_grad():
+        c = reranker.joint_state(text, torch.tensor([0, 1]), cache)
+        hidden = reranker._encode(text.ids, text.mask, cache)
+        n_short = int(text.mask[1].sum())
+        assert n_short < text.ids.shape[1]  # the second caption is padded
+        manual = torch.stack([hidden[0].mean(0), torch.cat([hidden[1, :n_short], hidden[1, -3:]]).mean(0)])
+        assert torch.allclose(c, manual, atol=1e-6)
+    assert not reranker.fast_scoring_supported() and not reranker.onnx_scoring_supported()
+    with pytest.raises(ValueError, match="readout"):
+        reranker.score_embedded(torch.zeros(1, 2, reranker.d), torch.ones(1, 2, dtype=torch.long),
+                                torch.tensor([0]), cache[:1], torch.zeros(1))
+    reranker.readout = "cls"
+    assert reranker.fast_scoring_supported()
+
+
 def test_mlm_masking_targets_only_words(reranker: JointReranker) -> None:
     text = reranker.tokenize(["a person in a red top walks to the left of the path"] * 4)
     ids, labels = reranker.mask_tokens(text, torch.Generator().manual_seed(0), share=0.5)

@@ -16,7 +16,7 @@ space) and the MLM head (BERT's transform + decoder tied to the word embeddings)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -67,9 +67,12 @@ class JointReranker(nn.Module):
     """s_θ(q, v) from text tokens, the cache Z(v) and the first-stage score ρ."""
 
     def __init__(self, bert: nn.Module, tokenizer: Any, item_dim: int, max_text_tokens: int = 64,
-                 prior_hidden: int = 64) -> None:
+                 prior_hidden: int = 64, readout: Literal["cls", "mean"] = "cls") -> None:
         super().__init__()
         self.bert, self.tokenizer, self.max_text_tokens = bert, tokenizer, max_text_tokens
+        # c(q, v): the final [CLS] state (the paper, Eq. 5), or — an experiment's control, never a
+        # profile default — the mean of the final states of every unpadded text and cache token
+        self.readout = readout
         cfg = bert.config
         self.d = int(cfg.hidden_size)
         self.max_positions = int(cfg.max_position_embeddings)
@@ -109,7 +112,11 @@ class JointReranker(nn.Module):
     def joint_state(self, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         """c(q, v) for N pairs: the final [CLS] state of [text; cache] (N×d), what ``score`` reads."""
         rows = rows.to(text.ids.device)
-        return self._encode(text.ids[rows], text.mask[rows], cache)[:, 0]
+        hidden = self._encode(text.ids[rows], text.mask[rows], cache)
+        if self.readout == "cls":
+            return hidden[:, 0]
+        keep = torch.cat([text.mask[rows], text.mask.new_ones(cache.shape[:2])], dim=1).to(hidden.dtype)
+        return (hidden * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)
 
     def score_state(self, c: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
         """s = h_ψ(c + e_ρ(ρ)) (Eq. 5's head) from joint states c (N×d) and ρ (N)."""
@@ -122,7 +129,9 @@ class JointReranker(nn.Module):
     def score_embedded(self, words: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, cache: torch.Tensor,
                        rho: torch.Tensor) -> torch.Tensor:
         """``score`` (the encoder's own forward) from the text's word embeddings (Q×L×d) instead of
-        ids: what the benchmark exports to time the reference forward in ONNX Runtime."""
+        ids: what the benchmark exports to time the reference forward in ONNX Runtime ([CLS] readout)."""
+        if self.readout != "cls":
+            raise ValueError(f"score_embedded reads [CLS]; this reranker's readout is {self.readout!r}")
         n, k = cache.shape[:2]
         length = words.shape[1]
         types = torch.cat([torch.zeros(n, length, dtype=torch.long, device=words.device),
@@ -139,6 +148,8 @@ class JointReranker(nn.Module):
         self-attention with separate query/key/value, post-LN blocks) as BertModel builds it."""
         layers = getattr(getattr(self.bert, "encoder", None), "layer", None)
         emb = getattr(self.bert, "embeddings", None)
+        if self.readout != "cls":  # its last block computes [CLS] only
+            return False
         if not layers or emb is None or getattr(self.bert.config, "is_decoder", False):
             return False
         if getattr(self.bert.config, "position_embedding_type", "absolute") != "absolute":
