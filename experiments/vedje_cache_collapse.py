@@ -29,9 +29,9 @@ on a grid of 20 validation queries × their positives, every pair: the [CLS]'s a
 cache tokens (last layer and all layers, against an even spread over the tokens), and how much of
 the final [CLS] state c(q, v) and of the score with ρ = 0 varies with the query, with the item
 (the cache) and with the two together (two-way sums of squares; only the interaction can rank one
-query's candidates differently from another's). Prints one table per condition and a summary. ≈ 1 min per epoch and
-condition on the 2-core machine (an MLM- or VTC-only epoch is shorter): the default (7 conditions ×
-3 epochs) ≈ 20 min.
+query's candidates differently from another's), with each grid's absolute spread. Prints one table
+per condition and a summary. ≈ 1–2 min per epoch and condition on the 2-core machine (an MLM- or
+VTC-only epoch is shorter): the default (7 conditions × 3 epochs) ≈ 20–30 min.
 
 ``--readout mean`` reads c(q, v) as the mean of every unpadded token's final state instead of the
 [CLS] (a control for the finding that this encoder's [CLS] hardly varies; not the paper's model).
@@ -127,9 +127,10 @@ def joint_response(model: Vedje, data: VedjeTensors, n: int) -> dict[str, float]
     validation queries × their ``n`` positives (every pair, stored BF16 caches): the [CLS]'s
     attention mass on the cache tokens per layer (mean over pairs and heads; ``uniform``: the mass
     if it attended evenly to the unpadded tokens, K/(L+K)), and the two-way shares (query / item /
-    interaction, %) of the final [CLS] states c(q, v) and of the scores with ρ = 0, with each grid's
-absolute spread (``grid_sd``: a share of a near-constant score is a share of nothing). Attention is read
-    with the eager kernel (SDPA returns no weights; the states agree to float rounding)."""
+    interaction, %) of the joint states c(q, v) the score reads and of the scores with ρ = 0, with
+    each grid's absolute spread (``grid_sd``: a share of a near-constant score is a share of
+    nothing). Attention is read with the eager kernel (SDPA returns no weights; the states agree
+    to float rounding)."""
     queries, items = response_grid(data, n)
     if len(queries) < 2:
         return {}
