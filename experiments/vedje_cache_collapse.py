@@ -84,13 +84,18 @@ def rms(t: torch.Tensor) -> float:
     return float(t.detach().float().pow(2).mean().sqrt())
 
 
+def _centred(grid: np.ndarray) -> np.ndarray:
+    """A Q×C(×D) grid as Q×C×D float64 minus its mean over the Q·C cells."""
+    g = grid.reshape(grid.shape[0], grid.shape[1], -1).astype(np.float64)
+    return g - g.mean(axis=(0, 1), keepdims=True)
+
+
 def two_way_shares(grid: np.ndarray) -> tuple[float, float, float]:
     """Shares (%) of a Q×C(×D) grid's sum of squares about its mean from the query effect, the item
     effect and their interaction (two-way ANOVA without replication, summed over D): SS = C·Σa_q² +
     Q·Σb_v² + Σ(ab)_qv², the three parts orthogonal. Only the interaction depends on the query and
     the item together: a score without it ranks every query's candidates the same way."""
-    g = grid.reshape(grid.shape[0], grid.shape[1], -1).astype(np.float64)
-    g = g - g.mean(axis=(0, 1), keepdims=True)
+    g = _centred(grid)
     a, b = g.mean(axis=1, keepdims=True), g.mean(axis=0, keepdims=True)
     inter = g - a - b
     total = float((g ** 2).sum())
@@ -104,8 +109,8 @@ def two_way_shares(grid: np.ndarray) -> tuple[float, float, float]:
 def grid_sd(grid: np.ndarray) -> float:
     """The grid's spread in absolute terms: √(SS / (Q·C)), SS the sum of squares about its mean
     (summed over D for vectors) — the scale that ``two_way_shares`` divides out."""
-    g = grid.reshape(grid.shape[0], grid.shape[1], -1).astype(np.float64)
-    return float(np.sqrt(((g - g.mean(axis=(0, 1), keepdims=True)) ** 2).sum() / (g.shape[0] * g.shape[1])))
+    g = _centred(grid)
+    return float(np.sqrt((g ** 2).sum() / (g.shape[0] * g.shape[1])))
 
 
 def response_grid(data: VedjeTensors, n: int) -> tuple[list[int], list[int]]:
@@ -264,9 +269,9 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
           "with ρ zeroed, the [CLS]'s attention on the cache (last layer) and the item + interaction share of c "
           "(untrained → last)\n\n| condition | cache cos untrained | last | change | pairs, ρ zeroed (%) "
           "| [CLS] attention on cache (%) | c: item + interaction (% of SS) |\n|---|---|---|---|---|---|---|")
+    reads = lambda r: r.get("c_item", math.nan) + r.get("c_inter", math.nan)  # noqa: E731
     for name, rows in report["conditions"].items():
         first, last = rows[0], rows[-1]
-        reads = lambda r: r.get("c_item", math.nan) + r.get("c_inter", math.nan)  # noqa: E731
         print(f"| {name} | {first['cache_cos']:.4f} | {last['cache_cos']:.4f} | "
               f"{last['cache_cos'] - first['cache_cos']:+.4f} | {last['rho0_pairs']:.1f} | "
               f"{first.get('attn_cache_last', math.nan):.1f} → {last.get('attn_cache_last', math.nan):.1f} | "

@@ -110,7 +110,8 @@ class JointReranker(nn.Module):
         return out.last_hidden_state
 
     def joint_state(self, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-        """c(q, v) for N pairs: the final [CLS] state of [text; cache] (N×d), what ``score`` reads."""
+        """c(q, v) for N pairs (N×d), what ``score`` reads: the final [CLS] state of [text; cache], or
+        with ``readout`` "mean" the mean final state of its unpadded tokens."""
         rows = rows.to(text.ids.device)
         hidden = self._encode(text.ids[rows], text.mask[rows], cache)
         if self.readout == "cls":
@@ -146,10 +147,10 @@ class JointReranker(nn.Module):
     def fast_scoring_supported(self) -> bool:
         """Whether ``score_fast`` can read this encoder: a BERT-style stack (absolute positions,
         self-attention with separate query/key/value, post-LN blocks) as BertModel builds it."""
-        layers = getattr(getattr(self.bert, "encoder", None), "layer", None)
-        emb = getattr(self.bert, "embeddings", None)
         if self.readout != "cls":  # its last block computes [CLS] only
             return False
+        layers = getattr(getattr(self.bert, "encoder", None), "layer", None)
+        emb = getattr(self.bert, "embeddings", None)
         if not layers or emb is None or getattr(self.bert.config, "is_decoder", False):
             return False
         if getattr(self.bert.config, "position_embedding_type", "absolute") != "absolute":
