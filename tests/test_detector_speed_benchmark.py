@@ -1,0 +1,40 @@
+"""The detector speed benchmark (benchmarks/detector_speed.py): its exact-equality check, its head
+share, and a tiny run on real demo crops."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from detector_speed import head_share, main, same_detections
+
+from models.backends.detectors import Detections
+
+
+def _dets(score: float) -> Detections:
+    return Detections(np.array([[1.0, 2.0, 3.0, 4.0]], np.float32), ["person"], np.array([score], np.float32))
+
+
+def test_same_detections_is_exact() -> None:
+    assert same_detections([_dets(0.75), Detections()], [_dets(0.75), Detections()])
+    assert not same_detections([_dets(0.75)], [_dets(np.nextafter(np.float32(0.75), np.float32(1.0)))])
+    assert not same_detections([_dets(0.75)], [Detections()])
+    assert not same_detections([_dets(0.75)], [_dets(0.75), _dets(0.75)])
+
+
+def test_head_share_by_hand() -> None:
+    layers = {"BoxPredictor_1/ClassPredictor/Conv2D": 30.0, "ClassPredictor/concat/sigmoid": 10.0,
+              "BoxPredictor_1/BoxEncodingPredictor/Conv2D": 20.0, "FeatureExtractor/Conv": 40.0}
+    assert head_share(layers) == 0.4
+    assert head_share({}) == 0.0
+
+
+def test_tiny_run_on_demo_crops(capsys) -> None:
+    results = main(["--images", "4", "--repeats", "1", "--batches", "1", "8"])
+    assert results["batch 1"]["same"] is True and results["batch 8"]["ratio"] == 1.0
+    assert 0.0 < results["profile"]["head_share"] < 1.0
+    assert "same detections as batch 8" in capsys.readouterr().out
