@@ -35,8 +35,12 @@ VTC-only epoch is shorter): the default (7 conditions × 3 epochs) ≈ 20–30 m
 
 ``--readout mean`` reads c(q, v) as the mean of every unpadded token's final state instead of the
 [CLS] (a control for the finding that this encoder's [CLS] hardly varies; not the paper's model).
+``--blocks random`` re-draws the joint encoder's transformer blocks (attention and feed-forward)
+with BERT's initialisation and keeps its pretrained token embeddings (``redraw_blocks``): a control
+for the reading that the pretrained sentence encoder is what keeps caption and cache apart.
 
     .venv/bin/python experiments/vedje_cache_collapse.py [--epochs 3] [--compressor-norm post|pre] [--readout cls|mean]
+        [--blocks pretrained|random]
         [--conditions "vtm+vtc+mlm" vtm ...] [--structure-weight 1] [--seed 0] [--tiny]
 """
 
@@ -180,12 +184,35 @@ def measure(model: Vedje, data: VedjeTensors, cfg: Any, n_val: int, epoch: int, 
             **joint_response(model, data, n_val)}
 
 
+def redraw_blocks(bert: torch.nn.Module, std: float, seed: int) -> int:
+    """Re-initialise every transformer block of ``bert`` as BERT initialises a new model (Linear
+    weights N(0, ``std``), biases 0, LayerNorm weight 1 and bias 0), keeping the embeddings.
+    Returns how many parameters were re-drawn. Experiment-only (``--blocks random``)."""
+    generator = torch.Generator().manual_seed(seed)
+    drawn = 0
+    with torch.no_grad():
+        for block in bert.encoder.layer:
+            for module in block.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std)
+                    if module.bias is not None:
+                        module.bias.zero_()
+                elif isinstance(module, torch.nn.LayerNorm):
+                    module.weight.fill_(1.0)
+                    module.bias.zero_()
+            drawn += sum(p.numel() for p in block.parameters())
+    return drawn
+
+
 def run_condition(data: VedjeTensors, args: argparse.Namespace, losses: tuple[str, ...], hide_prior: bool
                   ) -> list[dict[str, Any]]:
     """Train one model with ``losses`` for ``--epochs`` epochs; a measurement before and after each."""
     spec = model_spec(args)
     model = new_model(data, args, args.seed)
     model.reranker.readout = args.readout
+    if args.blocks == "random":
+        bert = model.reranker.bert
+        redraw_blocks(bert, float(getattr(bert.config, "initializer_range", 0.02)), args.seed)
     cfg = train_config(spec, epochs=args.epochs, batch_size=args.batch, train_candidates=args.candidates,
                        negatives_from=SOURCES["images"]["negatives_from"], warmup_steps=args.warmup,
                        lr_peak=args.lr, epoch_decay=args.decay, seed=args.seed, losses=losses,
@@ -229,6 +256,8 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
                         help="weight of the cache-structure term in the conditions that name it")
     parser.add_argument("--readout", choices=("cls", "mean"), default="cls",
                         help="c(q, v): the final [CLS] state (the paper) or the mean of every token's (a control)")
+    parser.add_argument("--blocks", choices=("pretrained", "random"), default="pretrained",
+                        help="the joint encoder's transformer blocks as loaded, or re-drawn at BERT's init (a control)")
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--candidates", type=int, default=4)
@@ -250,7 +279,8 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
     if args.tiny:
         data = tiny_subset(data)
     data, counts = validation_split(data, "identity", args.val_share, seed=0)
-    print(f"## images, compressor {args.compressor_norm}-norm, readout {args.readout}, seed {args.seed}, "
+    print(f"## images, compressor {args.compressor_norm}-norm, readout {args.readout}, blocks {args.blocks}, "
+          f"seed {args.seed}, "
           f"{args.epochs} epochs per "
           f"condition; train {counts['train_items']} items / {counts['train_queries']} queries, validation "
           f"{counts['val_items']} / {counts['val_queries']}", flush=True)

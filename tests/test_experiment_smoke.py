@@ -25,7 +25,7 @@ from gtr_hallucination import (
 from gtr_noise import identity_split
 from saft_ablation import interval_table
 from tiny_models import build_tiny_bert
-from vedje_cache_collapse import grid_sd, joint_response, two_way_shares
+from vedje_cache_collapse import grid_sd, joint_response, redraw_blocks, two_way_shares
 from vedje_cache_collapse import main as vedje_cache_collapse_main
 from vedje_convergence import TINY, new_model, validation_split
 from vedje_convergence import main as vedje_convergence_main
@@ -270,6 +270,40 @@ def test_joint_response_reads_queries_as_rows_and_attention_by_hand(tmp_path: Pa
     assert r["attn_cache_last"] == pytest.approx(r["attn_uniform"], rel=1e-5)
     assert r["attn_cache_mean"] == pytest.approx(r["attn_uniform"], rel=1e-5)
     assert model.reranker.bert.config._attn_implementation != "eager"  # the kernel is put back
+
+
+def test_redraw_blocks_redraws_the_blocks_only() -> None:
+    """Every block's Linear weights re-drawn at N(0, std), biases 0, LayerNorms 1/0, from the seed;
+    the embeddings (and their LayerNorm) keep what they had."""
+    from transformers import BertConfig, BertModel
+
+    def spoiled() -> BertModel:
+        bert = BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=64, max_position_embeddings=16))
+        with torch.no_grad():
+            for p in bert.parameters():
+                p.fill_(5.0)
+        return bert
+
+    bert = spoiled()
+    drawn = redraw_blocks(bert, 0.02, seed=3)
+    per_block = 4 * (32 * 32 + 32) + 2 * 2 * 32 + (32 * 64 + 64) + (64 * 32 + 32)  # q k v o, 2 LNs, FFN
+    assert drawn == 2 * per_block
+    weights = torch.cat([m.weight.flatten() for b in bert.encoder.layer for m in b.modules()
+                         if isinstance(m, torch.nn.Linear)])
+    assert float(weights.std()) == pytest.approx(0.02, rel=0.05) and abs(float(weights.mean())) < 0.002
+    for block in bert.encoder.layer:
+        for m in block.modules():
+            if isinstance(m, torch.nn.Linear):
+                assert torch.count_nonzero(m.bias) == 0
+            elif isinstance(m, torch.nn.LayerNorm):
+                assert torch.all(m.weight == 1.0) and torch.count_nonzero(m.bias) == 0
+    assert all(torch.all(p == 5.0) for p in bert.embeddings.parameters())
+    again, other = spoiled(), spoiled()
+    redraw_blocks(again, 0.02, seed=3)
+    redraw_blocks(other, 0.02, seed=4)
+    q = lambda m: m.encoder.layer[1].attention.self.query.weight  # noqa: E731
+    assert torch.equal(q(again), q(bert)) and not torch.equal(q(other), q(bert))
 
 
 def test_grid_sd_by_hand() -> None:
