@@ -20,7 +20,6 @@ summed by kind: the class-prediction heads (91 COCO classes) against the rest.
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import threading
 import time
@@ -29,19 +28,19 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import pyarrow.parquet as pq
-from PIL import Image
 
 from models.backends.detectors import Detections, SsdMobileNetDetector
+from rde.common.image_decoding import decode_rgb
 from rde.common.profiles import load_profile
+from storage import Artifact
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def demo_images(n: int) -> list[np.ndarray]:
-    """The first ``n`` demo-pool crops as RGB arrays."""
-    table = pq.read_table(ROOT / "data" / "demo_pool", columns=["image_bytes"]).slice(0, n)
-    return [np.asarray(Image.open(io.BytesIO(b)).convert("RGB")) for b in table.column("image_bytes").to_pylist()]
+    """The first ``n`` demo-pool images, decoded as the measure stage decodes them."""
+    table = Artifact(str(ROOT / "data" / "demo_pool")).read_shard(0, ["image_bytes"]).slice(0, n)
+    return [decode_rgb(b) for b in table.column("image_bytes").to_pylist()]
 
 
 def same_detections(a: Sequence[Detections], b: Sequence[Detections]) -> bool:
