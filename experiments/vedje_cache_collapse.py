@@ -280,10 +280,8 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_source) -> dict[
         data = tiny_subset(data)
     data, counts = validation_split(data, "identity", args.val_share, seed=0)
     print(f"## images, compressor {args.compressor_norm}-norm, readout {args.readout}, blocks {args.blocks}, "
-          f"seed {args.seed}, "
-          f"{args.epochs} epochs per "
-          f"condition; train {counts['train_items']} items / {counts['train_queries']} queries, validation "
-          f"{counts['val_items']} / {counts['val_queries']}", flush=True)
+          f"seed {args.seed}, {args.epochs} epochs per condition; train {counts['train_items']} items / "
+          f"{counts['train_queries']} queries, validation {counts['val_items']} / {counts['val_queries']}", flush=True)
     report: dict[str, Any] = {"args": vars(args), "counts": counts, "conditions": {}}
     out = state_dir() / "experiments" / "vedje_cache_collapse.json"
     out.parent.mkdir(parents=True, exist_ok=True)
