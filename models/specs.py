@@ -79,7 +79,7 @@ BACKENDS: dict[str, set[str]] = {
 # Backends whose batch size only changes speed (within float tolerance), so it may be ``auto``.
 MEASURED_BACKENDS = BACKENDS["image_embedder"] | BACKENDS["text_encoder"] | BACKENDS["experts"]
 # Model options that change speed only (results equal within float tolerance): left out of stage keys.
-SPEED_ONLY_OPTIONS = frozenset({"auto_batch", "fold_batch_norm", "channels_last", "memo_items"})
+SPEED_ONLY_OPTIONS = frozenset({"auto_batch", "fold_batch_norm", "channels_last", "memo_items", "facts_threads"})
 # Detector fields of the same kind.
 SPEED_ONLY_DETECTOR_FIELDS = frozenset({"memo_items"})
 

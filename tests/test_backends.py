@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import re
+import threading
+import time
 from pathlib import Path
 
 import cv2
@@ -253,6 +255,80 @@ def test_grounded_captioner_puts_facts_in_the_prompt_and_rejects_inventions(
     assert "Image 1 (target): subject: a person" in system and "upper-body clothing colour" in system
     assert llm.seen[0].messages[0].images == [] and llm.seen[0].messages[1].images == []
     assert not res.ok and res.error.startswith("ungrounded")
+
+
+def _crop_requests(pool_rows: dict[str, dict], count: int) -> list[GenerationRequest]:
+    from rde.common.image_decoding import decode_rgb
+
+    crops = [decode_rgb(r["image_bytes"]) for r in pool_rows.values() if r["variant"] == "crop"][:count]
+    return [GenerationRequest(f"r{i}", [ChatMessage("user", "Describe the person.", [im])])
+            for i, im in enumerate(crops)]
+
+
+def test_every_backend_names_its_slow_imports_and_they_exist(registry: ModelRegistry) -> None:
+    import importlib.util
+
+    from models.backends.registry import BACKEND_IMPORTS
+    from models.specs import BACKENDS
+
+    assert {b for names in BACKENDS.values() for b in names} <= set(BACKEND_IMPORTS)
+    assert all(importlib.util.find_spec(m) for modules in BACKEND_IMPORTS.values() for m in modules)
+    # a composed backend: its parts' imports, its LLM's, then its own; torch before what needs it
+    grounded = registry.imports(load_profile("demo").models.generators[0])
+    assert grounded == ("torch", "efficientnet_lite_pytorch", "models.backends.image_embedders", "xllamacpp",
+                        "models.backends.grounded_captioner")
+    bridge = registry.imports(ModelSpec(backend="semantic-bridge", model_id="semantic-bridge-v1"))
+    assert bridge.index("torch") == 0 and "sentence_transformers" in bridge and bridge[-1] == "models.backends.experts"
+
+
+def test_measured_ahead_facts_equal_sequential(registry: ModelRegistry, pool_rows: dict[str, dict]) -> None:
+    """Facts measured ahead on two threads: the same prompts and the same EfficientNet rows kept
+    in the shared memo (bit for bit) as one request at a time."""
+    from models.backends.content_memo import shared_memo
+
+    requests = _crop_requests(pool_rows, 12)
+    embedder = registry._bundled_embedder()
+    memo = shared_memo("efficientnet-lite0-pooled", 1)
+    images = [r.messages[0].images[0] for r in requests]
+    seen, rows = [], []
+    for threads in (1, 2):
+        with memo._lock:
+            memo._items.clear()
+        llm = _ScriptedLlm("The person wears a top.")
+        spec = ModelSpec(backend="grounded", model_id="grounded-test", options={"facts_threads": threads})
+        GroundedCaptionGenerator(spec, registry.detector(), embedder, llm).generate(requests)
+        seen.append([m.content for r in llm.seen for m in r.messages])
+        rows.append(memo.get_or_compute(embedder._memo_namespace, images, lambda _: pytest.fail("not remembered")))
+    assert seen[0] == seen[1]
+    assert all(np.array_equal(a, b) for a, b in zip(*rows, strict=True))
+
+
+def test_facts_are_measured_ahead_one_request_per_call_on_threads(registry: ModelRegistry,
+                                                                   pool_rows: dict[str, dict]) -> None:
+    requests = _crop_requests(pool_rows, 6)
+    calls: list[tuple[str, int]] = []
+    running, most = [0], [0]
+    lock = threading.Lock()
+    gen = GroundedCaptionGenerator(ModelSpec(backend="grounded", model_id="grounded-test"), registry.detector(),
+                                   registry._bundled_embedder(), _ScriptedLlm("The person wears a top."))
+    real = gen.facts
+
+    def counting(images: list[np.ndarray]):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            calls.append((threading.current_thread().name, len(images)))
+        time.sleep(0.05)
+        try:
+            return real(images)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    gen.facts = counting
+    gen.generate(requests)
+    assert [n for _, n in calls] == [1] * 6  # one request's images per call, each image once
+    assert most[0] == 2 and len({name for name, _ in calls}) == 2
 
 
 @pytest.mark.slow
