@@ -11,7 +11,7 @@ writes the manifests, publishes the stage's table (and its report) and logs one 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,7 +24,6 @@ from rde.common.run_lock import output_lock
 from storage import Artifact, ShardInfo, content_key
 from tasks import fanout, sharded
 from tasks.context import RunContext
-from tasks.import_warmup import ImportWarmup
 from tasks.reporting import log, publish_markdown, publish_table, stage_table
 from tasks.sharded import StageResult
 from tasks.stage import Lineage, Pipeline, Stage, StageRun, Work
@@ -54,20 +53,8 @@ def stage_key(stage: Stage, reads: dict[str, Artifact], optional: dict[str, Arti
 
 
 def run_pipeline(ctx: RunContext, pipeline: Pipeline, until: str | None) -> list[StageResult]:
-    """Run the pipeline's stages in order up to ``until`` (inclusive). When the first stage that
-    does work starts, the later stages' slow imports start in the background (``ImportWarmup``);
-    a run that skips every stage imports nothing ahead."""
-    stages = pipeline.upto(until)
-    warmup = ImportWarmup()
-
-    def warm_after(i: int) -> Callable[[], None]:
-        return lambda: warmup.start(m for later in stages[i + 1:] for m in later.imports(StageRun(later, ctx)))
-
-    try:
-        return [run_stage(ctx, stage, before_work=None if warmup.started else warm_after(i))
-                for i, stage in enumerate(stages)]
-    finally:
-        warmup.join()
+    """Run the pipeline's stages in order up to ``until`` (inclusive)."""
+    return [run_stage(ctx, stage) for stage in pipeline.upto(until)]
 
 
 @dataclass
@@ -116,13 +103,10 @@ def fans_out(stage: Stage, ctx: RunContext) -> bool:
             and (not spec.stages or stage.name in spec.stages))
 
 
-def run_stage(ctx: RunContext, stage: Stage, before_work: Callable[[], None] | None = None) -> StageResult:
-    """Run (or skip) one stage, publish its table and report; returns what it did. ``before_work``
-    is called first when some output is not complete for the key (the stage will compute)."""
+def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
+    """Run (or skip) one stage, publish its table and report; returns what it did."""
     prepared = prepare_stage(ctx, stage)
     run, key, outs, common = prepared.run, prepared.key, prepared.outputs, prepared.common
-    if before_work is not None and not sharded.all_complete(outs, key):
-        before_work()
     with _shared_outputs_held(stage, ctx):
         if fans_out(stage, ctx):
             result = fanout.run_fanned_out(ctx, stage.name, outs, key, stage.shard_count(run), _recount(stage),

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from models.backends.interfaces import ChatMessage, GenerationRequest
-from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, BUNDLED_LLM, BUNDLED_TEXT_ENCODER, spec_lineage
+from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
@@ -69,10 +69,6 @@ class CaptionPool(Stage):
         run.prepared.update(prompt=prompt, gen_spec=gen_spec, caption_file=caption_file)
         return Lineage(models={"generator": run.registry().lineage(gen_spec)},
                        prompts={"caption_pool": prompt.identity}, extra={"file": caption_file})
-
-    def imports(self, run: StageRun) -> tuple[str, ...]:
-        q = run.section("queries")
-        return () if q.caption_file or not run.models.generators else run.registry().imports(run.models.generators[0])
 
     def run(self, run: StageRun) -> Work:
         q, prompt, gen_spec = run.section("queries"), run.prepared["prompt"], run.prepared["gen_spec"]
@@ -155,9 +151,6 @@ class CaptionStats(Stage):
     def lineage(self, run: StageRun) -> Lineage:
         return Lineage(models={"pos_tagger": "en_core_web_sm 3.8.0"})
 
-    def imports(self, run: StageRun) -> tuple[str, ...]:
-        return ("spacy",)
-
     def run(self, run: StageRun) -> Work:
         rows = run.input("caption_pool").rows(["domain", "text"])
         out = []
@@ -191,11 +184,6 @@ class DapQueries(Stage):
                                "encoder": spec_lineage(run.models.text_encoder)},
                        prompts={**{f"dap_{k}": v.identity for k, v in prompts.items()},
                                 "query_safety": safety.identity})
-
-    def imports(self, run: StageRun) -> tuple[str, ...]:
-        registry = run.registry()
-        return (*registry.imports(run.models.query_generator or ModelSpec(**BUNDLED_LLM)),
-                *registry.imports(run.models.text_encoder or BUNDLED_TEXT_ENCODER), "spacy")
 
     def run(self, run: StageRun) -> Work:
         registry = run.registry()
@@ -246,9 +234,6 @@ class Cgds(Stage):
         cache = EmbeddingCache(run.ctx.base, run.registry().image_embedder())
         run.prepared["cache"] = cache
         return Lineage(models={"image_embedder": cache.identity})
-
-    def imports(self, run: StageRun) -> tuple[str, ...]:
-        return (*run.registry().imports(run.models.image_embedder or BUNDLED_IMAGE_EMBEDDER), "sklearn.cluster")
 
     def run(self, run: StageRun) -> Work:
         """The draw on embeddings, then the gallery written streaming: per domain, one output shard
@@ -310,12 +295,6 @@ def expert_caches(run: StageRun) -> list[EmbeddingCache]:
             for spec in run.models.experts]
 
 
-def _expert_imports(run: StageRun) -> tuple[str, ...]:
-    """The slow imports of every configured expert (MECF and the evaluation build them all)."""
-    registry = run.registry()
-    return tuple(dict.fromkeys(m for spec in run.models.experts for m in registry.imports(spec)))
-
-
 class Mecf(Stage):
     """Every expert retrieves its top-K per query within the query's domain; keep the union (Eq. 1)."""
 
@@ -328,9 +307,6 @@ class Mecf(Stage):
 
     def lineage(self, run: StageRun) -> Lineage:
         return Lineage(models={"experts": [run.registry().lineage(s) for s in run.models.experts]})
-
-    def imports(self, run: StageRun) -> tuple[str, ...]:
-        return _expert_imports(run)
 
     def run(self, run: StageRun) -> Work:
         retrieval = run.section("retrieval")
@@ -491,9 +467,6 @@ class Evaluate(Stage):
         run.prepared["check_files"] = check_files
         return Lineage(models={"experts": [run.registry().lineage(s) for s in run.models.experts]},
                        extra={"check_sets": [sha256_json(Path(f).read_text(encoding="utf-8")) for f in check_files]})
-
-    def imports(self, run: StageRun) -> tuple[str, ...]:
-        return _expert_imports(run)
 
     def _score(self, run: StageRun, caches: list[EmbeddingCache], bench: str, labels: str, queries: list[dict],
                gallery: list[dict], gallery_vectors: Callable[[EmbeddingCache], np.ndarray],

@@ -199,11 +199,6 @@ class Stage:
         """Models, prompts and other inputs the outputs depend on (called once, before the work)."""
         return Lineage()
 
-    def imports(self, run: StageRun) -> tuple[str, ...]:
-        """The slow imports the work will make (its models' stacks: ``ModelRegistry.imports``); the
-        runner makes them ahead, in the background, while earlier stages run (``tasks.import_warmup``)."""
-        return ()
-
     def run(self, run: StageRun) -> Work:
         """The work over the whole input."""
         raise NotImplementedError(f"stage {self.name!r} implements neither run() nor process()")

@@ -265,22 +265,6 @@ def _crop_requests(pool_rows: dict[str, dict], count: int) -> list[GenerationReq
             for i, im in enumerate(crops)]
 
 
-def test_every_backend_names_its_slow_imports_and_they_exist(registry: ModelRegistry) -> None:
-    import importlib.util
-
-    from models.backends.registry import BACKEND_IMPORTS
-    from models.specs import BACKENDS
-
-    assert {b for names in BACKENDS.values() for b in names} <= set(BACKEND_IMPORTS)
-    assert all(importlib.util.find_spec(m) for modules in BACKEND_IMPORTS.values() for m in modules)
-    # a composed backend: its parts' imports, its LLM's, then its own; torch before what needs it
-    grounded = registry.imports(load_profile("demo").models.generators[0])
-    assert grounded == ("torch", "efficientnet_lite_pytorch", "models.backends.image_embedders", "xllamacpp",
-                        "models.backends.grounded_captioner")
-    bridge = registry.imports(ModelSpec(backend="semantic-bridge", model_id="semantic-bridge-v1"))
-    assert bridge.index("torch") == 0 and "sentence_transformers" in bridge and bridge[-1] == "models.backends.experts"
-
-
 def test_measured_ahead_facts_equal_sequential(registry: ModelRegistry, pool_rows: dict[str, dict]) -> None:
     """Facts measured ahead on two threads: the same prompts and the same EfficientNet rows kept
     in the shared memo (bit for bit) as one request at a time."""

@@ -139,58 +139,6 @@ def test_a_pipeline_runs_skips_and_reruns_only_what_a_change_touches(tmp_path: P
         grown.upto("nothing")
 
 
-class SlowImportSquares(Squares):
-    """Squares whose work needs a module that is slow to import (named per test)."""
-
-    module = ""
-    seen_imported: list[bool] = []
-
-    def imports(self, run: StageRun) -> tuple[str, ...]:
-        return (self.module,)
-
-    def run(self, run: StageRun) -> Work:
-        import sys
-
-        self.seen_imported.append(self.module in sys.modules)
-        return super().run(run)
-
-
-def test_later_stages_imports_are_made_ahead_only_when_a_stage_computes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first stage that computes starts the later stages' imports in a background thread; a
-    run that skips everything imports nothing; the runner waits for the thread before returning."""
-    import sys
-    import threading
-
-    importers: list[str] = []
-    for name in ("slow_import_a", "slow_import_b"):
-        (tmp_path / f"{name}.py").write_text(
-            "import threading, time\n"
-            f"IMPORTER = threading.current_thread().name\n"
-            "time.sleep(0.3)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(SlowImportSquares, "seen_imported", [])
-
-    class SlowNumbers(Numbers):
-        def run(self, run: StageRun) -> Work:
-            import time
-
-            time.sleep(0.5)  # the module is imported meanwhile
-            return super().run(run)
-
-    squares = SlowImportSquares()
-    monkeypatch.setattr(squares, "module", "slow_import_a")
-    toy = Pipeline("toy", (SlowNumbers(), Evens(), squares))
-    _pipeline(_ctx(tmp_path, per_request=5), toy)
-    importers.append(sys.modules["slow_import_a"].IMPORTER)
-    assert importers == ["import-warmup"] and SlowImportSquares.seen_imported == [True]
-    assert not any(t.name == "import-warmup" for t in threading.enumerate())  # joined
-    # everything complete: skipped, and nothing imported ahead (another module name, same key)
-    monkeypatch.setattr(squares, "module", "slow_import_b")
-    assert _ran(_pipeline(_ctx(tmp_path, per_request=5), toy)) == []
-    assert "slow_import_b" not in sys.modules
-
-
 class SharedNumbers(Numbers):
     """``Numbers`` with its output shared by the profile's flows (content-addressed)."""
 

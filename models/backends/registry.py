@@ -40,26 +40,6 @@ AUTO_BATCH_CACHE = "auto_batch.json"  # chosen batch sizes, in the state folder
 TEXT_VECTOR_CACHE = "text_vectors"  # fixed prompt lists' embeddings (the bridge's class prompts), in the state folder
 BUNDLED_LLM = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
 
-# The slow Python imports a backend's build makes (its model stack), so a runner can make them ahead,
-# in the background, while earlier stages compute (tasks.import_warmup). A composed backend's parts
-# add theirs (ModelRegistry.imports). torch comes first wherever it is imported, so the background
-# import and a later one in the flow's thread take the module locks in the same order.
-BACKEND_IMPORTS: dict[str, tuple[str, ...]] = {
-    "efficientnet-lite0": ("torch", "efficientnet_lite_pytorch", "models.backends.image_embedders"),
-    "transformers": ("torch", "transformers", "models.backends.image_embedders"),
-    "sentence-transformers": ("torch", "sentence_transformers", "models.backends.text_encoders"),
-    "semantic-bridge": ("torch", "models.backends.experts"),
-    "attributes": ("torch", "models.backends.experts"),
-    "transformers-clip": ("torch", "transformers", "models.backends.experts"),
-    "vlm-embedding": ("torch", "transformers", "models.backends.experts"),
-    "grounded": ("torch", "models.backends.grounded_captioner"),
-    "llama-cpp": ("xllamacpp",),
-    "openai-http": ("httpx",),
-    "vllm": (),  # its own environment; imported when built
-    "transformers-vlm": ("torch", "transformers"),
-    "bert": ("torch", "transformers"),
-}
-
 _cache: dict[tuple[str, str], Any] = {}
 _lock = threading.RLock()  # composite backends load their parts through _cached too
 
@@ -191,19 +171,6 @@ class ModelRegistry:
             out["parts"] = {name: detector_lineage(p) if isinstance(p, DetectorSpec) else spec_lineage(p)
                             for name, p in parts.items()}
         return out
-
-    def imports(self, spec: ModelSpec | None) -> tuple[str, ...]:
-        """The modules building ``spec`` imports (``BACKEND_IMPORTS``), its parts' and, for the
-        grounded captioner, its LLM's first; in order, each once."""
-        if spec is None:
-            return ()
-        names: list[str] = []
-        for part in self._part_specs(spec).values():
-            names += self.imports(part) if isinstance(part, ModelSpec) else []
-        if spec.backend == "grounded":
-            names += self.imports(ModelSpec(**{**BUNDLED_LLM, **spec.options.get("llm", {})}))
-        names += BACKEND_IMPORTS.get(spec.backend, ())
-        return tuple(dict.fromkeys(names))
 
     def expert(self, spec: ModelSpec) -> TextImageExpert:
         def build() -> TextImageExpert:
