@@ -268,11 +268,9 @@ def _crop_requests(pool_rows: dict[str, dict], count: int) -> list[GenerationReq
 def test_measured_ahead_facts_equal_sequential(registry: ModelRegistry, pool_rows: dict[str, dict]) -> None:
     """Facts measured ahead on two threads: the same prompts and the same EfficientNet rows kept
     in the shared memo (bit for bit) as one request at a time."""
-    from models.backends.content_memo import shared_memo
-
     requests = _crop_requests(pool_rows, 12)
     embedder = registry._bundled_embedder()
-    memo = shared_memo("efficientnet-lite0-pooled", 1)
+    memo = embedder._pooled_memo  # shared by every EfficientNet-Lite0 in the process
     images = [r.messages[0].images[0] for r in requests]
     seen, rows = [], []
     for threads in (1, 2):
