@@ -59,8 +59,7 @@ def head_share(layer_ms: dict[str, float]) -> float:
 
 def layer_times(detector: SsdMobileNetDetector, images: list[np.ndarray]) -> dict[str, float]:
     """Milliseconds per layer of one forward over ``images`` (OpenCV's own profile)."""
-    size = detector.spec.input_size
-    detector.net.setInput(cv2.dnn.blobFromImages(images, size=(size, size), swapRB=False, crop=False))
+    detector.net.setInput(detector.blob(images))
     detector.net.forward()
     _, per_layer = detector.net.getPerfProfile()
     ticks_per_ms = cv2.getTickFrequency() / 1000.0

@@ -111,9 +111,13 @@ class SsdMobileNetDetector(ChunkedDetector):
         self.labels = _tf_label_map()
         self._lock = threading.Lock()  # a cv2.dnn Net is not safe to run from two threads at once
 
-    def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
+    def blob(self, images: list[np.ndarray]) -> np.ndarray:
+        """The network's input for ``images``: resized to ``input_size`` square, channels as given."""
         size = self.spec.input_size
-        blob = cv2.dnn.blobFromImages(images, size=(size, size), swapRB=False, crop=False)
+        return cv2.dnn.blobFromImages(images, size=(size, size), swapRB=False, crop=False)
+
+    def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
+        blob = self.blob(images)
         with self._lock:
             self.net.setInput(blob)
             out = self.net.forward()  # 1×1×N×7: image index, class id, score, x1, y1, x2, y2 (relative)
