@@ -11,7 +11,6 @@ therefore never states an attribute that was not measured.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ from models.backends.attributes import (
     WHOLE,
     measure_attributes,
 )
+from models.backends.content_memo import image_digest
 from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
 from models.backends.interfaces import (
@@ -307,7 +307,7 @@ class GroundedCaptionGenerator:
         self.qa_from_facts = bool(spec.options.get("qa_from_facts", True))
         self.memo_size = int(spec.options.get("facts_memo", 4096))
         self.facts_threads = max(1, int(spec.options.get("facts_threads", 2)))
-        self._facts_memo: dict[str, ImageFacts] = {}
+        self._facts_memo: dict[bytes, ImageFacts] = {}
         self._facts_lock = threading.Lock()  # _measure_ahead's threads share the memo
 
     def facts(self, images: list[np.ndarray]) -> list[ImageFacts]:
@@ -416,7 +416,7 @@ class GroundedCaptionGenerator:
 
     def _facts_cached(self, images: list[np.ndarray]) -> list[ImageFacts]:
         """Facts per image, remembered by content (the tiers ask about the same image several times)."""
-        keys = [hashlib.sha1(im.tobytes() + str(im.shape).encode()).hexdigest() for im in images]
+        keys = [image_digest(im) for im in images]
         with self._facts_lock:
             found = {k: self._facts_memo[k] for k in keys if k in self._facts_memo}
         missing = [i for i, k in enumerate(keys) if k not in found]
