@@ -10,9 +10,11 @@ cuts the images into chunks of ``spec.batch_size``). Arms:
   detecting the two halves of the images at once (threads; OpenCV releases the GIL).
 
 The arms alternate (A B C … C B A …) and the median of ``--repeats`` is compared. Every arm's
-detections (boxes, labels, scores) are compared exactly with batch 8's: speed options must not
-change what the measure stage records. Last, OpenCV's per-layer profile of one batch-8 forward,
-summed by kind: the class-prediction heads (91 COCO classes) against the rest.
+detections (boxes, labels, scores) are compared with batch 8's, exactly ("same": the bits, which
+hold on this machine's kernels, not by construction) and within half a pixel and 1e-4 of score
+("close": what must hold on any CPU): speed options must not change what the measure stage records.
+Last, OpenCV's per-layer profile of one batch-8 forward, summed by kind: the class-prediction heads
+(91 COCO classes) against the rest.
 
     .venv/bin/python benchmarks/detector_speed.py [--images 128] [--repeats 3] [--threads]
 """
@@ -47,6 +49,17 @@ def same_detections(a: Sequence[Detections], b: Sequence[Detections]) -> bool:
     """True when two runs found exactly the same boxes, labels and scores in every image."""
     return len(a) == len(b) and all(
         x.labels == y.labels and np.array_equal(x.boxes, y.boxes) and np.array_equal(x.scores, y.scores)
+        for x, y in zip(a, b, strict=True))
+
+
+def close_detections(a: Sequence[Detections], b: Sequence[Detections], box_px: float = 0.5,
+                     score: float = 1e-4) -> bool:
+    """True when two runs found the same labels in every image, boxes within ``box_px`` pixels and
+    scores within ``score``: what must hold on any CPU, where a batch's shape may change a
+    convolution's last bits (``same_detections`` says whether it did here)."""
+    return len(a) == len(b) and all(
+        x.labels == y.labels and x.boxes.shape == y.boxes.shape
+        and np.allclose(x.boxes, y.boxes, rtol=0, atol=box_px) and np.allclose(x.scores, y.scores, rtol=0, atol=score)
         for x, y in zip(a, b, strict=True))
 
 
@@ -123,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float | bool]]:
     reference = at_batch(8)()  # also the untimed warm-up of the network
     times: dict[str, list[float]] = {name: [] for name in arms}
     same: dict[str, bool] = {}
+    close: dict[str, bool] = {}
     order = list(arms)
     for r in range(args.repeats):
         for name in order if r % 2 == 0 else order[::-1]:
@@ -130,17 +144,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float | bool]]:
             found = arms[name]()
             times[name].append((time.perf_counter() - start) * 1000.0 / len(images))
             same[name] = same.get(name, True) and same_detections(found, reference)
+            close[name] = close.get(name, True) and close_detections(found, reference)
 
     print(f"detector {detector.model_id}, {len(images)} demo images, OpenCV {cv2.__version__}, "
           f"{threads_before} OpenCV threads, median of {args.repeats}")
-    print(f"{'arm':<28} {'ms/image':>9} {'vs batch 8':>11}  same detections as batch 8")
+    print(f"{'arm':<28} {'ms/image':>9} {'vs batch 8':>11}  same detections as batch 8 (bits / close)")
     base = statistics.median(times["batch 8"]) if "batch 8" in times else None
     results: dict[str, dict[str, float | bool]] = {}
     for name in arms:
         ms = statistics.median(times[name])
         ratio = ms / base if base else float("nan")
-        results[name] = {"ms_per_image": ms, "ratio": ratio, "same": same[name]}
-        print(f"{name:<28} {ms:>9.1f} {ratio:>10.2f}×  {same[name]}")
+        results[name] = {"ms_per_image": ms, "ratio": ratio, "same": same[name], "close": close[name]}
+        print(f"{name:<28} {ms:>9.1f} {ratio:>10.2f}×  {same[name]} / {close[name]}")
 
     layers = layer_times(detector, images[:8])
     share = head_share(layers)

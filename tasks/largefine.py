@@ -53,7 +53,7 @@ class HardNegatives(Stage):
     hard negative (GTR+ Eq. 1), assign a generator; written in shards of ``largefine.shard_size``."""
 
     name = "hard-negatives"
-    version = "2"  # not bumped for embedding shard by shard nor the streamed search: the same bytes on the demo
+    version = "3"  # 3: exact scores the same on any CPU and for any query batch (rde.common.topk)
     reads = ("accepted",)
     writes = (Write("neighbours", "neighbours", NEIGHBOURS),
               Write("rejects", "rejects", REJECTS, folder="select_rejects", rejects=True))

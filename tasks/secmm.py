@@ -73,9 +73,11 @@ class CaptionPool(Stage):
     def run(self, run: StageRun) -> Work:
         q, prompt, gen_spec = run.section("queries"), run.prepared["prompt"], run.prepared["gen_spec"]
         if run.prepared["caption_file"]:
-            rows = _captions_from_file(Path(run.prepared["caption_file"]), run.section("input").default_domain)
-            return Work.one({"captions": pa.Table.from_pylist(rows, schema=CAPTIONS),
-                             "rejects": REJECTS.empty_table()}, {"input_rows": len(rows), "accepted": len(rows)})
+            path = Path(run.prepared["caption_file"])
+            captions = pa.Table.from_pylist(_captions_from_file(path, run.section("input").default_domain),
+                                            schema=CAPTIONS)
+            return Work.one({"captions": captions, "rejects": REJECTS.empty_table()},
+                            {"input_rows": _file_caption_count(path), "accepted": captions.num_rows})
         if gen_spec is None:
             raise ValueError("queries: no caption_file and no models.generators to caption the pool with")
         generator = run.registry().generator(gen_spec)
@@ -124,6 +126,12 @@ class CaptionPool(Stage):
         return Report(log=f"caption-pool: {result.accepted}/{result.input_rows} captions kept, sentences dropped "
                           f"{stats.get('dropped_sentences', {})}, {stats.get('rendered_from_facts', 0)} said "
                           "from the measured facts")
+
+
+def _file_caption_count(path: Path) -> int:
+    """The captions a caption file lists, counted apart from the rows made of them (the caption
+    pool's input on that path: each ends as one row)."""
+    return sum(len(item.get("captions", [])) for item in json.loads(path.read_text(encoding="utf-8")))
 
 
 def _captions_from_file(path: Path, domain: str) -> list[dict[str, Any]]:
@@ -299,7 +307,7 @@ class Mecf(Stage):
     """Every expert retrieves its top-K per query within the query's domain; keep the union (Eq. 1)."""
 
     name = "mecf"
-    version = "4"  # 4: the attribute expert measures garment colours on the GrabCut person mask
+    version = "5"  # 5: exact scores the same on any CPU (rde.common.topk.inner_products)
     reads = ("queries", "gallery")
     writes = (Write("candidates", "candidates", CANDIDATES),)
     config = ("retrieval",)
@@ -364,25 +372,22 @@ class Export(Stage):
               Write("gallery", "gallery", GALLERY, folder="benchmark/gallery"),
               Write("qrels", "qrels", QRELS, folder="benchmark/qrels"))
     main = "qrels"
-    balance = True  # every candidate becomes one qrels row
+    # every candidate becomes one qrels row: input is the candidates artifact's row count (its
+    # manifest), accepted the qrels rows written
+    balance = True
 
     def run(self, run: StageRun) -> Work:
         decisions = run.input("decisions")
         queries = pa.concat_tables([t for _, t in run.input("queries").iter_shards()])
         gallery = run.input("gallery")
-        cands = run.input("candidates").rows(["query_id", "image_id"])
+        candidates = run.input("candidates")
         made = {(d["query_id"], d["image_id"]): d for d in decisions.rows(list(QRELS.names))} \
             if decisions.is_complete() else {}
-        qrels = []
-        for c in cands:
-            d = made.get((c["query_id"], c["image_id"]))
-            qrels.append({"query_id": c["query_id"], "image_id": c["image_id"],
-                          "relevant": bool(d["relevant"]) if d else True, "verified": d is not None,
-                          "annotator": d["annotator"] if d else None, "decided_at": d["decided_at"] if d else None})
-        verified = sum(q["verified"] for q in qrels)
-        stats = {"input_rows": len(cands), "accepted": len(qrels), "verified": verified,
+        qrels = pa.Table.from_pylist(qrel_rows(candidates.rows(["query_id", "image_id"]), made), schema=QRELS)
+        verified = sum(qrels.column("verified").to_pylist())
+        stats = {"input_rows": candidates.count_rows(), "accepted": qrels.num_rows, "verified": verified,
                  "decisions_not_candidates": len(made) - verified}
-        first = {"queries": queries, "qrels": pa.Table.from_pylist(qrels, schema=QRELS)}
+        first = {"queries": queries, "qrels": qrels}
 
         def shards() -> Iterator[dict[str, pa.Table]]:
             """The gallery copied one shard at a time; queries and qrels in the first shard."""
@@ -406,6 +411,18 @@ class Export(Stage):
                 write_review_files(run.ctx, run.input("candidates").url, run.input("queries").url,
                                    run.input("gallery").url, fs_path / "review")
         return Report(markdown=[("dataset-card", card, "Benchmark dataset card")])
+
+
+def qrel_rows(candidates: list[dict[str, Any]], decisions: dict[tuple[str, str], dict[str, Any]]
+              ) -> list[dict[str, Any]]:
+    """One qrels row per candidate: a person's decision on it (verified), else relevant and unverified."""
+    rows = []
+    for c in candidates:
+        d = decisions.get((c["query_id"], c["image_id"]))
+        rows.append({"query_id": c["query_id"], "image_id": c["image_id"],
+                     "relevant": bool(d["relevant"]) if d else True, "verified": d is not None,
+                     "annotator": d["annotator"] if d else None, "decided_at": d["decided_at"] if d else None})
+    return rows
 
 
 def write_review_files(ctx: RunContext, candidates_url: str, queries_url: str, gallery_url: str,
@@ -456,7 +473,7 @@ class Evaluate(Stage):
     profile's hand-labelled check sets."""
 
     name = "evaluate"
-    version = "3"
+    version = "4"  # 4: rankings from scores that are the same on any CPU
     reads = ("benchmark/qrels", "benchmark/queries", "benchmark/gallery")
     writes = (Write("evaluation", "evaluation", EVALUATION),)
     config = ("evaluation",)

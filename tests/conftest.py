@@ -28,10 +28,13 @@ for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "Y
 # wall time under PASSIVE), and the results are bit-identical (the thread count is unchanged).
 # Inherited by every subprocess the tests start (CLI runs, stack servers, workers, flow runs).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# Workers keep torch's default thread count: with one thread per worker the float sums differ
-# slightly, SmolLM2 then decodes other tokens for the same facts, and the largefine module's run
-# has no QA-tier reject for its summary test to list (measured: it fails serially too under
-# OMP_NUM_THREADS=1). The suite's model outputs are those of a plain run on this machine.
+# Two threads per process for torch, OpenBLAS and MKL, whatever the machine's core count (the
+# count a 2-core machine gets by default): a float sum split over more threads may round otherwise,
+# so a many-core machine would run the models on other last bits than the 2-core machines the suite
+# is developed on. Tests do not depend on those bits (a CPU with other kernels rounds otherwise
+# too), but fewer differences are fewer near-ties that could flip.
+for _key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_key, "2")
 
 from rde.common.runtime import configure_prefect_env  # noqa: E402
 

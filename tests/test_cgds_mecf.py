@@ -6,9 +6,10 @@ from collections import Counter
 from itertools import pairwise
 
 import numpy as np
+from ranking import reference_scores, unambiguous_top
 
 from rde.common.profiles import SamplingSpec
-from rde.common.topk import topk_exact, topk_exact_blocks, topk_faiss
+from rde.common.topk import inner_products, topk_exact, topk_exact_blocks, topk_faiss
 from rde.secmm.cgds import (
     kmeans_clusters,
     kmeans_streaming,
@@ -126,36 +127,40 @@ def test_reservoir_sample_is_seeded_uniform_and_blind_to_block_ends() -> None:
 
 
 def test_topk_exact_blocked_matches_full_sort_and_faiss() -> None:
+    """The float64 order (this data has no near-ties among each row's 26 best: checked, so every
+    CPU must agree), scores within 1e-5 of float64, and faiss's flat index the same ids."""
     rng = np.random.default_rng(3)
     q = rng.normal(size=(7, 16)).astype(np.float32)
     g = rng.normal(size=(1000, 16)).astype(np.float32)
     idx, val = topk_exact(q, g, 25, block=128)
-    full = np.argsort(-(q @ g.T), axis=1, kind="stable")[:, :25]
+    reference = reference_scores(q, g)
+    full = unambiguous_top(reference, 25)
     assert np.array_equal(idx, full)
-    assert np.allclose(val, np.take_along_axis(q @ g.T, full, axis=1), atol=1e-5)
+    assert np.allclose(val, np.take_along_axis(reference, full, axis=1), rtol=0, atol=1e-5)
     f_idx, _ = topk_faiss(q, g, 25)
     assert np.array_equal(f_idx, full)
     tie_idx, _ = topk_exact(np.ones((1, 2), np.float32), np.ones((4, 2), np.float32), 3, block=2)
     assert tie_idx.tolist() == [[0, 1, 2]]  # ties by gallery order
 
 
-
 def test_topk_over_gallery_blocks_from_an_iterator_keeps_the_order_and_tie_break() -> None:
-    """Gallery blocks from an iterator, cut anywhere: the same top-k as a full sort by (higher
-    score, lower gallery index), also with many ties at the k-th score (integer scores), and as
-    ``topk_exact`` in memory where nothing ties; fewer gallery rows than k gives that many."""
+    """Gallery blocks from an iterator, cut anywhere, and ``topk_exact`` in memory with any block:
+    the same top-k as a full sort by (higher score, lower gallery index) of the whole matrix's
+    scores, also with many ties at the k-th score (integer scores), to the bit (the scores are
+    the same for any product shape); fewer gallery rows than k gives that many."""
     rng = np.random.default_rng(5)
     for q, g in ((rng.integers(-1, 2, (9, 8)), rng.integers(-1, 2, (700, 8))),  # integer scores: ties
                  (rng.normal(size=(9, 8)), rng.normal(size=(700, 8)))):
         q, g = q.astype(np.float32), g.astype(np.float32)
-        scores = q @ g.T
+        scores = inner_products(q, g)
         full = np.lexsort((np.broadcast_to(np.arange(700), scores.shape), -scores), axis=1)[:, :40]
         for cuts in ([700], [1, 64, 635], [333, 333, 34], [50] * 14):
             ends = np.cumsum([0, *cuts])
             idx, val = topk_exact_blocks(q, (g[a:b] for a, b in pairwise(ends)), 40)
             assert np.array_equal(idx, full), cuts
-            assert np.allclose(val, np.take_along_axis(scores, full, axis=1))
-    assert np.array_equal(topk_exact(q, g, 40, block=128)[0], full)  # in memory too (no ties here)
+            assert np.array_equal(val, np.take_along_axis(scores, full, axis=1))
+        for block in (128, 7, 700):
+            assert np.array_equal(topk_exact(q, g, 40, block=block)[0], full), block
     few, _ = topk_exact_blocks(q, iter([g[:3], g[3:5]]), 40)
     assert few.shape == (9, 5)
 

@@ -10,7 +10,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from detector_speed import head_share, main, same_detections
+from detector_speed import close_detections, head_share, main, same_detections
 
 from models.backends.detectors import Detections
 
@@ -26,6 +26,18 @@ def test_same_detections_is_exact() -> None:
     assert not same_detections([_dets(0.75)], [_dets(0.75), _dets(0.75)])
 
 
+def test_close_detections_allow_last_bits_not_other_findings() -> None:
+    """Within half a pixel and 1e-4 of score the runs agree; another label, a missing box or a
+    score 1e-3 off does not."""
+    moved = Detections(np.array([[1.3, 2.0, 3.0, 4.4]], np.float32), ["person"], np.array([0.75005], np.float32))
+    assert close_detections([_dets(0.75), Detections()], [moved, Detections()])
+    assert not close_detections([_dets(0.75)], [_dets(0.751)])
+    assert not close_detections([_dets(0.75)], [Detections(moved.boxes, ["car"], moved.scores)])
+    assert not close_detections([_dets(0.75)], [Detections()])
+    far = Detections(np.array([[1.0, 2.0, 3.0, 5.0]], np.float32), ["person"], np.array([0.75], np.float32))
+    assert not close_detections([_dets(0.75)], [far])
+
+
 def test_head_share_by_hand() -> None:
     layers = {"BoxPredictor_1/ClassPredictor/Conv2D": 30.0, "ClassPredictor/concat/sigmoid": 10.0,
               "BoxPredictor_1/BoxEncodingPredictor/Conv2D": 20.0, "FeatureExtractor/Conv": 40.0}
@@ -35,6 +47,9 @@ def test_head_share_by_hand() -> None:
 
 def test_tiny_run_on_demo_crops(capsys) -> None:
     results = main(["--images", "4", "--repeats", "1", "--batches", "1", "8"])
-    assert results["batch 1"]["same"] is True and results["batch 8"]["ratio"] == 1.0
+    # batch 1 against batch 8: the same findings on any CPU; the same bits only where the
+    # convolutions round alike for both shapes (they do on this machine: reported, not required)
+    assert results["batch 1"]["close"] is True and isinstance(results["batch 1"]["same"], bool)
+    assert results["batch 8"]["same"] is True and results["batch 8"]["ratio"] == 1.0
     assert 0.0 < results["profile"]["head_share"] < 1.0
     assert "same detections as batch 8" in capsys.readouterr().out

@@ -12,7 +12,9 @@ The choice is logged and cached per (backend, model, operation, device, machine,
 memory for the process and, when a cache file is configured (the registry uses
 ``<state dir>/auto_batch.json``; ``RDE_AUTO_BATCH_CACHE`` names another), on disk, so a rerun
 does not measure again. A number in the profile always wins and is never measured. Batch size
-does not change results beyond float tolerance, so it stays out of artifact stage keys.
+does not change results beyond float tolerance, so it stays out of artifact stage keys: the
+measured size depends on the machine, and a shard computed at another size may differ in its
+floats' last bits (never in what the stage decides beyond that tolerance, nor in a key).
 
 Settings come from ``options.auto_batch`` of the model spec (see ``AutoBatchSettings``).
 """

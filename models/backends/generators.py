@@ -100,13 +100,14 @@ class LlamaCppGenerator:
     GGUF path. Options: ``n_ctx`` (2048), ``threads`` (1 generation / 2 batch; more is slower on 2
     cores), ``top_logprobs`` (1), ``contexts`` (1): how many llama.cpp contexts answer a batch of
     requests at once, in threads (xllamacpp releases the GIL). A batch is cut into ``contexts``
-    contiguous runs, run k always on context k, each in order, so a batch's results are the same
-    on every run. They can differ from one context's in a few texts: llama.cpp reuses the part of a
-    prompt its context's cache already holds (the previous request's), and logits computed over a
-    different split differ in the last bits, enough to flip a near-tie in greedy decoding (1 of the
-    demo's 154 pool requests with 2 contexts). So ``contexts`` is part of the stage keys, like a
-    generator's batch size. A request's ``grammar`` (GBNF) constrains sampling. ``score`` teacher-forces a given
-    reply (see there).
+    contiguous runs, run k always on context k, each in order, so a batch's results are the same on
+    every run on one machine (another CPU's kernels round otherwise, and greedy decoding may then
+    pick another token at a near-tie). They can differ from one context's in a few texts: llama.cpp
+    reuses the part of a prompt its context's cache already holds (the previous request's), and
+    logits computed over a different split differ in the last bits, enough to flip a near-tie in
+    greedy decoding (1 of the demo's 154 pool requests with 2 contexts). So ``contexts`` is part of
+    the stage keys, like a generator's batch size. A request's ``grammar`` (GBNF) constrains
+    sampling. ``score`` teacher-forces a given reply (see there).
     """
 
     def __init__(self, spec: ModelSpec) -> None:

@@ -61,10 +61,10 @@ def hard_negative_neighbours_blocks(queries: np.ndarray, query_ids: Sequence[str
     """:func:`hard_negative_neighbours` (exact search) for some queries (one output shard's vectors)
     against a gallery that arrives as blocks: ``gallery()`` gives every row of ``image_ids`` in
     order, a block at a time (one pool shard's vectors from the embedding cache), so only the
-    queries, one block and the running top-k are in memory. The same neighbours and draw as
-    :func:`hard_negative_neighbours` with ``query_rows`` on the whole pool held in memory (exact
-    search), except where distinct images tie at the last place searched: here the lower row wins
-    (``topk_exact_blocks``)."""
+    queries, one block and the running top-k are in memory. The same neighbours, scores (to the
+    bit, on any CPU: ``rde.common.topk.inner_products``) and draw as :func:`hard_negative_neighbours`
+    with ``query_rows`` on the whole pool held in memory (exact search); where distinct images tie
+    at the last place searched, the lower row wins in both."""
     ids = list(image_ids)
     if len(query_ids) != len(queries):
         raise ValueError(f"{len(query_ids)} query ids for {len(queries)} query vectors")
@@ -88,11 +88,9 @@ def hard_negative_neighbours_streamed(take: Callable[[np.ndarray], np.ndarray],
     fewer than ``ann.min_queries``) the rows are searched in batches of at most ``query_batch``,
     each against the whole gallery streamed in blocks (:func:`hard_negative_neighbours_blocks`):
     at most a query batch and one block of vectors are alive, whatever N, at the cost of one pass
-    over the cached vectors per batch. The same neighbours as the in-memory search but for ties at
-    the last place searched (lower row wins) and float32 rounding, which may depend on a product's
-    shape (bit-identical on the demo pool with 32 or more queries per batch, not with 8 or fewer).
-    Above that the IVF index is built over all N vectors, so they are read whole and searched in
-    memory (``take`` of every row)."""
+    over the cached vectors per batch. The same neighbours and scores as the in-memory search, to
+    the bit, for any batch and block size. Above that the IVF index is built over all N vectors,
+    so they are read whole and searched in memory (``take`` of every row)."""
     if query_batch < 1:
         raise ValueError(f"query_batch must be at least 1, got {query_batch}")
     ids = list(image_ids)
@@ -100,8 +98,8 @@ def hard_negative_neighbours_streamed(take: Callable[[np.ndarray], np.ndarray],
     if uses_index(len(ids), len(ids), index_above, ann):
         return hard_negative_neighbours(take(everything), ids, k, seed, index_above, ann=ann)
     found: list[Neighbours] = []
-    # batches of equal size (at most query_batch), never a last batch of a few rows: a product of a
-    # few query rows is rounded otherwise in float32 (on the demo pool, 8 or fewer: scores off by 5e-7)
+    # batches of equal size (at most query_batch): the scores do not depend on it, the work per
+    # batch stays even
     for rows in np.array_split(everything, -(-len(ids) // query_batch)) if ids else []:
         found += hard_negative_neighbours_blocks(take(rows), [ids[r] for r in rows], lambda: blocks(everything),
                                                  ids, k, seed)

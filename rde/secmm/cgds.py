@@ -13,6 +13,7 @@ domain's N × dim vectors.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +61,20 @@ def kmeans_clusters(vectors: np.ndarray, k: int, seed: int, backend: str = "auto
         model = MiniBatchKMeans(n_clusters=k, random_state=seed, batch_size=4096, n_init=3)
     else:
         model = KMeans(n_clusters=k, random_state=seed, n_init=3)
-    labels = model.fit_predict(x)
+    with at_most_two_openmp_threads():
+        labels = model.fit_predict(x)
     return Clustering(labels.astype(np.int64), model.cluster_centers_, float(model.inertia_))
+
+
+@contextmanager
+def at_most_two_openmp_threads() -> Iterator[None]:
+    """scikit-learn's Lloyd iterations add each OpenMP thread's partial centroid sums in the
+    order the threads finish: with two threads a + b = b + a, with three or more the sum (and so
+    the clusters, and the gallery) could change from run to run on a many-core machine."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=2, user_api="openmp"):
+        yield
 
 
 def _faiss_kmeans(x: np.ndarray, k: int, seed: int) -> Clustering:
@@ -154,7 +167,8 @@ def kmeans_streaming(blocks: Blocks, k: int, seed: int, passes: int = 5, batch_s
     if n == 0:
         return Clustering(np.zeros(0, np.int64), np.zeros((0, sample.shape[1])), 0.0)
     k = max(1, min(k, n))
-    centroids = KMeans(n_clusters=k, random_state=seed, n_init=init_tries).fit(sample).cluster_centers_
+    with at_most_two_openmp_threads():
+        centroids = KMeans(n_clusters=k, random_state=seed, n_init=init_tries).fit(sample).cluster_centers_
     centroids = np.asarray(centroids, dtype=np.float32)
     del sample
     previous: np.ndarray | None = None
