@@ -259,6 +259,11 @@ class Artifact:
     def count_rows(self) -> int:
         return self.manifest().total_rows
 
+    def count_equal(self, column: str, value: Any) -> int:
+        """Rows whose ``column`` equals ``value``, read from that column alone, shard by shard (a
+        stage's input counted apart from the rows its own loader builds)."""
+        return sum(v == value for _, table in self.iter_shards([column]) for v in table.column(column).to_pylist())
+
     def to_pandas(self, columns: Sequence[str] | None = None):  # pragma: no cover - convenience
         """Whole artifact as a DataFrame (for small artifacts, notebooks and tests)."""
         tables = [t for _, t in self.iter_shards(columns)]
@@ -309,6 +314,12 @@ class ArtifactWriter(Artifact):
             data = handle.read()
         rows = pq.ParquetFile(pa.BufferReader(data)).metadata.num_rows
         return ShardInfo(index=index, file=shard_name(index), rows=rows, bytes=len(data), sha256=sha256_bytes(data))
+
+    def remove_shard(self, index: int) -> None:
+        """Remove shard ``index``'s file, if there is one (a shard its stage must compute again)."""
+        path = join(self.path, shard_name(index))
+        if self.fs.exists(path):
+            self.fs.rm(path)
 
     def write_shard(self, index: int, table: pa.Table, stats: dict[str, Any] | None = None) -> ShardInfo:
         """Validate ``table`` against the schema and write it atomically as shard ``index`` (with

@@ -22,7 +22,9 @@ child's state and heartbeats (``prefect.flow-run.heartbeat`` events, sent every
 Only when every shard of the stage exists (one file per index: ``part-<index>.parquet``, written
 by rename or one PUT) does the parent build the manifest, from the files themselves: their rows,
 bytes and SHA-256 as read back, and the stats in their footers; the balance is checked per shard
-and in total as on the single-worker path.
+and in total as on the single-worker path. A shard of the key found without stats in its footer is
+removed before the ranges are split (its range computes it again): its input cannot be told from
+its rows.
 
 A run marked Crashed that was only slow to report (a network partition, not a dead worker) may
 still finish a shard that its replacement also computes: both write the same file name, the last
@@ -221,7 +223,7 @@ def shard_range_parameters(ctx: RunContext, stage: str, key: str, indices: tuple
 
 
 def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output], key: str, n_shards: int,
-                   recount: sharded.ShardRecount, *, balance: bool, upstream: Sequence[Artifact] = (),
+                   *, balance: bool, upstream: Sequence[Artifact] = (),
                    config: dict[str, Any] | None = None, models: dict[str, Any] | None = None,
                    prompt_versions: dict[str, str] | None = None) -> StageResult:
     """A per-shard stage as shard-range flow runs on the pool (module docstring); the same result,
@@ -234,6 +236,7 @@ def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output
     orchestrator.check_deployment()
     with sharded.Timer() as timer:
         sharded.begin(outputs, key)
+        sharded.discard_uncounted_shards(stage, outputs, key, range(n_shards))
 
         def present() -> set[int]:  # shard files of every output (begin() removed other keys' files)
             return set.intersection(*(Artifact(o.url).written_indices() for o in outputs)) & set(range(n_shards))
@@ -251,7 +254,7 @@ def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output
             finally:
                 publish_table(f"{ctx.flow_name}-{stage}-fanout".lower(), fanout_rows(ranges),
                               f"{stage}: shard-range flow runs on the pool (each try, and how it ended)")
-        infos, stats = collect_shards(outputs, key, n_shards, recount, stage, balance)
+        infos, stats = collect_shards(outputs, key, n_shards, stage, balance)
         total, balanced = sharded.finalize_stage(ctx, stage, outputs, key, infos, stats, balance=balance,
                                                  upstream=upstream, config=config, models=models,
                                                  prompt_versions=prompt_versions)
@@ -263,16 +266,21 @@ def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output
                        timer.seconds, balanced=balanced)
 
 
-def collect_shards(outputs: Sequence[sharded.Output], key: str, n_shards: int, recount: sharded.ShardRecount,
-                   stage: str, balance: bool) -> tuple[list[dict[str, ShardInfo]], list[dict[str, Any]]]:
+def collect_shards(outputs: Sequence[sharded.Output], key: str, n_shards: int, stage: str, balance: bool
+                   ) -> tuple[list[dict[str, ShardInfo]], list[dict[str, Any]]]:
     """Every shard's ShardInfo read back from its file (rows, bytes, SHA-256) and its footer stats,
-    checked as a shard task checks them; raises when a shard is missing."""
+    checked as a shard task checks them; raises when a shard is missing or holds no counts (its
+    input cannot be told from its rows)."""
     infos, stats = [], []
     for index in range(n_shards):
         found = sharded.existing_shards(outputs, key, index)
         if found is None:
             raise FanoutError(f"{stage}: shard {index} is missing after every range's run completed")
-        shard_stats = sharded.reused_shard_stats(outputs, index, recount)
+        shard_stats = sharded.footer_stats(outputs, index)
+        if shard_stats is None:
+            raise FanoutError(f"{stage}: shard {index} was written without its counts in the Parquet footer (by "
+                              "other code than this parent's?); its input cannot be told from its rows. Run the "
+                              "stage again: the parent removes such shards and has them computed")
         sharded.check_reasons(stage, shard_stats, f" shard {index}")
         if balance:
             sharded.check_balance(stage, shard_stats, f" shard {index}")

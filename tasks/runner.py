@@ -109,11 +109,11 @@ def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
     run, key, outs, common = prepared.run, prepared.key, prepared.outputs, prepared.common
     with _shared_outputs_held(stage, ctx):
         if fans_out(stage, ctx):
-            result = fanout.run_fanned_out(ctx, stage.name, outs, key, stage.shard_count(run), _recount(stage),
-                                    balance=stage.balance, **common)
+            result = fanout.run_fanned_out(ctx, stage.name, outs, key, stage.shard_count(run), balance=stage.balance,
+                                           **common)
         elif stage.per_shard:
             result = sharded.run_sharded(ctx, stage.name, outs, key, stage.shard_count(run),
-                                         _ShardWork(stage, run), _recount(stage), **shard_options(stage, ctx),
+                                         _ShardWork(stage, run), **shard_options(stage, ctx),
                                          balance=stage.balance, **common)
         else:
             result = _run_whole(ctx, stage, run, outs, key, **common)
@@ -139,7 +139,7 @@ def run_shard_range(ctx: RunContext, stage: Stage, key: str, indices: Sequence[i
     if wrong:
         raise fanout.FanoutError(f"stage {stage.name!r} has {n_shards} shards; asked for {wrong}")
     done = sharded.map_shards(ctx.flow_name, stage.name, prepared.outputs, key, list(indices),
-                              _ShardWork(stage, prepared.run), _recount(stage), total=len(indices),
+                              _ShardWork(stage, prepared.run), total=len(indices),
                               **shard_options(stage, ctx), balance=stage.balance, announce=True,
                               progress_key=artifact_key(ctx.flow_name, f"{stage.name}-range-{indices[0]}-progress"),
                               one_at_a_time=True)
@@ -189,10 +189,6 @@ class _ShardWork:
         if len(shards) != 1:
             raise ValueError(f"stage {self.stage.name!r}: process() must return one shard, got {len(shards)}")
         return shards[0], work.stats
-
-
-def _recount(stage: Stage) -> sharded.ShardRecount:
-    return sharded.count_accepted_rejected(stage.main_write, stage.rejects_write)
 
 
 @task(name="stage", cache_policy=NO_CACHE)

@@ -8,7 +8,9 @@ Accounting: a stage counts its input itself (images read, lines the generator re
 asked for), never as accepted + rejected. A stage that declares ``balance=True`` must then end
 every input as one accepted or one rejected row: the runner checks it per shard and in total and
 raises ``AccountingError`` before anything is written as complete. Each shard's stats travel in
-its Parquet footer, so a shard reused after a crash brings its own counts back.
+its Parquet footer, so a shard reused after a crash brings its own counts back; a shard written
+without them is computed again, never recounted from its rows (its input would then be accepted +
+rejected by construction, and its balance could not fail).
 """
 
 from __future__ import annotations
@@ -206,8 +208,9 @@ ShardRecount = Callable[[dict[str, pa.Table]], dict[str, Any]]
 
 
 def count_accepted_rejected(accepted: str, rejects: str | None = None) -> ShardRecount:
-    """Stats of a written shard from its rows: ``accepted`` rows, ``rejects`` rows by reason. Only
-    for shards written before stats were kept in the footer: input is then accepted + rejected."""
+    """Counts of a shard's tables from their rows: ``accepted`` rows, ``rejects`` rows by reason,
+    and ``input_rows`` as their sum. A stage that uses it sets ``input_rows`` from what it read
+    itself (the sum of its outputs would balance by construction)."""
 
     def recount(tables: dict[str, pa.Table]) -> dict[str, Any]:
         rejected = reason_counts(tables[rejects]) if rejects else {}
@@ -217,11 +220,42 @@ def count_accepted_rejected(accepted: str, rejects: str | None = None) -> ShardR
     return recount
 
 
-def reused_shard_stats(outputs: Sequence[Output], index: int, recount: ShardRecount) -> dict[str, Any]:
-    """The stats a previous run recorded in shard ``index``'s footer; ``recount`` from its rows
-    only for a shard written before footers held stats."""
-    stats = Artifact(outputs[0].url).shard_stats(index)
-    return stats if stats is not None else recount({o.name: Artifact(o.url).read_shard(index) for o in outputs})
+def footer_stats(outputs: Sequence[Output], index: int) -> dict[str, Any] | None:
+    """The counts the stage recorded in shard ``index``'s footer when it wrote it; None when the
+    shard holds none (written before footers held counts, or by other code)."""
+    return Artifact(outputs[0].url).shard_stats(index)
+
+
+def reusable_shard(stage: str, outputs: Sequence[Output], stage_key: str, index: int
+                   ) -> tuple[dict[str, ShardInfo], dict[str, Any]] | None:
+    """Shard ``index`` as a previous run of this key wrote it, with the counts from its footer; None
+    when it must be computed: not written, or written without counts (its input cannot be told from
+    its rows: accepted + rejected would balance by construction)."""
+    found = existing_shards(outputs, stage_key, index)
+    if found is None:
+        return None
+    stats = footer_stats(outputs, index)
+    if stats is None:
+        warn(f"{stage} shard {index}: written without its counts in the Parquet footer; computed again "
+             "(its input cannot be told from its rows)")
+        return None
+    return found, stats
+
+
+def discard_uncounted_shards(stage: str, outputs: Sequence[Output], stage_key: str, indices: Sequence[int]
+                             ) -> list[int]:
+    """Remove every output's file of each shard of ``indices`` written for this key without counts in
+    its footer, so that it is computed again (a fanned-out stage's parent does this before it decides
+    which shards its ranges ask for); returns those indices."""
+    uncounted = [i for i in indices
+                 if existing_shards(outputs, stage_key, i) is not None and footer_stats(outputs, i) is None]
+    for index in uncounted:
+        for out in outputs:
+            out.writer(stage_key).remove_shard(index)
+    if uncounted:
+        warn(f"{stage}: shards {uncounted} were written without their counts in the Parquet footer; computed "
+             "again (their input cannot be told from their rows)")
+    return uncounted
 
 
 _LIMITS_SEEN: dict[tuple[str, str], bool] = {}  # (flow run id, limit name) → the limit exists
@@ -262,17 +296,17 @@ def _retry_unless_accounting(task: Any, task_run: Any, state: Any) -> bool:
 @task(name="shard", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2,
       retry_condition_fn=_retry_unless_accounting)
 def shard_task(outputs: list[Output], stage_key: str, index: int, compute: ShardCompute,
-               recount: ShardRecount, concurrency_limit: str | None = None, stage: str = "",
+               concurrency_limit: str | None = None, stage: str = "",
                balance: bool = False, announce: bool = False) -> dict[str, Any]:
     """One shard of a sharded stage: reuse what a previous run of the same key wrote (with the
-    stats in its footer), else compute and write it atomically, its stats in the footer. A retry
-    (or a rerun after a crash) redoes only this shard. With ``balance`` a shard whose rows do not
-    account for its input is not written. With ``concurrency_limit`` the computation holds one slot
-    of that Prefect global concurrency limit (e.g. ``gpu``; created by ``rde stack up``;
-    ``run_sharded`` passes None where it does not exist)."""
-    done = existing_shards(outputs, stage_key, index)
-    if done is not None:
-        return {"index": index, "shards": done, "resumed": True, "stats": reused_shard_stats(outputs, index, recount)}
+    stats in its footer; one written without them is computed again), else compute and write it
+    atomically, its stats in the footer. A retry (or a rerun after a crash) redoes only this shard.
+    With ``balance`` a shard whose rows do not account for its input is not written. With
+    ``concurrency_limit`` the computation holds one slot of that Prefect global concurrency limit
+    (e.g. ``gpu``; created by ``rde stack up``; ``run_sharded`` passes None where it does not exist)."""
+    reused = reusable_shard(stage, outputs, stage_key, index)
+    if reused is not None:
+        return {"index": index, "shards": reused[0], "resumed": True, "stats": reused[1]}
     if concurrency_limit:
         with concurrency(concurrency_limit, occupy=1, strict=False):
             tables, stats = compute(index)
@@ -301,7 +335,7 @@ def announce_shard(stage: str, stage_key: str, index: int, written: dict[str, Sh
 
 
 def map_shards(flow_name: str, stage: str, outputs: Sequence[Output], stage_key: str, indices: Sequence[int],
-               compute: ShardCompute, recount: ShardRecount, *, total: int, tags: Sequence[str] = (),
+               compute: ShardCompute, *, total: int, tags: Sequence[str] = (),
                concurrency_limit: str | None = None, balance: bool = False,
                announce: bool = False, progress_key: str = "", one_at_a_time: bool = False) -> list[dict[str, Any]]:
     """Shard ``indices`` as Prefect tasks (tagged; holding a slot of ``concurrency_limit`` while
@@ -315,8 +349,8 @@ def map_shards(flow_name: str, stage: str, outputs: Sequence[Output], stage_key:
         progress.update(total - len(indices))
 
         def submit(index: int) -> Any:
-            return task_fn.submit(list(outputs), stage_key, index, compute, recount, concurrency_limit, stage,
-                                  balance, announce)
+            return task_fn.submit(list(outputs), stage_key, index, compute, concurrency_limit, stage, balance,
+                                  announce)
 
         if one_at_a_time:
             return [gather([submit(index)], progress)[0] for index in indices]
@@ -324,7 +358,7 @@ def map_shards(flow_name: str, stage: str, outputs: Sequence[Output], stage_key:
 
 
 def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_key: str, n_shards: int,
-                compute: ShardCompute, recount: ShardRecount, *, tags: Sequence[str] = (),
+                compute: ShardCompute, *, tags: Sequence[str] = (),
                 concurrency_limit: str | None = None,
                 upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
                 models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None,
@@ -335,15 +369,15 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
 
     Per-shard stats (``input_rows``, ``accepted``, ``rejected`` and numeric extras such as tokens)
     are summed into the manifest; with ``balance`` they are checked per shard and in total. A shard
-    reused from an interrupted run brings its stats back from its footer (``recount`` from its rows
-    only for shards written before footers held stats).
+    reused from an interrupted run brings its stats back from its footer (one without them is
+    computed again).
     """
     skipped = skip_if_complete(stage, outputs, stage_key, outputs[0].name)
     if skipped is not None:
         return skipped
     with Timer() as timer:
         begin(outputs, stage_key)
-        done = map_shards(ctx.flow_name, stage, outputs, stage_key, range(n_shards), compute, recount,
+        done = map_shards(ctx.flow_name, stage, outputs, stage_key, range(n_shards), compute,
                           total=n_shards, tags=tags, concurrency_limit=concurrency_limit, balance=balance)
         stats, balanced = finalize_stage(ctx, stage, outputs, stage_key, [r["shards"] for r in done],
                                          [r["stats"] for r in done], balance=balance, upstream=upstream,

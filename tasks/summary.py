@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from storage import Artifact
@@ -16,7 +17,11 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
     """Totals across stages; ``balanced`` asserts that no input was lost. ``rejected`` holds every
     stage's reasons (``stage:reason``; a stage that only gathers earlier stages' rejects is not
     counted twice), ``total_rejected`` the images rejected along the image chain (ingest, measure,
-    denoise) and ``accepted`` those the last of its stages that ran kept (``--until ingest`` too)."""
+    denoise) and ``accepted`` those the last of its stages that ran kept (``--until ingest`` too).
+    ``imbalance`` says what does not add up (empty when balanced): the chain's totals, and each of
+    its stages whose input is not what the stage before it accepted (that stage's row shows
+    ``balanced: False``): each stage balances its own rows, so rows lost between two stages show
+    only here."""
     by_name = {s.stage: s for s in stages}
     chain = [name for name in POOL_STAGES if name in by_name]
     inputs = by_name["ingest"].input_rows
@@ -28,6 +33,8 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
         for reason, count in stage.rejected.items():
             rejected[f"{stage.stage}:{reason}"] = rejected.get(f"{stage.stage}:{reason}", 0) + count
     total_rejected = sum(sum(by_name[name].rejected.values()) for name in chain)
+    gaps = chain_gaps([by_name[name] for name in chain])
+    imbalance = totals_gap(inputs, accepted, total_rejected) + list(gaps.values())
     artifacts = {}
     for stage in stages:
         for name, url in stage.artifacts.items():
@@ -37,14 +44,49 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
         "gallery": gallery.accepted if gallery else None,
         "queries": by_name["dap"].accepted if "dap" in by_name else None,
         "flow": ctx.flow_name, "profile": ctx.profile.name, "output_root": ctx.root,
-        "stages": [s.summary_row() for s in stages],
+        "stages": [{**s.summary_row(), **({"balanced": False} if s.stage in gaps else {})} for s in stages],
         "inputs": inputs, "accepted": accepted, "rejected": rejected, "total_rejected": total_rejected,
-        "balanced": accepted + total_rejected == inputs, "artifacts": artifacts,
+        "balanced": not imbalance, "imbalance": imbalance, "artifacts": artifacts,
     }
 
 
+def _lost(gap: int) -> str:
+    return f"{gap} rows lost" if gap > 0 else f"{-gap} rows more than went in"
+
+
+def totals_gap(inputs: int, accepted: int, total_rejected: int) -> list[str]:
+    """The chain's totals, when its accepted and rejected rows do not add up to its inputs."""
+    if accepted + total_rejected == inputs:
+        return []
+    return [f"{inputs} inputs, but {accepted} accepted + {total_rejected} rejected = {accepted + total_rejected} "
+            f"({_lost(inputs - accepted - total_rejected)})"]
+
+
+def chain_gaps(chain: list[StageResult]) -> dict[str, str]:
+    """Each stage of the chain whose input differs from what the stage before it accepted, and by
+    how much (a stage counts its input from what it read, so a gap is rows lost, or added, between
+    the two: in the artifact after the earlier stage wrote it)."""
+    gaps = {}
+    for before, after in pairwise(chain):
+        if after.input_rows != before.accepted:
+            gaps[after.stage] = (f"{after.stage}: {after.input_rows} inputs, but {before.stage} accepted "
+                                 f"{before.accepted} ({_lost(before.accepted - after.input_rows)} between the "
+                                 "two stages)")
+    return gaps
+
+
+def unbalanced_message(summary: dict[str, Any]) -> str:
+    """What the CLI says when a run's accounting does not add up: the summary's ``imbalance``, or
+    (a summary without it) its accounting line."""
+    from tasks.reporting import accounting_line
+
+    found = summary.get("imbalance") or [f"{accounting_line(summary)} does not add up"]
+    return f"accounting mismatch: {'; '.join(found)} (see the summary above)"
+
+
 def balance_mark(balanced: bool | None) -> str:
-    """A stage's balance check as shown: checked and true, or not a one-row-per-input stage."""
+    """A stage's balance check as shown: checked and true, FAILED (in a run summary: its input is not
+    what the stage before it accepted), or ``–``: not a one-row-per-input stage."""
     return "checked" if balanced else ("FAILED" if balanced is False else "–")
 
 
@@ -52,6 +94,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     lines = [f"# {summary['flow']} ({summary['profile']})", "",
              f"Inputs **{summary['inputs']}**, accepted **{summary['accepted']}**, "
              f"rejected **{summary['total_rejected']}**, balanced: **{summary['balanced']}**", "",
+             *[f"- not balanced: {line}" for line in summary.get("imbalance", [])],
              "| stage | skipped | input | accepted | rejected | shards | reused | seconds | balance |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in summary["stages"]:

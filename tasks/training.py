@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,19 @@ FEATURES = pa.schema([pa.field("kind", pa.string(), nullable=False),  # pair | i
                       pa.field("vector", VEC, nullable=False), pa.field("teacher", VEC)])
 LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
                  pa.field("terms", pa.string(), nullable=False)])
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Train on ``count`` torch threads (the float sums, and so the steps, do not depend on the
+    machine's core count), then give the process back the count it had: later stages and other
+    flows in the same process keep theirs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def step_log_table(step_losses: Sequence[dict[str, Any]]) -> pa.Table:
@@ -287,13 +301,16 @@ def loss_plot(result: TrainResult, path: Path, title: str) -> None:
 class Train(Stage):
     """Train (resuming from the last checkpoint of the same configuration), evaluate zero-shot and
     trained, write the step log, the evaluation rows, the final weights and the loss plot. One stage
-    per method: its folders are ``train_<method>`` (weights, plots), ``_log`` and ``_evaluation``."""
+    per method: its folders are ``train_<method>`` (weights, plots), ``_log`` and ``_evaluation``.
+    Its input is the features artifact's training pairs, counted from its ``kind`` column; accepted
+    are the pairs the trainer was given: a pair its loader drops fails the stage."""
 
     version = "2"
     reads = ("training_features",)
     config = ("training", "evaluation")
     resources = Resources(device="gpu", hold_slot=False, batch_size="training.batch_size")
     main = "log"
+    balance = True
 
     def __init__(self, method: str, cfg: TrainConfig) -> None:
         self.method, self.cfg = method, cfg
@@ -305,10 +322,14 @@ class Train(Stage):
         return Lineage(extra={"cfg": self.cfg.__dict__})
 
     def run(self, run: StageRun) -> Work:
+        with torch_threads(2):
+            return self._train(run)
+
+    def _train(self, run: StageRun) -> Work:
         ctx, folder = run.ctx, Path(run.output_url(self.name))
-        torch.set_num_threads(2)
         (folder / "s_hat.png").unlink(missing_ok=True)  # a previous configuration's histograms must not show
-        data = load_training_data(run.input("training_features").url, ctx)
+        features = run.input("training_features")
+        data = load_training_data(features.url, ctx)
         torch.manual_seed(self.cfg.seed)
         model = new_model(data, ctx)
         rows = evaluation_rows(model, data, "zero-shot")
@@ -320,7 +341,7 @@ class Train(Stage):
         torch.save(model.state_dict(), folder / "model.pt")
         loss_plot(result, folder / "loss.png", f"{self.method} ({len(data['pairs'])} pairs)")
         run.prepared["result"] = result
-        stats = {"input_rows": len(data["pairs"]), "accepted": len(data["pairs"]), "rejected": {},
+        stats = {"input_rows": features.count_equal("kind", "pair"), "accepted": len(data["pairs"]), "rejected": {},
                  "resumed_from_epoch": result.resumed_from,
                  "epoch_loss": [round(e.mean_loss, 5) for e in result.epochs],
                  "gmm": [gmm_epoch_stats(e) for e in result.epochs if e.confidence is not None]}

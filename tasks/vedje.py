@@ -168,7 +168,9 @@ def load_model(ctx: RunContext) -> tuple[Vedje, dict[str, Any]]:
 
 
 class VedjeTrain(Stage):
-    """Train (resuming per epoch), evaluate stage 1 vs rerank on the test split, save the model."""
+    """Train (resuming per epoch), evaluate stage 1 vs rerank on the test split, save the model. Its
+    input is the training split's queries, counted from the ``vedje_queries`` artifact's ``split``
+    column; accepted are those the trainer was given: a query its loader drops fails the stage."""
 
     name = "vedje-train"
     version = "1"
@@ -178,6 +180,7 @@ class VedjeTrain(Stage):
     config = ("vedje",)
     resources = Resources(device="gpu", hold_slot=False, batch_size="vedje.batch_size")
     main = "log"
+    balance = True
 
     def lineage(self, run: StageRun) -> Lineage:
         frozen = None  # the compressor kept from the previous run is an input when it is not retrained
@@ -214,7 +217,8 @@ class VedjeTrain(Stage):
             rows += [{**r, "precision": precision} for r in evaluate_rerank(
                 model, data, stored_caches(model, data, precision), spec.candidates, batch=spec.score_batch)]
         n_train = len(data.rows("train")[1])
-        stats = {"input_rows": n_train, "accepted": n_train, "rejected": {}, "resumed_from_epoch": result.resumed_from,
+        stats = {"input_rows": run.input("vedje_queries").count_equal("split", "train"), "accepted": n_train,
+                 "rejected": {}, "resumed_from_epoch": result.resumed_from,
                  "epoch_loss": [round(v, 5) for v in result.epoch_loss], "seconds": round(result.seconds, 1),
                  "vtm_share": round(result.vtm_share, 4),
                  "compressor": meta["cache_lineage"]["compressor"]}

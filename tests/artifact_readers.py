@@ -1,4 +1,5 @@
-"""Opens every artifact folder under an output root the way the README tells users to (issue 18):
+"""Opens every artifact folder under an output root the way the documentation tells users to
+(docs/architecture.md, "Artifacts"):
 ``pd.read_parquet(folder)``, ``pyarrow.dataset.dataset(folder)`` and ``datasets.load_dataset``
 with the documented ``data_files="<folder>/*.parquet"`` pattern (``data_dir=`` would also pick up
 ``_manifest.json``: Hugging Face skips only dot-files)."""

@@ -61,3 +61,17 @@ def make_corpus(folder: Path, person: np.ndarray) -> dict[str, tuple[str, str | 
     put("one_pixel.png", _encode(Image.new("RGB", (1, 1), (10, 20, 30)), "PNG"), "denoise", "too_small")
     put("duplicate_of_ok.jpg", jpeg, "denoise", "duplicate")
     return expected
+
+
+# Path-list rows that name no local file, each with the reason it must get (before anything is read).
+# A NUL byte would make every OS call raise; a URL joined to the list's folder would be a mangled path.
+BAD_PATH_ROWS: dict[str, str] = {
+    "root/ok_person.jpg\x00.png": "invalid_path",
+    "\x00": "invalid_path",
+    "s3://bucket/root/ok_person.jpg": "unsupported_url",
+    "http://example.com/ok_person.jpg": "unsupported_url",
+    "HTTPS://example.com/ok_person.jpg": "unsupported_url",
+    "file:///etc/hostname": "unsupported_url",
+    "file://root/ok_person.jpg": "unsupported_url",
+    "s3:/bucket/ok_person.jpg": "missing_file",  # one slash: a relative local path, not a URL
+}

@@ -84,10 +84,19 @@ def test_unusable_inputs_as_a_whole_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_file_too_large(tmp_path: Path, person: np.ndarray) -> None:
+    """Exactly the files over ``max_file_bytes`` are rejected as too large; the limit is the size
+    of one corpus file, which is read (the limit is inclusive) and becomes an image."""
     make_corpus(tmp_path, person)
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    limit = sizes["one_pixel.png"]
+    over = {name for name, size in sizes.items() if size > limit}
+    assert over and len(over) < len(sizes) - 1  # files on both sides of the limit, not only the one on it
     refs, _ = list_inputs(InputSpec(kind="folder", path=str(tmp_path)), tmp_path, DOMAINS)
-    _, rejects = ingest_shard(refs, IngestSpec(max_file_bytes=100), DOMAINS, roots=[str(tmp_path)])
-    assert "file_too_large" in rejects.column("reason").to_pylist()
+    images, rejects = ingest_shard(refs, IngestSpec(max_file_bytes=limit), DOMAINS, roots=[str(tmp_path)])
+    assert images.num_rows + rejects.num_rows == len(refs) == len(sizes)
+    too_large = {Path(r["source"]).name for r in rejects.to_pylist() if r["reason"] == "file_too_large"}
+    assert too_large == over
+    assert [Path(r["source"]).name for r in images.to_pylist()] == ["one_pixel.png"]
 
 
 def test_non_images_stay_not_an_image_after_ultralytics_patches_pillow() -> None:
@@ -218,3 +227,34 @@ def test_run_parameters_cannot_widen_confinement() -> None:
         with pytest.raises(ProfileError, match=f"input.{key} can only be set in a profile file"):
             load_profile("demo", {"input": {key: value}})
     assert load_profile("demo", {"input": {"kind": "folder", "path": "/tmp"}}).input.confine is True
+
+
+def test_path_list_rows_that_name_no_local_file_are_rejected_and_the_other_rows_go_on(
+        tmp_path: Path, person: np.ndarray) -> None:
+    """A NUL byte or a URL in a path list is one rejected row with its reason (the URL's scheme named),
+    rejected as listed (never joined to the list's folder); every good row before and after it becomes an image."""
+    from bad_input_corpus import BAD_PATH_ROWS
+
+    expected = make_corpus(tmp_path / "root", person)
+    good = sorted(name for name, (stage, _) in expected.items() if stage == "denoise")  # pass ingest
+    (tmp_path / "root" / "odd:name.jpg").write_bytes((tmp_path / "root" / "ok_person.jpg").read_bytes())
+    good_rows = [f"root/{name}" for name in [*good, "odd:name.jpg"]]
+    paths = [good_rows[0], *BAD_PATH_ROWS, *good_rows[1:]]
+    pq.write_table(pa.table({"path": paths}), tmp_path / "paths.parquet")
+    spec = InputSpec(kind="paths", path=str(tmp_path / "paths.parquet"))
+    refs, _ = list_inputs(spec, tmp_path, DOMAINS)
+    images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=allowed_roots(spec, tmp_path))
+    assert images.num_rows + rejects.num_rows == len(refs) == len(paths)
+    assert sorted(Path(s).name for s in images.column("source").to_pylist()) == sorted([*good, "odd:name.jpg"])
+    by_source = {r["source"]: r for r in rejects.to_pylist()}
+    shown = {raw: raw.replace("\x00", "\\x00") for raw in BAD_PATH_ROWS}
+    shown["s3:/bucket/ok_person.jpg"] = str(tmp_path / "s3:/bucket/ok_person.jpg")  # joined: a local path
+    assert {source: r["reason"] for source, r in by_source.items()} == {
+        shown[raw]: reason for raw, reason in BAD_PATH_ROWS.items()}
+    assert not any("\x00" in r["source"] for r in rejects.to_pylist())  # the stored source is plain text
+    for raw, reason in BAD_PATH_ROWS.items():
+        detail = by_source[shown[raw]]["detail"]
+        if reason == "unsupported_url":
+            assert f"is a {raw.split('://')[0]}:// URL" in detail, detail
+        elif reason == "invalid_path":
+            assert "NUL byte" in detail and "\\x00" in detail, detail

@@ -48,6 +48,7 @@ def test_bad_inputs_give_messages_not_tracebacks(tmp_path: Path) -> None:
         (["build-secmm", "--set", "denoise.min_height=-3"], "denoise.min_height"),
         (["build-secmm", "--set", "nonsense"], "--set expects key.path=value"),
         (["build-secmm", "--profile", "nope"], "not found"),
+        (["build-secmm", "--until", "bogus", "--output", str(tmp_path / "out")], "valid names: denoise, queries"),
     ]:
         result = _rde(*args)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
@@ -121,3 +122,68 @@ def test_each_cli_flow_ref_names_the_flow_it_loads() -> None:
                    "rerank"):
         ref = FlowRef(module)
         assert ref.load().name == ref.name, module
+
+
+
+# (arguments, what the error says): the first four are the CLI's own one-line errors, the others
+# typer's range and existence checks (its usage-error box)
+BAD_PARAMETERS = [
+    (["build-secmm", "--until", "bogus"], "--until 'bogus' is not a stage of build-secmm; valid names: denoise, "
+                                          "queries, gallery, candidates, benchmark, evaluate, ingest, measure"),
+    (["build-largefine", "--until", "tier"], "--until 'tier' is not a stage of build-largefine; valid names: "
+                                             "denoise, neighbours, tiers,"),
+    (["build-secmm", "--input-kind", "zip", "--input", "x"], "--input-kind 'zip' is not an input kind; valid kinds: "
+                                                             "folder, paths, pool"),
+    (["build-secmm", "--input-kind", "folder"], "--input-kind folder needs --input"),
+    (["pool", "synth", "--n", "0"], "Invalid value for '--n'"),
+    (["pool", "synth", "--n", "5", "--shard-size", "0"], "Invalid value for '--shard-size'"),
+    (["pool", "synth", "--n", "5", "--duplicate-share", "1.5"], "Invalid value for '--duplicate-share'"),
+    (["check-experts", "--k", "0"], "Invalid value for '--k'"),
+    (["stack", "up", "--port", "0"], "Invalid value for '--port'"),
+    (["stack", "up", "--gpu-slots", "0"], "Invalid value for '--gpu-slots'"),
+    (["stack", "status", "--port", "70000"], "Invalid value for '--port'"),
+    (["labels", "import", "no-such-decisions.json"], "does not exist"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_PARAMETERS, ids=[" ".join(a) for a, _ in BAD_PARAMETERS])
+def test_bad_run_parameters_are_refused_before_anything_starts(args: list[str], message: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad parameter is a clear error and exit 2 (typer's usage-error code), and nothing starts:
+    every command's work (a flow, the stack, the synthetic pool, the experts, a label import) fails
+    the test if it is reached."""
+    from rde.common import expert_check
+    from rde.entry import cli, stack, synth_pool
+    from rde.secmm import label_import
+
+    def started(*_args, **_kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"{args} started work before refusing its parameters")
+
+    monkeypatch.setattr(cli.FlowRef, "load", started)
+    for module, name in ((stack, "up"), (stack, "down"), (stack, "status"), (synth_pool, "write_synth_pool"),
+                         (expert_check, "load_check_set"), (label_import, "merge_decisions")):
+        monkeypatch.setattr(module, name, started)
+    monkeypatch.chdir(tmp_path)  # a relative path named here is not in the repository
+    out = ["--output", str(tmp_path / "out")] if args[0].startswith("build-") else []
+    result = runner.invoke(app, [*args, *out], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+    if message.startswith("--"):  # the CLI's own errors: one line
+        assert result.output.startswith("error: ") and result.output.strip().count("\n") == 0, result.output
+
+
+def test_a_stage_whose_rows_do_not_add_up_is_an_error_line_and_exit_2(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage that loses rows raises AccountingError in the flow: the CLI prints its message (the
+    stage and the counts) as one error line and exits 2, never a traceback."""
+    from rde.entry import cli
+    from tasks.sharded import AccountingError
+
+    def lossy_flow(**_kwargs):  # type: ignore[no-untyped-def]
+        raise AccountingError("denoise: 24 inputs counted, but 20 accepted + 1 rejected")
+
+    monkeypatch.setattr(cli.FlowRef, "load", lambda _self: lossy_flow)
+    result = runner.invoke(app, ["build-secmm", "--output", str(tmp_path / "out")], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.output.strip() == "error: denoise: 24 inputs counted, but 20 accepted + 1 rejected"

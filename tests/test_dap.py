@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import numpy as np
@@ -369,6 +370,15 @@ def test_constrained_smollm2_writes_only_lines_that_pass_the_checks() -> None:
     content = [v for v in verdicts if v.reason not in {"duplicate", "near_duplicate"}]
     assert [v.reason for v in content] == [None] * len(content), [(v.text, v.reason, v.detail) for v in verdicts]
     assert all(v.keywords for v in content)
+    # The grammar cycles three line rules over the seven lines, each opening with its own phrase (a
+    # black top, a gray top, a backpack), so three lines differ whatever the model picks, and each rule
+    # must keep one. Half the lines is no floor: the rules allow 5 distinct lines at most, and seed 7
+    # writes 3 (the gray-top rule has a single phrase, so its second line is always a duplicate).
+    openings = set(re.findall(r'^line\d+ ::= "A " subject " " \("([^"]+)"\)', grammar, re.MULTILINE))
+    kept = [v.text for v in verdicts if v.reason is None]
+    assert len(openings) == 3 and len(kept) >= len(openings), [(v.text, v.reason) for v in verdicts]
+    assert {o for o in openings if any(t.startswith(f"A person {o}") for t in kept)} == openings, kept
+    assert {v.text for v in verdicts if v.reason == "duplicate"} <= set(kept)  # repeats of kept lines only
 
 
 # --- caption pool: one row per captioned image ------------------------------------------------------

@@ -13,7 +13,7 @@ from rde.common.profiles import load_profile
 from rde.entry.demo_pool import PoolParams, select_street_crops, spread_per_identity
 from storage import Artifact
 
-MIN_VEHICLE_CROPS = 40  # issue 21: the demo's vehicle gallery needs >= 40 images ...
+MIN_VEHICLE_CROPS = 40  # the demo's vehicle gallery needs >= 40 images ...
 MIN_VEHICLES = 10  # ... of >= 10 distinct vehicles
 MIN_RELEVANT = 3  # every check-set vehicle query has at least this many relevant crops
 MAX_POOL_BYTES = 3 * 1024 * 1024  # the committed pool stays small

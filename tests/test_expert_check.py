@@ -51,7 +51,7 @@ def test_evaluate_expert_ranks_within_the_query_domain() -> None:
     assert res["all"]["queries"] == 2 and res["all"]["R@1"] == pytest.approx(0.5)
 
 
-# -- the check-set file: validation of its labels and provenance (issue 17) --
+# -- the check-set file: validation of its labels and provenance --
 
 def _query(qid: str = "q01", **over: object) -> dict:
     q = {"id": qid, "text": "a man in a black jacket", "domain": "pedestrian",

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -102,13 +103,19 @@ def test_second_run_on_the_same_output_fails_clearly_and_a_killed_holder_frees_i
 
 class FaultyGenerator:
     """Stub behaviour: 5xx, timeouts and malformed bodies on a seeded share of calls; otherwise
-    Q&A pairs for Q&A prompts and a description for the others."""
+    Q&A pairs for Q&A prompts and a description for the others. A prompt starting with
+    ``always_down`` gets an HTTP 500 on every attempt, so its requests exhaust every retry."""
 
-    def __init__(self, seed: int = 0) -> None:
+    DOWN_BODY = b'{"error": "this prompt is always down"}'
+
+    def __init__(self, seed: int = 0, always_down: str | None = None) -> None:
         self.rng = random.Random(seed)
+        self.always_down = always_down
         self.faults: dict[str, int] = {"503": 0, "timeout": 0, "malformed": 0}
 
     def __call__(self, text: str) -> tuple[int, bytes, float]:
+        if self.always_down is not None and text.startswith(self.always_down):
+            return 500, self.DOWN_BODY, 0.0
         roll = self.rng.random()
         if roll < 0.2:
             self.faults["503"] += 1
@@ -126,18 +133,30 @@ class FaultyGenerator:
         return 200, json.dumps(_completion(answer)).encode(), 0.0
 
 
+def _prompt_text(body: dict) -> str:
+    """The text of a chat-completions body's last message (its images come before the text)."""
+    content = body["messages"][-1]["content"]
+    return content if isinstance(content, str) else content[-1]["text"]
+
+
 @pytest.mark.slow
 def test_failing_generator_calls_are_retried_then_recorded(tmp_path: Path, small_pool_url: str) -> None:
+    """Transient failures are asked again by the HTTP client and again by the tier's retry rounds;
+    a request failing on every attempt is sent exactly (client tries × rounds) times, then recorded."""
     from flows.build_largefine import build_largefine
+    from models.prompt_files import load_prompt
 
-    faulty = FaultyGenerator()
+    down_prompt = load_prompt("gtr_tiers").templates["inter_sum"].splitlines()[0]  # the intermediate summary
+    faulty = FaultyGenerator(always_down=down_prompt)
+    client_tries, rounds = 2, 2  # max_retries + 1 HTTP calls per round, max_attempts rounds
     with StubServer(script=faulty) as server:
         spec = {"backend": "openai-http", "model_id": "stub", "batch_size": 4,
-                "options": {"base_url": server.base_url, "timeout_s": 0.5, "max_retries": 1, "backoff_s": 0.01}}
+                "options": {"base_url": server.base_url, "timeout_s": 1.0, "max_retries": client_tries - 1,
+                            "backoff_s": 0.01}}
         overrides = {"models": {"generators": [spec], "template_generator": spec},
                      "input": {"kind": "pool", "path": small_pool_url}, "ingest": {"shard_size": 16},
                      "largefine": {"max_images": 6, "shard_size": 3, "tier_prompt": "gtr_tiers",
-                                   "retries": {"max_attempts": 2, "backoff_s": 0.01},
+                                   "retries": {"max_attempts": rounds, "backoff_s": 0.01},
                                    "templates": {"sample_captions": 2, "rounds": 1}}}
         summary = build_largefine(profile="demo", output_root=str(tmp_path), overrides=overrides)
     root = tmp_path / "build-largefine" / "demo"
@@ -147,6 +166,20 @@ def test_failing_generator_calls_are_retried_then_recorded(tmp_path: Path, small
     assert sum(faulty.faults.values()) > 0 and captions > 0
     assert {r["reason"] for r in rejects} <= {"timeout", "generation_failed", "malformed_output",
                                               "missing_tier_input", "malformed_qa"}
+    # every logical request carries its own seed, so a body the stub saw twice is a retry
+    sent = Counter(json.dumps(body, sort_keys=True) for body in server.state.bodies)
+    calls, requests = sum(sent.values()), len(sent)
+    assert calls > requests, f"{calls} calls for {requests} requests: none was retried"
+    assert max(sent.values()) <= client_tries * rounds, "a request was sent more often than the retries allow"
+    # the always-down prompt: each of its requests used every attempt, then became one rejected row
+    down_sent = [n for key, n in sent.items() if _prompt_text(json.loads(key)).startswith(down_prompt)]
+    assert down_sent and set(down_sent) == {client_tries * rounds}, f"calls per always-failing request: {down_sent}"
+    down = [r for r in rejects if "always down" in (r["detail"] or "")]
+    assert len(down) == len(down_sent) and {(r["stage"], r["reason"]) for r in down} == {
+        ("tier-inter", "generation_failed")}
+    assert all(f"gave up after {client_tries} attempts" in r["detail"] for r in down)
+    missing = {r["image_id"] for r in rejects if (r["stage"], r["reason"]) == ("tier-adv", "missing_tier_input")}
+    assert {r["image_id"] for r in down} <= missing
     assert_artifacts_intact(root)
 
 

@@ -74,6 +74,8 @@ def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[
     assert {r["reason"] for r in select_rejects} <= {"not_sampled", "out_of_domain"}
     captions, rejects = Artifact(str(root / "largefine")).rows(), Artifact(str(root / "caption_rejects")).rows()
     assert len(captions) + len(rejects) == 3 * len(chosen)
+    # what SmolLM2 decodes differs by CPU (its kernels round otherwise); 16 of 18 survived here
+    # (2026-12-04, AMD EPYC): a floor of 6 catches gates that reject most texts, not a flipped token
     assert len(captions) >= 6, f"too few captions survived the gates: {[r['reason'] for r in rejects]}"
     assert all(r["reason"] for r in rejects)
     for row in captions:
@@ -110,7 +112,7 @@ def test_dataset_card_has_table1_statistics(offline_run: tuple[str, dict, dict])
 
 def test_kept_texts_hold_no_repeated_sentence_and_say_how_they_were_cleaned(
         offline_run: tuple[str, dict, dict]) -> None:
-    """Issue 18.1: a repeated sentence is dropped (first occurrence kept) before the gates decide,
+    """a repeated sentence is dropped (first occurrence kept) before the gates decide,
     and each row records its generator output and what the cleaning removed."""
     out, _, _ = offline_run
     captions = Artifact(str(Path(out, "build-largefine", "demo", "largefine"))).rows()
@@ -121,12 +123,13 @@ def test_kept_texts_hold_no_repeated_sentence_and_say_how_they_were_cleaned(
                             boilerplate=lf.boilerplate, max_repeated_sentence_share=lf.max_repeated_sentence_share,
                             negative_mentions=lf.negative_mentions if row["tier"] != "base" else ())
         assert (gate.reason, gate.text, list(gate.cleaning)) == (None, row["text"], row["cleaning"])
+    # SmolLM2-135M repeats itself often: 5 of 16 kept texts were cleaned here (2026-12-04)
     assert any(r["cleaning"] for r in captions), "no text needed cleaning: the check above tested nothing"
 
 
 def test_every_artifact_opens_with_pandas_pyarrow_and_datasets(offline_run: tuple[str, dict, dict],
                                                                tmp_path: Path) -> None:
-    """Issue 18.2: the dataset card sits beside the artifact folders, never among the shards."""
+    """the dataset card sits beside the artifact folders, never among the shards."""
     out, _, _ = offline_run
     run_folder = Path(out, "build-largefine", "demo")
     opened = {p.name for p in assert_every_artifact_opens(out, tmp_path / "hf")}
@@ -154,7 +157,7 @@ def _assert_summary_lists_rejects(root: Path, summary: dict, stages: tuple[str, 
 
 
 def test_summary_lists_every_stages_reject_reasons(offline_run: tuple[str, dict, dict]) -> None:
-    """Issue 18.3: caption, template and selection rejects appear next to the denoise ones, each once.
+    """caption, template and selection rejects appear next to the denoise ones, each once.
     Which caption tiers SmolLM2 fails here depends on its decoded tokens (thread count, measured batch
     sizes), so this run is only required to have selection rejects (6 of 96 images are chosen); the
     transformers run below, whose random weights fail every tier, requires the tiers' rejects."""
@@ -164,7 +167,7 @@ def test_summary_lists_every_stages_reject_reasons(offline_run: tuple[str, dict,
 
 def test_a_missing_concurrency_limit_is_reported_once_per_run(run_logs: list[str],
                                                                offline_run: tuple[str, dict, dict]) -> None:
-    """Issue 18.4: Prefect warns once per shard when the `gpu` limit does not exist (34 times in a
+    """Prefect warns once per shard when the `gpu` limit does not exist (34 times in a
     demo build); the run says it once, and other warnings still reach the log."""
     assert not any("do not exist - skipping acquisition" in m for m in run_logs)
     assert sum(m.startswith("WARNING concurrency limit 'gpu' does not exist") for m in run_logs) == 1, run_logs
@@ -199,10 +202,19 @@ def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path, small_po
     root = tmp_path / "out" / "build-largefine" / "demo"
     captions, rejects = Artifact(str(root / "largefine")).rows(), Artifact(str(root / "caption_rejects")).rows()
     assert summary["balanced"] and len(captions) + len(rejects) == 3 * 4
-    # random weights write random tokens: every tier is rejected, each with a reason, none lost
-    assert {r["reason"] for r in rejects} <= {"malformed_qa", "too_short", "too_long", "malformed_output",
-                                              "repetitive", "missing_tier_input"}
-    _assert_summary_lists_rejects(root, summary, ("hard-negatives", "qa-tiers", "adv-tier"))
+    # random weights write random tokens: every tier is rejected, each with a reason, none lost. The Q&A
+    # calls of the base and intermediate tiers give no two answered "Q:"/"A:" pairs, so those tiers end
+    # as malformed_qa before any summary is asked for, and the advanced tier lacks both of its inputs
+    assert captions == []
     neighbours = Artifact(str(root / "neighbours")).rows()
-    assert {r["generator_index"] for r in neighbours} <= {0, 1}
-    assert Artifact(str(root / "tier12_captions")).manifest().models["generators"][0]["model_id"] == tiny
+    images = {r["image_id"] for r in neighbours}
+    tiers = {"tier-base": "malformed_qa", "tier-inter": "malformed_qa", "tier-adv": "missing_tier_input"}
+    assert len(images) == 4 and sorted((r["image_id"], r["stage"]) for r in rejects) == sorted(
+        (image, stage) for image in images for stage in tiers)
+    assert all(r["reason"] == tiers[r["stage"]] for r in rejects), [(r["stage"], r["reason"]) for r in rejects]
+    _assert_summary_lists_rejects(root, summary, ("hard-negatives", "qa-tiers", "adv-tier"))
+    # both generators caption some of the images: the seeded draw by image id gives 3 and 1 here, and the
+    # next-ranked pool image also goes to the second, so one image more or less in the draw keeps both
+    assert {r["generator_index"] for r in neighbours} == {0, 1}
+    generators = Artifact(str(root / "tier12_captions")).manifest().models["generators"]
+    assert [(g["model_id"], g["batch_size"]) for g in generators] == [(tiny, 4), (tiny, 2)]

@@ -70,6 +70,32 @@ class _Recorder:
         self.stages[self.names[handle - 1]][3] = True
 
 
+# The flow reranks from the stored caches; train-vedje's in-memory evaluation computes its own, from
+# the fp16 backbone features its features stage keeps (index-cache recomputes them per shard) and in
+# other batch shapes, so about 1 % of the BF16 cache values lie one step apart, and its stage-1
+# similarities come from other encoder batches. Measured: the two sides' scores differ by at most
+# 1.5e-7 (stage 1: 1.2e-7); another CPU's kernels round otherwise, by as little. But the tiny joint
+# encoder's scores of one query lie within ~1e-6 of each other, so where the relevant item is that
+# close to the K-th place, either side of it is right. SCORE_EPS: ~7 × the measured difference.
+SCORE_EPS = 1e-6
+
+
+def _ambiguous_queries(ranked: list[dict], column: str, k: int, eps: float = SCORE_EPS) -> int:
+    """Queries whose relevant item could fall on either side of rank ``k`` (in or out of R@k) if
+    each of their ``column`` scores moved by up to ``eps``."""
+    by_query: dict[int, list[dict]] = {}
+    for row in ranked:
+        by_query.setdefault(row["query_id"], []).append(row)
+    count = 0
+    for rows in by_query.values():
+        relevant = next(r[column] for r in rows if r["relevant"])
+        others = [r[column] for r in rows if not r["relevant"]]
+        surely_above = sum(s > relevant + 2 * eps for s in others)
+        maybe_above = sum(s > relevant - 2 * eps for s in others)
+        count += surely_above < k <= maybe_above
+    return count
+
+
 def _sets(tree: dict, prefix: str = "") -> list[str]:
     """Nested overrides as ``--set key.path=value`` arguments."""
     out = []
@@ -122,11 +148,17 @@ def test_train_index_rerank_end_to_end(tmp_path: Path, overrides: dict) -> None:
         str(Path(out, "rerank", "demo", "rerank_evaluation"))).rows() if r["n_candidates"] == 8}
     train_eval = {(r["ranking"], r["metric"]): r["value"] for r in evaluation
                   if r["precision"] == "bf16" and r["n_candidates"] in (0, 8)}
-    # the stored caches rerank like the in-memory evaluation (same frames, backbone, compressor)
-    for key, value in flow_eval.items():
-        assert value == pytest.approx(train_eval[key], abs=100 / len(test_queries) + 1e-9), key
+    # the stored caches rerank like the in-memory evaluation (same frames, backbone, compressor), but
+    # for the queries a score difference of SCORE_EPS could move across the cut (see there)
+    # one relevant item per query (every test item is a candidate, the query's own among them)
+    assert sum(r["relevant"] for r in ranked) == len(test_queries)
+    for (ranking, metric), value in flow_eval.items():
+        column = "score" if ranking == "rerank" else "stage1_score"
+        either_way = _ambiguous_queries(ranked, column, int(metric.removeprefix("R@")))
+        assert value == pytest.approx(train_eval[(ranking, metric)], abs=100 * either_way / len(test_queries) + 1e-9), (
+            ranking, metric, either_way)
 
-    # every artifact of the three flows opens with pandas, pyarrow and datasets (issue 18)
+    # every artifact of the three flows opens with pandas, pyarrow and datasets
     opened = {p.parent.parent.name for p in assert_every_artifact_opens(out, tmp_path / "hf-cache")}
     assert opened == {"train-vedje", "index-cache", "rerank"}
 

@@ -42,8 +42,7 @@ def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Pat
     def two_shards() -> sharded.StageResult:
         ctx = RunContext(load_profile("demo"), "gpu-limit-check", str(tmp_path / "out"))
         outs = [sharded.Output("captions", ctx.artifact_url("captions"), "captions", schema)]
-        return sharded.run_sharded(ctx, "qa-tiers", outs, "key-1", 2, caption_shard,
-                                   sharded.count_accepted_rejected("captions"), concurrency_limit=limit)
+        return sharded.run_sharded(ctx, "qa-tiers", outs, "key-1", 2, caption_shard, concurrency_limit=limit)
 
     result = two_shards()
     assert result.accepted == 2 and len(spans) == 2
@@ -58,8 +57,7 @@ def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Pat
     def two_shards_unlimited() -> sharded.StageResult:
         ctx = RunContext(load_profile("demo"), "gpu-limit-check", str(tmp_path / "out2"))
         outs = [sharded.Output("captions", ctx.artifact_url("captions"), "captions", schema)]
-        return sharded.run_sharded(ctx, "qa-tiers", outs, "key-2", 2, caption_shard,
-                                   sharded.count_accepted_rejected("captions"))
+        return sharded.run_sharded(ctx, "qa-tiers", outs, "key-2", 2, caption_shard)
 
     two_shards_unlimited()
     (_, a_end), (b_start, _) = sorted(spans.values())

@@ -1,16 +1,19 @@
 """Each flow, with one row dropped on purpose inside a stage, fails naming the stage and the gap
 (``AccountingError``) instead of finishing with a summary that looks fine. The stages count their
-input themselves (files listed, (image, tier) captions asked for, clips listed), so the loss shows."""
+input themselves (files listed, (image, tier) captions asked for, clips listed), so the loss shows.
+Rows lost between two stages (each of them balanced) leave the run unbalanced and ``rde`` exits 2."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from storage import Artifact
+from storage import Artifact, ArtifactWriter
+from storage.hashing import sha256_json
 
 pytestmark = pytest.mark.slow
 
@@ -58,9 +61,8 @@ def test_build_largefine_fails_when_a_tier_caption_vanishes(tmp_path: Path, smal
     assert not Artifact(str(tmp_path / "build-largefine" / "demo" / "tier12_captions")).is_complete()
 
 
-def test_train_vedje_fails_when_a_clip_is_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rde.vedje.data
-    from flows.train_vedje import train_vedje
+def _clip_set(folder: Path) -> str:
+    """Six training and three test clips of the bundled clip set, written to ``folder``."""
     from rde.entry.demo_clips import ClipParams, write_clip_set
     from storage.locations import project_root
 
@@ -69,7 +71,15 @@ def test_train_vedje_fails_when_a_clip_is_lost(tmp_path: Path, monkeypatch: pyte
     chosen = [c for c in clips if c["split"] == "train"][:6] + [c for c in clips if c["split"] == "test"][:3]
     frames = {i for c in chosen for i in c["frame_indices"]}
     write_clip_set([r for r in Artifact(str(src / "frames")).rows() if r["frame_index"] in frames], chosen,
-                   str(tmp_path / "clips"), ClipParams(), "vtest.avi", fps=10.0)
+                   str(folder), ClipParams(), "vtest.avi", fps=10.0)
+    return str(folder)
+
+
+def test_train_vedje_fails_when_a_clip_is_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rde.vedje.data
+    from flows.train_vedje import train_vedje
+
+    _clip_set(tmp_path / "clips")
     real = rde.vedje.data._clips
 
     def loses_the_last_clip(path: str) -> Any:
@@ -86,3 +96,94 @@ def test_train_vedje_fails_when_a_clip_is_lost(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(Exception, match=r"vedje-features: 9 inputs counted, but 8 accepted \+ 0 rejected"):
         train_vedje(profile="demo", output_root=str(tmp_path / "out"),
                     until="features", overrides={"vedje": {"clips_path": str(tmp_path / "clips"), "epochs": 1}})
+
+
+def _drop_rows(url: str, index: int, n: int) -> None:
+    """Rewrite shard ``index`` of the complete artifact at ``url`` without its last ``n`` rows, and its
+    manifest to match (rows, bytes, hash, fingerprint): still complete, with rows lost after the
+    stage that wrote it balanced."""
+    art = Artifact(url)
+    manifest = art.manifest()
+    table = art.read_shard(index)
+    writer = ArtifactWriter(url, manifest.kind, table.schema, manifest.stage_key)
+    manifest.shards[index] = writer.write_shard(index, table.slice(0, table.num_rows - n), art.shard_stats(index))
+    manifest.total_rows = sum(s.rows for s in manifest.shards)
+    manifest.fingerprint = sha256_json([s.sha256 for s in manifest.shards])
+    Path(art.manifest_path).write_text(manifest.to_json())
+
+
+def _printed_json(output: str) -> dict[str, Any]:
+    """The summary ``--json`` printed: from the first line that is ``{`` to the next that is ``}``."""
+    lines = output.splitlines()
+    start = lines.index("{")
+    return json.loads("\n".join(lines[start:lines.index("}", start) + 1]))
+
+
+def test_rows_lost_between_measure_and_denoise_leave_the_run_unbalanced_and_rde_exits_2(
+        tmp_path: Path, tiny_pool_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stage balances its own rows, but three images vanish from ``images`` after measure and
+    before denoise: the summary says where (denoise read 3 fewer than measure accepted), marks that
+    stage, is not balanced, and ``rde`` prints it and exits 2 naming the gap."""
+    from typer.testing import CliRunner
+
+    import tasks.runner
+    from rde.entry.cli import app
+
+    real = tasks.runner.run_stage
+
+    def loses_three_images_before_denoise(ctx: Any, stage: Any) -> Any:
+        if stage.name == "denoise":
+            _drop_rows(ctx.artifact_url("images"), 1, 3)
+        return real(ctx, stage)
+
+    monkeypatch.setattr(tasks.runner, "run_stage", loses_three_images_before_denoise)
+    result = CliRunner().invoke(app, ["build-secmm", "--until", "denoise", "--input", tiny_pool_url, "--output",
+                                      str(tmp_path), "--set", "ingest.shard_size=12", "--json"])
+    assert result.exit_code == 2, result.output
+    summary = _printed_json(result.stdout)
+    stages = {s["stage"]: s for s in summary["stages"]}
+    measured = stages["measure"]["accepted"]
+    assert stages["denoise"]["input"] == measured - 3 and stages["ingest"]["accepted"] == measured
+    assert [stages[name]["balanced"] for name in ("ingest", "measure", "denoise")] == [True, True, False]
+    gap = f"denoise: {measured - 3} inputs, but measure accepted {measured} (3 rows lost between the two stages)"
+    assert summary["balanced"] is False and summary["imbalance"][1:] == [gap]
+    assert summary["imbalance"][0].endswith("(3 rows lost)")
+    assert summary["accepted"] + summary["total_rejected"] == summary["inputs"] - 3
+    said = " ".join(result.stderr.split())
+    assert f"error: accounting mismatch: {summary['imbalance'][0]}; {gap}" in said
+
+
+def test_train_vedje_fails_when_its_trainer_loses_a_training_query(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """vedje-train counts its input from the ``vedje_queries`` artifact's training split, apart from
+    the queries its loader hands the trainer: one of them dropped on the way fails the stage; with
+    none dropped the two counts agree and the stage is checked."""
+    from tiny_models import build_tiny_bert
+
+    import tasks.vedje
+    from flows.train_vedje import train_vedje
+
+    real = tasks.vedje.tensors_from_tables
+
+    def loses_a_training_query(frames: pa.Table, items: pa.Table, queries: pa.Table, *args: Any, **kwargs: Any
+                               ) -> Any:
+        first = queries.column("split").to_pylist().index("train")
+        kept = pa.concat_tables([queries.slice(0, first), queries.slice(first + 1)])
+        return real(frames, items, kept, *args, **kwargs)
+
+    monkeypatch.setattr(tasks.vedje, "tensors_from_tables", loses_a_training_query)
+    bert = build_tiny_bert(tmp_path / "tiny-bert")
+    vedje = {"clips_path": _clip_set(tmp_path / "clips"), "epochs": 1, "batch_size": 16, "train_candidates": 3,
+             "warmup_steps": 2, "candidates": [4], "joint_encoder": {"backend": "bert", "model_id": str(bert),
+                                                                     "options": {"layers": 2}}}
+    with pytest.raises(Exception, match=r"vedje-train: \d+ inputs counted, but \d+ accepted \+ 0 rejected = \d+ "
+                                        r"\(1 rows lost"):
+        train_vedje(profile="demo", output_root=str(tmp_path / "out"), until="train", overrides={"vedje": vedje})
+    assert not Artifact(str(tmp_path / "out" / "train-vedje" / "demo" / "vedje_log")).is_complete()
+    monkeypatch.undo()
+    summary = train_vedje(profile="demo", output_root=str(tmp_path / "out"), until="train", overrides={"vedje": vedje})
+    features, trained = summary["stages"]
+    assert features["skipped"] and not trained["skipped"] and trained["balanced"] is True
+    queries = Artifact(str(tmp_path / "out" / "train-vedje" / "demo" / "vedje_queries")).rows(["split"])
+    assert trained["input"] == trained["accepted"] == sum(q["split"] == "train" for q in queries) > 0
+    assert summary["balanced"]

@@ -10,7 +10,10 @@ and the next run of the same key reuses those shards, of another key deletes the
 
 from __future__ import annotations
 
+import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -113,6 +116,104 @@ def test_a_writer_stopped_before_its_manifest_leaves_whole_shards_that_a_rerun_r
     other = ArtifactWriter(url, "demo", SCHEMA, "k2")
     other.begin()  # another key: the manifest goes first, then the other key's shards
     assert _objects(url) == [] and not Artifact(url).is_complete()
+
+
+# A writer process: shard 0 (a few bytes, one PUT), then shard 1 (12 MiB of random bytes), then the
+# manifest. Shards go up in 5 MiB parts (S3's smallest part; s3fs's default switches to a multipart
+# upload only at 100 MiB), one part at a time. With "pause" it stops before sending part 2 of the
+# multipart upload, prints "paused <upload id>", and waits to be killed; with "run" it completes.
+# Its last line is JSON: the shards it found already written and reused.
+KILLED_WRITER = """
+import asyncio, json, sys
+import numpy as np, pyarrow as pa, s3fs
+from storage import ArtifactWriter
+
+url, pause = sys.argv[1], sys.argv[2] == "pause"
+PART = 5 * 2**20
+schema = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("blob", pa.binary())])
+rng = np.random.default_rng(7)
+tables = [pa.table({"id": ["small"], "blob": [b"x"]}, schema=schema),
+          pa.table({"id": ["b0", "b1", "b2"], "blob": [rng.bytes(4 * 2**20) for _ in range(3)]}, schema=schema)]
+real_pipe, real_call = s3fs.S3FileSystem._pipe_file, s3fs.S3FileSystem._call_s3
+
+async def in_parts(self, path, data, chunksize=PART, max_concurrency=1, **kwargs):
+    return await real_pipe(self, path, data, chunksize=chunksize, max_concurrency=max_concurrency, **kwargs)
+
+async def pausing(self, method, *args, **kwargs):
+    if pause and method == "upload_part" and kwargs.get("PartNumber") == 2:
+        print("paused", kwargs["UploadId"], flush=True)
+        await asyncio.sleep(600)
+    return await real_call(self, method, *args, **kwargs)
+
+s3fs.S3FileSystem._pipe_file, s3fs.S3FileSystem._call_s3 = in_parts, pausing
+writer = ArtifactWriter(url, "demo", schema, "k1")
+writer.begin()
+found = [writer.existing_shard(i) for i in range(len(tables))]
+shards = [f or writer.write_shard(i, t) for i, (f, t) in enumerate(zip(found, tables))]
+writer.finalize(shards, code_version="test")
+print(json.dumps({"reused": [i for i, f in enumerate(found) if f]}), flush=True)
+"""
+
+
+def _first_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The process's first line of output, or '' when it prints none within ``timeout`` seconds."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline().strip() if ready else ""
+
+
+def _in_progress_uploads(bucket: str, prefix: str) -> dict[str, list[tuple[str, int]]]:
+    """The bucket's multipart uploads under ``prefix`` that were started and neither completed nor
+    aborted: upload id → [(key, size) of each stored part]."""
+    import fsspec
+
+    fs, _ = fsspec.core.url_to_fs(f"s3://{bucket}")
+    uploads = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix).get("Uploads", [])
+    return {u["UploadId"]: [(u["Key"], p["Size"]) for p in fs.call_s3(
+        "list_parts", Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"]).get("Parts", [])] for u in uploads}
+
+
+def _what_readers_see(url: str) -> tuple[list[str], set[int], bool]:
+    """The artifact's object names (fresh listing), the shard indices a watcher counts, and whether
+    it is complete."""
+    names = [p.rsplit("/", 1)[-1] for p in _objects(url)]
+    art = Artifact(url)
+    return names, art.written_indices(), art.is_complete()
+
+
+def test_a_writer_killed_mid_multipart_upload_leaves_no_visible_shard_and_a_rerun_completes(
+        s3_env: dict[str, str]) -> None:
+    """SIGKILL lands while a 12 MiB shard is half uploaded (seen on the server: its multipart upload
+    holds part 1 and is not completed). The listing shows only the whole shard before it, the
+    artifact is incomplete; the same writer run again reuses that shard, uploads the other whole,
+    and completes."""
+    url, prefix = "s3://rde-test/store/killed", "store/killed/"
+    args = [sys.executable, "-c", KILLED_WRITER, url]
+    proc = subprocess.Popen([*args, "pause"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=s3_env)
+    try:
+        line = _first_line(proc, timeout=120)
+        assert line.startswith("paused "), (line, proc.poll())
+        upload_id = line.split()[1]
+        # the kill lands mid-upload: part 1 (5 MiB) of shard 1 is on the server, the upload is open
+        assert _in_progress_uploads("rde-test", prefix) == {upload_id: [(f"{prefix}{shard_name(1)}", 5 * 2**20)]}
+        only_shard_0 = ([shard_name(0)], {0}, False)
+        assert _what_readers_see(url) == only_shard_0  # while the upload waits
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert upload_id in _in_progress_uploads("rde-test", prefix)  # killed: never completed, never aborted
+    assert _what_readers_see(url) == only_shard_0  # the half-uploaded shard is nowhere, the artifact incomplete
+    rerun = subprocess.run([*args, "run"], capture_output=True, text=True, cwd=ROOT, env=s3_env, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads(rerun.stdout.splitlines()[-1]) == {"reused": [0]}
+    _objects(url)  # drop this process's cached listing
+    done = Artifact(url)
+    assert done.is_complete("k1", verify_hashes=True) and done.count_rows() == 4
+    assert done.manifest().shards[1].bytes > 12 * 2**20
 
 
 def test_build_secmm_until_denoise_on_s3_balances_resumes_and_skips(s3_env: dict[str, str], tiny_pool_url: str,

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from stack_checks import CHROMIUM_FLAGS, api, engine_pids
+from stack_checks import CHROMIUM_FLAGS, api, engine_pids, headless_chromium
 
 from rde.entry.stack import StackConfig, down, free_port, up
 
@@ -43,20 +42,23 @@ def test_the_gpu_pool_has_three_workers_and_three_slots(stack: StackConfig) -> N
     assert {("gpu", "gpu"), ("pool", "cpu")} <= names  # run-shards/gpu, build-largefine/pool
 
 
-def test_fanned_out_captioning_survives_a_lost_worker(stack: StackConfig, tmp_path: Path, small_pool_url: str,
-                                                      test_artifacts_dir: Path) -> None:
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The browser for the UI check; session-scoped, so without one the UI test is skipped (or fails
+    under CI) before the stack or the fan-out run is started for it."""
+    return headless_chromium()
+
+
+@pytest.fixture(scope="module")
+def fanout_run(stack: StackConfig, tmp_path_factory: pytest.TempPathFactory, small_pool_url: str) -> dict:
     """build-largefine/pool (the parent on the cpu worker) on the 96-image slice, its qa-tiers
     shards fanned out as run-shards flow runs over the three gpu workers, one run each at a time
     (stub generator, 1 s per request). One worker and its flow-run process are SIGKILLed
-    mid-stage: the parent marks the silent run Crashed, resubmits its missing shards to the two
-    workers left, and the build completes: every captioned image's
-    three tiers are a caption or a rejected text, no shard is written twice (the shard-write
-    events), and every manifest matches its files by hash."""
-    from pool_checks import fanout_params, flow_run, shard_runs, shard_write_events, stub_server, submit, wait_final
+    mid-stage; returns once the parent has ended: its id, final state, the killed run, the build's
+    output folder and when the kill happened."""
+    from pool_checks import fanout_params, shard_runs, stub_server, submit, wait_final
 
-    from storage import Artifact
-
-    out = tmp_path / "out"
+    out = tmp_path_factory.mktemp("fanout") / "out"
     root = out / "build-largefine" / "demo"
     images, shard_size = 24, 4
     with stub_server(delay_s=1.0) as stub:
@@ -78,6 +80,22 @@ def test_fanned_out_captioning_survives_a_lost_worker(stack: StackConfig, tmp_pa
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
         final = wait_final(stack, parent, 600)
+    return {"parent": parent, "final": final, "victim": victim, "root": root, "images": images,
+            "shard_size": shard_size, "killed_at": killed_at}
+
+
+def test_fanned_out_captioning_survives_a_lost_worker(stack: StackConfig, fanout_run: dict,
+                                                      test_artifacts_dir: Path) -> None:
+    """After the lost worker (``fanout_run``) the parent marks the silent run Crashed, resubmits its
+    missing shards to the two workers left, and the build completes: every captioned image's
+    three tiers are a caption or a rejected text, no shard is written twice (the shard-write
+    events), and every manifest matches its files by hash."""
+    from pool_checks import flow_run, shard_runs, shard_write_events
+
+    from storage import Artifact
+
+    parent, final, victim, root = fanout_run["parent"], fanout_run["final"], fanout_run["victim"], fanout_run["root"]
+    images, shard_size = fanout_run["images"], fanout_run["shard_size"]
     assert final["state_type"] == "COMPLETED", final["state"]
     runs = shard_runs(stack, parent)
     lost = flow_run(stack, victim["id"])
@@ -108,22 +126,19 @@ def test_fanned_out_captioning_survives_a_lost_worker(stack: StackConfig, tmp_pa
     (test_artifacts_dir / "fanout-worker-loss.json").write_text(json.dumps(
         {"parent": parent, "lost_run": victim["name"], "lost_run_message": lost["state"]["message"],
          "replaced_by": [r["name"] for r in again],
-         "seconds_from_kill_to_completion": round(time.monotonic() - killed_at, 1),
+         "seconds_from_kill_to_completion": round(time.monotonic() - fanout_run["killed_at"], 1),
          "runs": [{"name": r["name"], "state": r["state_type"]} for r in shard_runs(stack, parent)],
          "captions": captions, "rejected_texts": rejected, "shard_writes": writers}, indent=1))
-    _screenshot_parent_run(stack, parent, test_artifacts_dir, [r["name"] for r in runs])
 
 
-def _parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _screenshot_parent_run(stack: StackConfig, parent: str, test_artifacts_dir: Path, children: list[str]) -> None:
+def test_the_fanned_out_parent_run_lists_its_shard_runs_in_the_ui(chromium: str, stack: StackConfig,
+                                                                   fanout_run: dict, test_artifacts_dir: Path) -> None:
     """The parent run's page in the UI, on its subflow-runs tab: the child runs are listed there."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if chromium is None:
-        pytest.skip("no headless Chromium for the UI screenshot (make browser installs it)")
-    url = f"http://{stack.host}:{stack.port}/runs/flow-run/{parent}?tab=Subflow%20Runs"
+    from pool_checks import shard_runs
+
+    children = [r["name"] for r in shard_runs(stack, fanout_run["parent"])]
+    assert children, "the parent run has no shard-range runs"
+    url = f"http://{stack.host}:{stack.port}/runs/flow-run/{fanout_run['parent']}?tab=Subflow%20Runs"
     shot = test_artifacts_dir / "prefect-ui-fanout-parent-run.png"
     shot.unlink(missing_ok=True)
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--screenshot={shot}", url], capture_output=True, timeout=120)
@@ -131,3 +146,7 @@ def _screenshot_parent_run(stack: StackConfig, parent: str, test_artifacts_dir: 
     dom = subprocess.run([chromium, *CHROMIUM_FLAGS, "--dump-dom", url], capture_output=True, text=True,
                          timeout=120).stdout
     assert any(name in dom for name in children), "the parent run's page does not list its shard-range runs"
+
+
+def _parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

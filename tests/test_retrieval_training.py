@@ -109,3 +109,23 @@ def test_a_last_batch_of_one_pair_is_not_a_step_of_the_schedule_or_the_progress(
     result = train(_model(), _pairs(), TrainConfig(epochs=3, batch_size=47, lr_start=1e-3, lr_peak=1e-2),
                    on_step=lambda done, total: seen.append((done, total)))
     assert seen == [(1, 3), (2, 3), (3, 3)] and len(result.step_losses) == 3
+
+
+def test_training_threads_are_given_back_to_the_process() -> None:
+    """Training runs on two torch threads and restores the process's own count after, also when it
+    fails, so later stages in the same worker keep the float sums of a fresh process."""
+    import torch
+
+    from tasks.training import torch_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        with torch_threads(2):
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 3
+        with pytest.raises(RuntimeError), torch_threads(2):
+            raise RuntimeError("a failed step")
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

@@ -90,7 +90,7 @@ def test_card_seconds_from_the_log(tmp_path: Path) -> None:
 
 def test_projection_generation_roofline_by_hand() -> None:
     """The assumed generation cost per image: prefill 17.6 TFLOP at 40 % of 989 TFLOP/s, decode 435
-    tokens of 64-sequence steps reading 15.5 GB at 50 % of 3.35 TB/s (README, "Scale")."""
+    tokens of 64-sequence steps reading 15.5 GB at 50 % of 3.35 TB/s (docs/results/scale.md)."""
     from scale import generator_seconds_per_image
 
     prefill, decode = generator_seconds_per_image()

@@ -93,8 +93,7 @@ def test_run_sharded_checks_each_shard_and_reuses_footer_stats(tmp_path: Path) -
     @flow(name="balance-check")
     def stage(fn: Any) -> sharded.StageResult:
         ctx = RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
-        return sharded.run_sharded(ctx, "toy", _outputs(tmp_path / "sharded"), "key-1", 3, fn,
-                                   sharded.count_accepted_rejected("rows", "rejects"), balance=True)
+        return sharded.run_sharded(ctx, "toy", _outputs(tmp_path / "sharded"), "key-1", 3, fn, balance=True)
 
     with pytest.raises(sharded.AccountingError, match="toy shard 1: 3 inputs counted"):
         stage(lambda i: compute(i, lose="e" if i == 1 else None))
@@ -109,3 +108,56 @@ def test_run_sharded_checks_each_shard_and_reuses_footer_stats(tmp_path: Path) -
     assert manifest.stats["tokens"] == 70  # reused shards keep their extras (was 0 when recounted from rows)
     assert Artifact(str(tmp_path / "sharded" / "rows")).shard_stats(0) == {
         "input_rows": 3, "accepted": 2, "rejected": {"not_sampled": 1}, "tokens": 30}
+
+
+@pytest.mark.slow
+def test_a_shard_written_without_counts_in_its_footer_is_computed_again(tmp_path: Path) -> None:
+    """A shard of the same key whose footer holds no counts is not recounted from its rows (its input
+    would be accepted + rejected, balanced by construction): it is computed again, so a row it lost
+    shows in the stage's totals instead of vanishing from them."""
+    from prefect import flow
+
+    from rde.common.profiles import load_profile
+    from tasks.context import RunContext
+
+    inputs = {0: ["a", "bx", "c"], 1: ["d", "e", "fx"], 2: ["g"]}
+    outs = _outputs(tmp_path / "sharded")
+    lossy, _ = _shard(1, inputs[1], lose="e")  # shard 1 as other code left it: "e" lost, no counts kept
+    sharded.write_shards(outs, "key-1", 1, lossy)
+    assert Artifact(outs[0].url).shard_stats(1) is None
+    calls: list[int] = []
+
+    def compute(index: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+        calls.append(index)
+        return _shard(index, inputs[index])
+
+    @flow(name="balance-check")
+    def stage() -> sharded.StageResult:
+        ctx = RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
+        return sharded.run_sharded(ctx, "toy", outs, "key-1", 3, compute, balance=True)
+
+    result = stage()
+    assert sorted(calls) == [0, 1, 2] and result.shards_resumed == 0
+    assert (result.input_rows, result.accepted, result.rejected) == (7, 5, {"not_sampled": 2})
+    assert Artifact(outs[0].url).shard_stats(1) == {"input_rows": 3, "accepted": 2, "rejected": {"not_sampled": 1},
+                                                    "tokens": 30}
+
+
+def test_a_fanned_out_parent_removes_shards_without_counts_and_never_collects_one(tmp_path: Path) -> None:
+    """The parent of shard-range runs removes the shards of its key whose footers hold no counts (so
+    its ranges compute them), and refuses to build a manifest over such a shard rather than count
+    its input as accepted + rejected."""
+    from tasks.fanout import FanoutError, collect_shards
+
+    outs = _outputs(tmp_path / "fan")
+    counted, stats = _shard(0, ["a", "bx"])
+    sharded.write_shards(outs, "key-1", 0, counted, stats)
+    uncounted, _ = _shard(1, ["c", "dx"])
+    sharded.write_shards(outs, "key-1", 1, uncounted)
+    with pytest.raises(FanoutError, match="shard 1 was written without its counts in the Parquet footer"):
+        collect_shards(outs, "key-1", 2, "toy", balance=True)
+    assert sharded.discard_uncounted_shards("toy", outs, "key-1", range(2)) == [1]
+    for out in outs:
+        assert Artifact(out.url).written_indices() == {0}
+    infos, collected = collect_shards(outs, "key-1", 1, "toy", balance=True)
+    assert collected == [stats] and infos[0]["rows"].rows == 1

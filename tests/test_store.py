@@ -108,7 +108,7 @@ def test_finalize_requires_contiguous_shards_and_removes_strays(tmp_path: Path) 
 
 
 def test_an_empty_shard_opens_with_the_standard_readers(tmp_path: Path) -> None:
-    """Issue 18: an empty shard is written without a row group, so `datasets` reads the artifact
+    """an empty shard is written without a row group, so `datasets` reads the artifact
     (a 0-row row group fails it with "BatchSize must be greater than 0"); the key still resumes."""
     import pandas as pd
     import pyarrow.dataset as pads
@@ -215,35 +215,71 @@ def test_sigkill_mid_write_leaves_no_readable_partial_shard(tmp_path: Path) -> N
     assert w.existing_shard(0) is not None and w.existing_shard(1) is None
 
 
-def test_sigkill_at_random_moments_never_exposes_partial_shards(tmp_path: Path) -> None:
-    """Kill a writer of many shards at several moments; every visible shard must be whole."""
-    script = textwrap.dedent(
-        """
-        import sys
-        import pyarrow as pa
-        from storage import ArtifactWriter
-        schema = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("value", pa.int64())])
-        w = ArtifactWriter(sys.argv[1], "demo", schema, "k")
-        w.begin()
-        n = 150_000
-        for i in range(1000):
-            w.write_shard(i, pa.table({"id": [str(j) for j in range(n)], "value": list(range(n))}, schema=schema))
-            print(i, flush=True)
-        """
-    )
-    inspected = 0
-    for delay in (0.0, 0.13, 0.41):  # after the first shard is written: kills land at varying moments
-        url = str(tmp_path / f"run-{delay}")
-        proc = subprocess.Popen([sys.executable, "-c", script, url], stdout=subprocess.PIPE, text=True,
-                                cwd=Path(__file__).resolve().parent.parent)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "0"  # shard 0 is complete
+# A writer of many shards whose file writes stop halfway for a moment (it prints "mid" then), so a
+# kill can land while a shard's bytes are half on disk; it prints each shard's index once written.
+KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    import pyarrow as pa
+    from fsspec.implementations.local import LocalFileOpener
+    from storage import ArtifactWriter
+
+    real_write = LocalFileOpener.write
+
+    def halting_write(self, data):
+        real_write(self, data[:len(data) // 2])
+        self.flush()
+        print("mid", flush=True)
+        time.sleep(0.3)
+        return real_write(self, data[len(data) // 2:])
+
+    LocalFileOpener.write = halting_write
+    schema = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("value", pa.int64())])
+    n = 150_000
+    table = pa.table({"id": [str(j) for j in range(n)], "value": list(range(n))}, schema=schema)
+    w = ArtifactWriter(sys.argv[1], "demo", schema, "k")
+    w.begin()
+    for i in range(1000):
+        w.write_shard(i, table)
+        print(i, flush=True)
+    """
+)
+
+
+def _kill_writer(url: str, delay: float | None) -> None:
+    """Start the writer, wait until shard 0 is written, then SIGKILL it ``delay`` seconds later, or
+    (None) as soon as it has written half of shard 1's bytes."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, url], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert proc.stdout is not None
+    assert [proc.stdout.readline().strip() for _ in range(2)] == ["mid", "0"]  # shard 0 is complete
+    if delay is None:
+        assert proc.stdout.readline().strip() == "mid"
+    else:
         time.sleep(delay)
-        proc.kill()
-        proc.wait(timeout=10)
-        for shard in Path(url).glob("part-*.parquet"):
-            assert pq.read_table(shard).num_rows == 150_000
-            inspected += 1
-    assert inspected >= 1, "no shard was written before any kill: the test checked nothing"
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_sigkill_at_random_moments_never_exposes_partial_shards(tmp_path: Path) -> None:
+    """Kill a writer of many shards at several moments, one of them certainly mid-write (a temporary
+    file is left behind); every visible shard must be whole, and a rerun of the same key removes the
+    temporary files and keeps every visible shard, byte for byte, as written."""
+    left_mid_write = 0
+    for delay in (None, 0.0, 0.13, 0.41):  # after the first shard is written: kills land at varying moments
+        url = str(tmp_path / f"run-{delay}")
+        _kill_writer(url, delay)
+        visible = {p.name: p.read_bytes() for p in Path(url).glob("part-*.parquet")}
+        assert "part-00000.parquet" in visible
+        for name in visible:
+            assert pq.read_table(Path(url, name)).num_rows == 150_000, name
+        left_mid_write += bool(list(Path(url).glob("*.tmp-*")))
+        rerun = ArtifactWriter(url, "demo", SCHEMA, "k")
+        rerun.begin()
+        assert not list(Path(url).glob("*.tmp-*"))
+        assert {p.name: p.read_bytes() for p in Path(url).glob("part-*.parquet")} == visible
+        assert all(rerun.existing_shard(i) is not None for i in range(len(visible)))
+    assert left_mid_write >= 1, "no kill landed while a shard was being written: the test checked no partial write"
 
 
 def test_a_few_images_of_a_shard_are_read_from_their_row_groups_only(tmp_path: Path,

@@ -1,4 +1,4 @@
-"""The synthetic scale pool (issue 15): deterministic, distinct, faithful to its sources' domains,
+"""The synthetic scale pool: deterministic, distinct, faithful to its sources' domains,
 identities and failing variants, resumable, and written one shard at a time."""
 
 from __future__ import annotations
@@ -103,9 +103,49 @@ def test_a_lost_shard_is_rewritten_alone_with_the_same_bytes(tmp_path: Path, dem
     assert _rows(out) == before
 
 
-def test_memory_holds_one_shard_of_images(tmp_path: Path, demo_pool_url: str,
+def _one_source_pool(folder: Path, row: dict) -> str:
+    """A pool artifact of one source image: every synthetic image is a variation of it, so every shard
+    weighs about the same and two pools' memory peaks compare like with like (the demo pool's largest
+    crops make one image's transient pixels outweigh a whole shard of small ones)."""
+    import pyarrow as pa
+
+    from storage import ArtifactWriter
+    from storage.schemas import POOL
+
+    writer = ArtifactWriter(str(folder), "pool", POOL, "one-source")
+    writer.begin()
+    writer.finalize([writer.write_shard(0, pa.Table.from_pylist([row], schema=POOL))], code_version="test")
+    return str(folder)
+
+
+def _memory_peaks(source: str, out: Path, params: SynthParams) -> tuple[int, int]:
+    """Peak bytes while ``write_synth_pool`` runs: Python's heap (tracemalloc: rows, JPEG bytes, numpy
+    pixels) and Arrow's (a proxy of its memory pool: tables, Parquet buffers), which tracemalloc
+    does not see."""
+    import tracemalloc
+
+    import pyarrow as pa
+
+    default = pa.default_memory_pool()
+    arrow = pa.proxy_memory_pool(default)
+    pa.set_memory_pool(arrow)
+    tracemalloc.start()
+    try:
+        write_synth_pool(source, str(out), params)
+        python_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        pa.set_memory_pool(default)
+    return python_peak, arrow.max_memory()
+
+
+def test_memory_holds_one_shard_of_images(tmp_path: Path, pool_rows: dict[str, dict],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rows alive at once never exceed one shard, whatever N (counted by a wrapping writer)."""
+    """The rows alive at once never exceed one shard (counted by a wrapping writer), and the memory
+    peak does not grow with N: writing 4N images (eight 25-image shards) peaks, on Python's heap and
+    in Arrow's pool each, within half a shard's image bytes of writing N (two shards). Keeping every
+    row, or every table, would add about three shards' worth to one of them."""
+    source = _one_source_pool(tmp_path / "source", pool_rows["vtest.avi:crop:00333"])
     alive: list[int] = []
     real = synth_pool.ArtifactWriter.write_shard
 
@@ -114,10 +154,17 @@ def test_memory_holds_one_shard_of_images(tmp_path: Path, demo_pool_url: str,
         return real(self, index, table, stats)
 
     monkeypatch.setattr(synth_pool.ArtifactWriter, "write_shard", counting)
-    for n in (25, 100):
+    _memory_peaks(source, tmp_path / "warm", SynthParams(n=25, shard_size=25))  # one-time allocations
+    peaks = {}
+    for n in (50, 200):
         alive.clear()
-        write_synth_pool(demo_pool_url, str(tmp_path / f"n{n}"), SynthParams(n=n, shard_size=25))
+        peaks[n] = _memory_peaks(source, tmp_path / f"n{n}", SynthParams(n=n, shard_size=25))
         assert max(alive) == 25 and len(alive) == n // 25
+    shard_bytes = sum(len(r["image_bytes"]) for r in Artifact(str(tmp_path / "n50")).read_shard(0).to_pylist())
+    tolerance = shard_bytes // 2
+    for measure, small, large in zip(("python heap", "arrow pool"), peaks[50], peaks[200], strict=True):
+        assert large <= small + tolerance, f"{measure}: peak {large} B at N=200, {small} B at N=50 " \
+                                           f"(tolerance {tolerance} B: half a shard's image bytes)"
 
 
 def test_bad_parameters_are_clear_errors(tmp_path: Path, demo_pool_url: str) -> None:

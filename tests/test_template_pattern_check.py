@@ -1,4 +1,4 @@
-"""The template gallery keeps only caption patterns (issue 24): the generator's chatter about the task
+"""The template gallery keeps only caption patterns: the generator's chatter about the task
 ("I've created a custom template ...") is rejected with ``meta_commentary``, by spaCy's parse first
 and the prompt file's cue lists second; half-extracted captions with ``concrete_detail``; sentences
 not about the person with ``not_about_person``."""
@@ -26,7 +26,7 @@ PROMPT = load_prompt("gtr_template_gallery")
 RULES = CaptionPatternRules.from_mapping(PROMPT.extras["caption_pattern"])
 SLOTS = PROMPT.extras["slots"]
 
-# The accepted "template" of the demo gallery (issue 24) and two paraphrases of it.
+# The accepted "template" of the demo gallery and two paraphrases of it.
 CHATTER = [
     "I've created a custom template that uses the specified slots: [person/man/woman], [top description], "
     "[bottom description]. Here's a sample of the template:",

@@ -87,7 +87,7 @@ def test_negative_mentions_are_cut_from_comparison_texts() -> None:
 
 
 def test_repeated_sentences_are_dropped_before_the_gates_decide() -> None:
-    """Issue 18.1, the demo's own example: the repeats go (first occurrence kept), the text passes,
+    """The demo's own example: the repeats go (first occurrence kept), the text passes,
     and the row can say what was removed; the share of repeats as generated still decides
     ``repetitive``."""
     text = ("The person's top is black. The person wears black bottoms. The person wears black bottoms. "

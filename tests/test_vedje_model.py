@@ -9,6 +9,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 import torch
+from ranking import unambiguous_top
 from tiny_models import build_tiny_bert
 from torch import nn
 
@@ -329,7 +330,9 @@ def test_fast_and_onnx_scoring_equal_the_reference_forward(encoder: str, tiny_be
     rr = JointReranker(bert, tok, item_dim=12, max_text_tokens=16).eval()
     _spread_head(rr)
     assert rr.fast_scoring_supported() and rr.onnx_scoring_supported()
-    g = torch.Generator().manual_seed(0)
+    # data whose scores are far apart within each query: seed 75's smallest gap is 7.8e-3 · max(1,
+    # |score|) over both encoders, 3.9 × the order check's margin below (seed 0's was 1.8e-5)
+    g = torch.Generator().manual_seed(75)
     for texts, rows, k in ((["a person in a red top walks to the left"], [0] * 7, 8),
                            (["a man", "two people in dark coats walk right together", "red"], [0, 1, 2, 1, 0, 2, 1], 8),
                            (["a car", "a person with a bag"], [1, 0, 0], 3)):
@@ -345,13 +348,15 @@ def test_fast_and_onnx_scoring_equal_the_reference_forward(encoder: str, tiny_be
                                    rho, always_mask=True)  # what is exported, run by PyTorch
         assert float(ref.std()) > 0.05
         torch.testing.assert_close(graph, ref, atol=1e-4, rtol=1e-4)
-        per_query = {}
-        for name, got in (("fast", fast), ("onnx", onnx)):
+        # the same order as the reference, asked only once no two scores of a query are within 10 × the
+        # tolerance (atol + rtol·|score| ≤ 2e-4 · max(1, |score|)): no CPU's kernels can swap them then
+        queries = [torch.tensor(rows) == q for q in range(len(texts))]
+        ref_order = [torch.from_numpy(unambiguous_top(ref[m].numpy()[None], int(m.sum()) - 1, margin=10 * 2e-4)[0])
+                     for m in queries]
+        for got in (fast, onnx):
             torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
-            per_query[name] = [torch.argsort(got[torch.tensor(rows) == q]) for q in range(len(texts))]
-        per_query["reference"] = [torch.argsort(ref[torch.tensor(rows) == q]) for q in range(len(texts))]
-        for name in ("fast", "onnx"):
-            assert all(torch.equal(a, b) for a, b in zip(per_query[name], per_query["reference"], strict=True))
+            order = [torch.argsort(got[m], descending=True, stable=True)[:-1] for m in queries]
+            assert all(torch.equal(a, b) for a, b in zip(order, ref_order, strict=True))
     scorer = scorer_for(rr)
     assert scorer is not None and scorer_for(rr) is scorer  # really ONNX Runtime, exported once, not per call
     too_long = torch.zeros(1, rr.max_positions, rr.d)

@@ -9,12 +9,17 @@ Confinement (secure by default): a file is read only when its real path (after e
 link and ``..``) lies inside the input's root — the folder itself, or for a path list the
 profile's ``input.roots`` or, when none are set, the list file's own folder. ``input.confine:
 false`` turns this off explicitly. A path outside is the rejected row ``outside_root``.
+
+A path-list row that cannot name a local file is rejected without touching the filesystem: one
+holding a NUL byte (``invalid_path``: no OS path can contain one) and a URL such as ``s3://...`` or
+``file://...`` (``unsupported_url``: a path list names local files only). The other rows go on.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +51,14 @@ class InputRef:
     pool_shard: int | None = None  # set for demo-pool inputs
     pool_row: int | None = None
     source_meta: str | None = None
+    # set when the listing already knows the input is unusable (a path list's bad row): ingest
+    # rejects it with this reason and detail without reading anything
+    reject_reason: Reason | None = None
+    reject_detail: str | None = None
+
+
+# a URL's scheme, as RFC 3986 spells it, followed by '://' (a local path never holds '://')
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def _input_id(source: str, position: int) -> str:
@@ -132,17 +145,45 @@ def _list_folder(folder: Path, default_domain: str, known_domains: list[str]) ->
     return refs, sha256_json([_file_signature(p) for p in files])
 
 
+def path_problem(raw: str) -> tuple[Reason, str] | None:
+    """Why a path-list row cannot name a local file (reason, detail), or None when it may.
+
+    Checked before any ``stat``: a NUL byte makes every OS call raise ``ValueError``, and a URL
+    joined to the list's folder would become a mangled local path reported as ``missing_file``.
+    """
+    if "\x00" in raw:
+        return Reason.INVALID_PATH, f"{raw!r} holds a NUL byte, which no file path can contain"
+    url = _URL_SCHEME.match(raw)
+    if url:
+        return Reason.UNSUPPORTED_URL, (f"{raw} is a {url.group(1)}:// URL; a path list names local files "
+                                        "(absolute, or relative to the list's folder)")
+    return None
+
+
+def _printable(raw: str) -> str:
+    """``raw`` with NUL bytes written as ``\\x00``: the rejected row's source stays plain text."""
+    return raw.replace("\x00", "\\x00")
+
+
 def _list_paths_file(table_path: Path, spec: InputSpec, project_root: Path) -> tuple[list[InputRef], str]:
     table = pq.read_table(table_path)  # check_input has made sure it is readable and has 'path'
     refs, signature = [], []
     for rec in table.to_pylist():
         raw = rec.get("path")
         raw = "" if raw is None else str(raw)
+        domain = str(rec.get("domain") or spec.default_domain)
+        input_id = _input_id(raw, len(refs))
+        problem = path_problem(raw)
+        if problem is not None:  # rejected as listed: never joined to the folder, never stat'ed
+            source = _printable(raw)
+            refs.append(InputRef(input_id, source, domain, rec.get("identity"), reject_reason=problem[0],
+                                 reject_detail=problem[1]))
+            signature.append([source, str(problem[0])])
+            continue
         path = Path(raw)
         if raw and not path.is_absolute():
             path = table_path.parent / path
-        domain = rec.get("domain") or spec.default_domain
-        refs.append(InputRef(_input_id(raw, len(refs)), str(path) if raw else "", str(domain), rec.get("identity")))
+        refs.append(InputRef(input_id, str(path) if raw else "", domain, rec.get("identity")))
         signature.append(_file_signature(path))
     return refs, sha256_json(signature)
 
@@ -238,6 +279,8 @@ def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str
     images, rejects = [], []
     for ref in refs:
         try:
+            if ref.reject_reason is not None:
+                raise DecodeError(ref.reject_reason, ref.reject_detail or str(ref.reject_reason))
             if ref.domain not in known_domains:
                 raise DecodeError(Reason.UNKNOWN_DOMAIN, f"domain {ref.domain!r} is not one of {known_domains}")
             if ref.pool_shard is not None:

@@ -2,8 +2,9 @@
 
 Every input ends as an accepted row or a rejected row whose ``reason`` is one of these codes; the
 runner (``tasks/runner.py``) refuses a stage that reports a code not listed here, so a new reason
-is added here, with its one-line meaning, before a stage may use it. The README's reason table is
-``reasons_markdown()`` (a test keeps them equal).
+is added here, with its one-line meaning, before a stage may use it. The documentation's reason
+table (``docs/reference/reasons.md``) is ``reasons_markdown()``, written by ``scripts/gen_reference.py``
+(``make docs`` fails when the page is stale).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Reason(StrEnum):
     UNSUPPORTED_IMAGE = "unsupported_image"
     OUTSIDE_ROOT = "outside_root"
     NOT_A_REGULAR_FILE = "not_a_regular_file"
+    INVALID_PATH = "invalid_path"
+    UNSUPPORTED_URL = "unsupported_url"
     UNKNOWN_DOMAIN = "unknown_domain"
     DUPLICATE = "duplicate"
     TOO_SMALL = "too_small"
@@ -87,6 +90,8 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.UNSUPPORTED_IMAGE: ("ingest", "an image mode or layout the engine does not convert"),
     Reason.OUTSIDE_ROOT: ("ingest", "a path or link that leads outside the input's root"),
     Reason.NOT_A_REGULAR_FILE: ("ingest", "a device, socket or folder where a file was listed"),
+    Reason.INVALID_PATH: ("ingest", "a path-list row no file path can be: it holds a NUL byte"),
+    Reason.UNSUPPORTED_URL: ("ingest", "a path-list row that is a URL (s3://, http://, file://...): local paths only"),
     Reason.UNKNOWN_DOMAIN: ("ingest", "a row names a domain the profile does not declare"),
     Reason.DUPLICATE: ("denoise, dap, template-gallery", "the same pixels (image) or text (query, template) as an "
                        "earlier row"),
@@ -163,7 +168,7 @@ def unregistered(codes: Iterable[str]) -> list[str]:
 
 
 def reasons_markdown() -> str:
-    """The README's table: every code, the stages that use it, its meaning."""
+    """The reasons table of docs/reference/reasons.md: every code, the stages that use it, its meaning."""
     lines = ["| reason | stages | meaning |", "|---|---|---|"]
     lines += [f"| `{code}` | {stages} | {meaning} |" for code, (stages, meaning) in MEANINGS.items()]
     return "\n".join(lines)

@@ -81,9 +81,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rde.common.run_lock import RunLockedError
     from storage import ArtifactError
     from storage.filesystem import StorageWriteError
+    from tasks.sharded import AccountingError
 
+    # AccountingError: a stage's rows did not add up; its message names the stage and the counts,
+    # and nothing of that stage was marked complete (a traceback would add nothing for a user)
     return (ProfileError, InputError, ArtifactError, StorageWriteError, RunLockedError, FileNotFoundError,
-            PermissionError, ValueError)
+            PermissionError, ValueError, AccountingError)
 
 
 @app.command("build-secmm")
@@ -215,6 +218,36 @@ class FlowRef:
 
         return getattr(importlib.import_module(f"flows.{self.module}"), self.module)
 
+    def stop_names(self) -> tuple[str, ...]:
+        """What the flow's ``--until`` accepts (its module's ``STAGES``): importing the module
+        defines the flow and starts nothing (no Prefect server, no run)."""
+        import importlib
+
+        return tuple(importlib.import_module(f"flows.{self.module}").STAGES)
+
+
+INPUT_KINDS = ("folder", "paths", "pool")  # what --input-kind accepts (InputSpec.kind)
+
+
+def _check_input_kind(input_path: str | None, input_kind: str | None) -> None:
+    """``--input-kind`` names a kind and comes with ``--input`` (alone it would be ignored)."""
+    if input_kind is None:
+        return
+    if input_kind not in INPUT_KINDS:
+        _fail(f"--input-kind {input_kind!r} is not an input kind; valid kinds: {', '.join(INPUT_KINDS)}")
+    if not input_path:
+        _fail(f"--input-kind {input_kind} needs --input (the folder, Parquet path list or pool it describes)")
+
+
+def _check_until(flow_ref: FlowRef, until: str | None) -> None:
+    """``--until`` names a stop of the flow; checked before the run lock and Prefect, so a typo is one
+    line listing the valid names, not a failed flow run's traceback."""
+    if until is None:
+        return
+    valid = flow_ref.stop_names()
+    if until not in valid:
+        _fail(f"--until {until!r} is not a stage of {flow_ref.name}; valid names: {', '.join(valid)}")
+
 
 def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
               sets: list[str] | None, as_json: bool, until: str | None, extra: dict[str, Any] | None = None,
@@ -223,6 +256,7 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
     running stage on a terminal), let ``add`` extend its summary (with the validated profile), print
     it; user errors exit 2 with a message, an unbalanced accounting exits 2 after the summary."""
     overrides = _parse_sets(sets or [])
+    _check_input_kind(input_path, input_kind)
     if input_path:
         kind = input_kind or _guess_kind(input_path)
         overrides.setdefault("input", {}).update({"kind": kind, "path": str(Path(input_path).resolve())})
@@ -235,6 +269,7 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
 
         prof = load_profile(profile, overrides)  # validate before starting Prefect
         check_input(prof.input, project_root())
+        _check_until(flow_ref, until)
         root = RunContext(prof, flow_ref.name, output).root
         with output_lock(root, flow_ref.name):  # checked before Prefect starts
             flow_fn = flow_ref.load()
@@ -251,7 +286,9 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
     else:
         print_summary(summary)
     if not summary["balanced"]:
-        _fail("accounting mismatch: accepted + rejected != inputs (see the summary above)")
+        from tasks.summary import unbalanced_message
+
+        _fail(unbalanced_message(summary))
 
 
 def _guess_kind(path: str) -> str:
@@ -376,12 +413,13 @@ def pool_build(
 
 @pool_app.command("synth")
 def pool_synth(
-    n: Annotated[int, typer.Option("--n", help="Images to write.")],
+    n: Annotated[int, typer.Option("--n", min=1, help="Images to write.")],
     out: Annotated[str, typer.Option(help="Output pool artifact folder.")] = "data/synth_pool",
     source: Annotated[str, typer.Option(help="Pool artifact the images are derived from.")] = "data/demo_pool",
     seed: Annotated[int, typer.Option(help="Seed of the transformations (image i depends on seed and i).")] = 0,
-    shard_size: Annotated[int, typer.Option(help="Images per shard (one shard in memory at a time).")] = 1000,
-    duplicate_share: Annotated[float, typer.Option(help="Share of exact copies of an earlier image.")] = 0.01,
+    shard_size: Annotated[int, typer.Option(min=1, help="Images per shard (one shard in memory at a time).")] = 1000,
+    duplicate_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of exact copies of an earlier "
+                                                   "image.")] = 0.01,
 ) -> None:
     """A scale pool for load tests: N distinct images derived from the demo pool by seeded crops,
     rescales, flips, colour shifts, noise and blur (domains, identities and failing variants kept).
@@ -405,8 +443,9 @@ def pool_synth(
 
 @labels_app.command("import")
 def labels_import_cmd(
-    decisions: Annotated[Path, typer.Argument(help="decisions.json from the review page, or a Label Studio JSON "
-                                              "export of the tasks in benchmark/review/label_studio_tasks.json")],
+    decisions: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="decisions.json from the review "
+                                              "page, or a Label Studio JSON export of the tasks in "
+                                              "benchmark/review/label_studio_tasks.json")],
     profile: ProfileOpt = "demo",
     output: Annotated[str | None, typer.Option(help="Artifacts root of the run (default: the profile's).")] = None,
     rebuild: Annotated[bool, typer.Option("--rebuild/--no-rebuild", help="Rebuild qrels and evaluation now.")] = True,
@@ -479,7 +518,7 @@ def models_cmd(
 @app.command("check-experts")
 def check_experts_cmd(
     profile: ProfileOpt = "demo",
-    k: Annotated[int, typer.Option(help="Cut-off of mAP@K.")] = 10,
+    k: Annotated[int, typer.Option(min=1, help="Cut-off of mAP@K.")] = 10,
 ) -> None:
     """Score the profile's experts on the hand-labelled check set (data/check_set) against random."""
     from models.backends.registry import ModelRegistry
@@ -533,14 +572,14 @@ if __name__ == "__main__":  # pragma: no cover
 @stack_app.command("up")
 def stack_up(
     host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless auth is configured).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Server port (UI and API).")] = 4200,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Server port (UI and API).")] = 4200,
     database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL, e.g. postgresql+asyncpg://... "
                                                      "(default: SQLite in .rde/stack).")] = None,
     postgres: Annotated[bool, typer.Option("--postgres", help="Run the server on a PostgreSQL cluster of the "
                                            "stack's own (initdb in .rde/stack/postgres, loopback only).")] = False,
     gpu_workers: Annotated[int, typer.Option(min=1, help="Workers of the `gpu` pool (one per GPU): fanned-out "
                                              "stages (prefect.fanout) spread their shards over them.")] = 1,
-    gpu_slots: Annotated[int | None, typer.Option(help="Slots of the `gpu` global concurrency limit "
+    gpu_slots: Annotated[int | None, typer.Option(min=1, help="Slots of the `gpu` global concurrency limit "
                                                   "(default: one per gpu worker).")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Workers of the `cpu` pool.")] = 1,
 ) -> None:
@@ -562,7 +601,7 @@ def stack_up(
 
 
 @stack_app.command("down")
-def stack_down(port: Annotated[int, typer.Option(help="Server port.")] = 4200,
+def stack_down(port: Annotated[int, typer.Option(min=1, max=65535, help="Server port.")] = 4200,
                remove_postgres: Annotated[bool, typer.Option("--remove-postgres", help="Also delete the stack's "
                                                              "own PostgreSQL cluster (its data).")] = False) -> None:
     """Stop the workers (first), then the server, then the stack's own PostgreSQL cluster."""
@@ -573,7 +612,7 @@ def stack_down(port: Annotated[int, typer.Option(help="Server port.")] = 4200,
 
 
 @stack_app.command("status")
-def stack_status(port: Annotated[int, typer.Option(help="Server port.")] = 4200) -> None:
+def stack_status(port: Annotated[int, typer.Option(min=1, max=65535, help="Server port.")] = 4200) -> None:
     """Server health and whether each stack process is alive."""
     from rde.entry.stack import StackConfig, status
 

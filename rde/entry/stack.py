@@ -59,10 +59,12 @@ class StackConfig:
     heartbeat_s: int = 30
     worker_poll_seconds: float = 2.0
     startup_timeout_s: float = 90.0
-    # Prefect's client retries a lost API with a doubling back-off (2, 4, 8, … s). Prefect's
-    # default of 5 retries gives up after about 62 s, shorter than a server restart on a busy
-    # machine; 7 lets a flow-run process wait about 4 minutes for its server (2 + 4 + … + 128 s).
-    api_retries: int = 7
+    # Prefect's client retries a lost API with a doubling back-off (2, 4, 8, … s), each wait
+    # jittered by up to 20 % (as short as 0.82 of it). Prefect's default of 5 retries gives up after
+    # 62 s or less, shorter than a server restart on a busy machine; 7 (254 s on average) can give up
+    # after 209 s; 8 lets a flow-run process wait at least 7 minutes for its server (2 + 4 + … + 256 s
+    # = 510 s, 420 s at the shortest jitter; tests/test_deployment_stack.py measures it).
+    api_retries: int = 8
 
     def local_postgres(self) -> LocalPostgres:
         return LocalPostgres(self.folder / "postgres", self.postgres_port)
