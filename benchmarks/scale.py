@@ -14,7 +14,7 @@ OpenAI-compatible server in this process (no LLM; the generator is not what is m
 through the product's ``openai-http`` backend, for the tiers and the template gallery alike; the
 captioning stages' time is then the pipeline's own (decoding, requests, gates, writes). Its
 captioning stages are per captioned image (the pool's pedestrians after denoise), the pool stages
-per pool image. Targets (issue 15): peak RSS at the largest N ≤ 1.5 × at the previous one; the
+per pool image. Targets: peak RSS at the largest N ≤ 1.5 × at the previous one; the
 per-image time of every per-shard stage within ±25 % across N; the growth exponent of CGDS
 (embedding + k-means), of the hard negatives (embedding + exact kNN) and of MECF (whose gallery is
 bounded by the draw, so it should not grow).
@@ -276,7 +276,8 @@ MFU_PREFILL, HBM_EFFICIENCY = 0.40, 0.50  # ASSUMED (no source): share of peak r
 DECODE_BATCH, MEAN_CONTEXT = 64, 400  # production profile's batch_size; ASSUMED mean tokens in context
 DETECTOR_GPU_S = 2 * 3.53e-3  # YOLOv8x 640 px: 3.53 ms/image on A100 TensorRT (docs.ultralytics.com/models/yolov8),
 #                               doubled: the product runs it through PyTorch, not TensorRT (ASSUMED factor)
-# hard-negative kNN above 100k images is faiss IVF (largefine.neighbour_index_above): README "Top-K at scale"
+# hard-negative kNN above 100k images is faiss IVF (largefine.neighbour_index_above):
+# docs/results/scale.md, "Top-K search"
 # measured 23.4-26.4 s for 20k queries over 100k 768-d vectors (build + search, nprobe 32) on these 2 cores;
 # ASSUMED to grow as queries x sqrt(N) x dim (nlist = 4 sqrt N, so a query scans nprobe/nlist of N)
 KNN_MEASURED_S, KNN_Q, KNN_N, KNN_DIM, PROJECT_DIM = 26.4, 20_000, 100_000, 768, 1024  # DINOv2-L: 1024-d

@@ -4,8 +4,8 @@
    index, then fetch of the top-N_c caches (encoded bytes held in memory, decoded to FP32) and
    joint scoring of all N_c pairs in one forward. Four conditions alternate query by query (their
    order rotated and reversed so none always follows another): stage 1 alone; the reference
-   complete query (per-item decode, the encoder's full forward under no_grad: the path before
-   issue 17); 'fast' (one vectorised decode, ``JointReranker.score_fast`` in PyTorch under
+   complete query (per-item decode, the encoder's full forward under no_grad: the former path);
+   'fast' (one vectorised decode, ``JointReranker.score_fast`` in PyTorch under
    inference mode); 'onnx', the ``rerank`` path now (``vedje.score_path=onnx``: the same decode,
    ``score_fast``'s graph run by ONNX Runtime, ``models/reranker/onnx_scoring.py``). Each with its
    ratio to stage 1, the largest score difference to the reference and how many queries kept the
@@ -74,7 +74,7 @@ PATHS = ("reference", "fast", "onnx")  # the three scoring paths of a complete q
 
 def _query(path: str, model, stage1, emb, ids, index, text: str, n_c: int) -> tuple[float, float, float, np.ndarray]:
     """One complete query on ``path`` (``PATHS``): (total, fetch, scoring) seconds, scores. The
-    reference fetch decodes item by item (the path before issue 17), the others in one call."""
+    reference fetch decodes item by item (the former path), the others in one call."""
     t0 = time.perf_counter()
     top, rho = _stage1(stage1, emb, text, n_c)
     t1 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Controlled measurement: does GTR+ confidence weighting find hallucination-style caption noise?
 
-Noise (issue 17): a share of the training captions gets one or two grounded facts replaced by
+Noise: a share of the training captions gets one or two grounded facts replaced by
 wrong ones of the same kind (a colour, a garment, a carried object, a direction;
 ``rde/training/caption_noise.py``), the sentence kept fluent. Each caption has one fixed
 corrupted version (drawn with a seed per caption); a seed chooses which captions are corrupted

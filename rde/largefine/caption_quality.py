@@ -1,5 +1,5 @@
-"""Quality gates for generated captions (issue 5, stage 9): strip boilerplate and drop repeated
-sentences (issue 18), then reject by format, repetition and length. A rejected text keeps its
+"""Quality gates for generated captions: strip boilerplate and drop repeated
+sentences, then reject by format, repetition and length. A rejected text keeps its
 reason code and the text itself."""
 
 from __future__ import annotations

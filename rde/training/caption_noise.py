@@ -1,4 +1,4 @@
-"""Hallucination-style caption noise (issue 17): replace one or two grounded facts of a caption
+"""Hallucination-style caption noise: replace one or two grounded facts of a caption
 with wrong ones of the same kind, keeping the sentence fluent, as an MLLM errs.
 
 Kinds and their vocabularies come from what the grounded captioner measures
