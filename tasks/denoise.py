@@ -28,6 +28,7 @@ class Measure(Stage):
     resources = Resources(device="gpu", hold_slot=False, batch_size="models.detector.batch_size")
     balance = True
     title = "Measure: Laplacian variance and target detections per image"
+    row_unit = "images"
 
     def lineage(self, run: StageRun) -> Lineage:
         return Lineage(models={"detector": detector_lineage(run.models.detector)})
@@ -57,6 +58,7 @@ class Decide(Stage):
     config = ("denoise",)
     balance = True
     title = "Denoise (GTR+): size, Laplacian blur, target count, exact duplicates; rejected rows by reason"
+    row_unit = "images"
 
     def run(self, run: StageRun) -> Work:
         images, measurements = run.input("images"), run.input("measurements")

@@ -12,12 +12,22 @@ The parent then watches: it counts finished shards on storage (the progress arti
 child's state and heartbeats (``prefect.flow-run.heartbeat`` events, sent every
 ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds by the child's engine), and
 
-- resubmits the range's missing shards when its run ended Failed, Crashed or Cancelled, or
-  Completed without them (at most ``max_attempts`` runs per range, then the stage fails with the
-  last run's message);
+- resubmits the range's missing shards when its run ended Failed or Crashed, or Completed
+  without them (at most ``max_attempts`` runs per range, then the stage fails with the last run's
+  message);
 - marks a Running or Pending run whose heartbeats stopped for ``stale_after_s`` (measured on this
   process's clock from the last heartbeat, state change or shard it was seen to make) as Crashed
-  — its worker is presumed lost — and resubmits its missing shards.
+  — its worker is presumed lost — and resubmits its missing shards;
+- never resubmits a run that is Cancelling or Cancelled: someone (the UI's Cancel, ``prefect
+  flow-run cancel``) asked for it to stop, which is not a lost worker. The stage fails at once,
+  saying so; the shards written so far stay for a rerun, and the other ranges' runs go on.
+
+When the parent itself is stopped (its own cancel: the worker sends its flow-run process SIGTERM,
+which the engine raises as ``TerminationSignal``; Ctrl-C in the CLI), it cancels the shard-range
+runs it submitted that have not ended, before it lets the signal end it: their workers stop their
+processes and they end Cancelled. Should the parent die before it could (SIGKILL after the
+worker's 30 s grace), what is left is Prefect server's cancellation-cleanup service, which cancels
+the unfinished subflow runs of a Cancelled run on its loop (every 20 s by default; not tested here).
 
 Only when every shard of the stage exists (one file per index: ``part-<index>.parquet``, written
 by rename or one PUT) does the parent build the manifest, from the files themselves: their rows,
@@ -47,8 +57,9 @@ from tasks.context import RunContext
 from tasks.reporting import Progress, log, publish_table, warn
 from tasks.sharded import StageResult
 
-TERMINAL_FAILED = ("FAILED", "CRASHED", "CANCELLED")
-ALIVE = ("RUNNING", "PENDING", "CANCELLING")
+TERMINAL_FAILED = ("FAILED", "CRASHED")
+CANCELLED = ("CANCELLED", "CANCELLING")
+ALIVE = ("RUNNING", "PENDING")
 
 
 class FanoutError(RuntimeError):
@@ -74,6 +85,8 @@ class Orchestrator(Protocol):
     def view(self, run_id: str) -> RunView: ...
 
     def mark_crashed(self, run_id: str, message: str) -> None: ...
+
+    def cancel(self, run_id: str, message: str) -> None: ...
 
 
 @dataclass
@@ -103,6 +116,45 @@ def split_ranges(indices: Sequence[int], per_run: int) -> list[ShardRange]:
     return [ShardRange(tuple(ordered[at:at + per_run])) for at in range(0, len(ordered), per_run)]
 
 
+def judge(view: RunView, quiet_s: float, spec: FanoutSpec) -> str:
+    """What the parent makes of a child run's latest view, ``quiet_s`` seconds after its last sign
+    of life: "completed"; "cancelled" (Cancelling or Cancelled: stopped on purpose, never
+    resubmitted, whatever its heartbeats); "failed" (Failed, Crashed: resubmit its missing shards);
+    "lost" (Running or Pending but silent for ``stale_after_s``: its worker is presumed dead);
+    "unclaimed" (no worker has started it for ``unclaimed_warn_s``); else "alive"."""
+    if view.state_type == "COMPLETED":
+        return "completed"
+    if view.state_type in CANCELLED:
+        return "cancelled"
+    if view.state_type in TERMINAL_FAILED:
+        return "failed"
+    if view.state_type in ALIVE and quiet_s > spec.stale_after_s:
+        return "lost"
+    if view.state_type == "SCHEDULED" and quiet_s > spec.unclaimed_warn_s:
+        return "unclaimed"
+    return "alive"
+
+
+def cancel_unfinished(ranges: Sequence[ShardRange], orchestrator: Orchestrator, why: str) -> list[str]:
+    """Cancel the latest run of every range not done (a parent being stopped takes its children
+    with it); returns the runs it asked to cancel. The first call that fails (the API is gone, as
+    the CLI's temporary server is after Ctrl-C) ends the attempt: it is reported, and the parent's
+    stop is not held up by the next ones failing the same way."""
+    asked = []
+    for r in ranges:
+        if r.done or not r.runs or len(r.outcomes) >= len(r.runs):
+            continue
+        try:
+            orchestrator.cancel(r.runs[-1], why)
+        except Exception as err:  # the parent is on its way out: report, and stop trying
+            warn(f"shard range {r.label}: could not cancel run {r.names[-1]} ({err}); cancel the runs of this "
+                 "stage's ranges that are still going in the UI")
+            break
+        r.outcomes.append("cancelled with its parent")
+        asked.append(r.runs[-1])
+    return asked
+
+
 def watch_ranges(ranges: list[ShardRange], orchestrator: Orchestrator, spec: FanoutSpec,
                  parameters: Callable[[tuple[int, ...]], dict[str, Any]], run_name: Callable[[ShardRange], str],
                  shards_present: Callable[[], set[int]], on_progress: Callable[[int], None] = lambda n: None,
@@ -127,39 +179,63 @@ def watch_ranges(ranges: list[ShardRange], orchestrator: Orchestrator, spec: Fan
         r.indices = missing
         submit(r)
 
-    for r in ranges:
-        submit(r)
-    while not all(r.done for r in ranges):
-        sleep(spec.poll_s)
-        present = shards_present()
-        on_progress(len(present))
+    try:
         for r in ranges:
-            if r.done:
-                continue
-            view = orchestrator.view(r.runs[-1])
-            made = len(set(r.indices) & present)
-            if view.heartbeat != r.seen or made != r.shards_seen:
-                r.seen, r.seen_at, r.shards_seen = view.heartbeat, clock(), made
-            if view.state_type == "COMPLETED":
-                if not set(r.indices) <= present:  # it may have written its last shard since the listing
-                    present = shards_present()
-                if set(r.indices) <= present:
-                    r.done = True
-                    r.outcomes.append("completed")
-                else:
-                    retry(r, "completed without writing all its shards", present)
-            elif view.state_type in TERMINAL_FAILED:
-                retry(r, f"ended {view.state_name}: {view.message[:300]}", present)
-            elif view.state_type in ALIVE and clock() - r.seen_at > spec.stale_after_s:
-                quiet = clock() - r.seen_at
-                orchestrator.mark_crashed(r.runs[-1], f"no heartbeat for {quiet:.0f} s: its worker is presumed "
-                                                      "lost; the parent resubmits its missing shards")
-                retry(r, f"sent no heartbeat for {quiet:.0f} s (marked Crashed)", present)
-            elif view.state_type == "SCHEDULED" and not r.warned and clock() - r.seen_at > spec.unclaimed_warn_s:
-                r.warned = True  # waiting for a free worker of the pool (Late, AwaitingConcurrencySlot...)
-                warn(f"shard range {r.label}: no worker of the pool has started run {r.names[-1]} for "
-                     f"{clock() - r.seen_at:.0f} s; are all its workers busy (a parent running on the same pool "
-                     "holds one of its slots: run a parent that fans out on another pool, e.g. build-largefine/pool)?")
+            submit(r)
+        while not all(r.done for r in ranges):
+            sleep(spec.poll_s)
+            present = shards_present()
+            on_progress(len(present))
+            for r in ranges:
+                if not r.done:
+                    present = _watch_one(r, orchestrator, spec, present, shards_present, retry, clock)
+    except Exception:
+        raise  # a failed stage: the other ranges' runs finish their shards, which a rerun reuses
+    except BaseException as stop:  # TerminationSignal (this run's cancel), KeyboardInterrupt: stop the children
+        asked = cancel_unfinished(ranges, orchestrator, f"its parent flow run was stopped ({type(stop).__name__})")
+        if asked:
+            warn(f"stopped: cancelled {len(asked)} shard-range run(s) still going")
+        raise
+
+
+def _watch_one(r: ShardRange, orchestrator: Orchestrator, spec: FanoutSpec, present: set[int],
+               shards_present: Callable[[], set[int]], retry: Callable[[ShardRange, str, set[int]], None],
+               clock: Callable[[], float]) -> set[int]:
+    """One poll of one range's latest run (``judge``); returns the shards present, listed again when
+    a completed run may have written its last shard since the listing."""
+    view = orchestrator.view(r.runs[-1])
+    made = len(set(r.indices) & present)
+    if view.heartbeat != r.seen or made != r.shards_seen:
+        r.seen, r.seen_at, r.shards_seen = view.heartbeat, clock(), made
+    quiet = clock() - r.seen_at
+    verdict = judge(view, quiet, spec)
+    if verdict == "completed":
+        if not set(r.indices) <= present:
+            present = shards_present()
+        if set(r.indices) <= present:
+            r.done = True
+            r.outcomes.append("completed")
+        else:
+            retry(r, "completed without writing all its shards", present)
+    elif verdict == "cancelled":
+        r.outcomes.append(f"{view.state_name or 'cancelled'} (not resubmitted)")
+        missing = [i for i in r.indices if i not in present]
+        raise FanoutError(f"shard range {r.label}: run {r.names[-1]} was cancelled ({view.state_name}: "
+                          f"{view.message[:300]}); a cancelled run is not resubmitted, so the stage stops with "
+                          f"shards {missing} not written. The shards written are kept: run the same command "
+                          "again to compute the rest")
+    elif verdict == "failed":
+        retry(r, f"ended {view.state_name}: {view.message[:300]}", present)
+    elif verdict == "lost":
+        orchestrator.mark_crashed(r.runs[-1], f"no heartbeat for {quiet:.0f} s: its worker is presumed "
+                                              "lost; the parent resubmits its missing shards")
+        retry(r, f"sent no heartbeat for {quiet:.0f} s (marked Crashed)", present)
+    elif verdict == "unclaimed" and not r.warned:
+        r.warned = True  # waiting for a free worker of the pool (Late, AwaitingConcurrencySlot...)
+        warn(f"shard range {r.label}: no worker of the pool has started run {r.names[-1]} for "
+             f"{quiet:.0f} s; are all its workers busy (a parent running on the same pool "
+             "holds one of its slots: run a parent that fans out on another pool, e.g. build-largefine/pool)?")
+    return present
 
 
 class PrefectOrchestrator:
@@ -213,6 +289,28 @@ class PrefectOrchestrator:
 
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(run_id, Crashed(message=message), force=True)
+
+    def cancel(self, run_id: str, message: str) -> None:
+        """Ask for a run to stop, as the UI's Cancel does: Cancelling, on which its worker stops the
+        flow-run process and records Cancelled. A run no worker has started yet (Scheduled, Late,
+        AwaitingConcurrencySlot) has no process to stop: it is set Cancelled at once, else it would
+        wait in Cancelling for the server's timeout. A run already ending or ended is left alone.
+        Without the client's retries: the parent is being stopped, and a gone API must not hold
+        it for the minutes of back-off the stack allows its runs (``StackConfig.api_retries``)."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.responses import SetStateStatus
+        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+        from prefect.states import Cancelled, Cancelling
+
+        with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), get_client(sync_client=True) as client:
+            state = client.read_flow_run(run_id).state
+            if state is None or state.is_final() or state.is_cancelling():
+                return
+            if state.is_scheduled():
+                result = client.set_flow_run_state(run_id, Cancelled(message=message))
+                if result.status == SetStateStatus.ACCEPT:
+                    return  # else a worker took it meanwhile: it has a process to stop
+            client.set_flow_run_state(run_id, Cancelling(message=message))
 
 
 def shard_range_parameters(ctx: RunContext, stage: str, key: str, indices: tuple[int, ...]) -> dict[str, Any]:

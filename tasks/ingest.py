@@ -21,6 +21,7 @@ class Ingest(Stage):
     config = ("input", "ingest", "domains")
     balance = True
     title = "Ingest: inputs read and verified; rejected rows by reason code"
+    row_unit = "images"
 
     def lineage(self, run: StageRun) -> Lineage:
         """The listing (paths, sizes, modification times) is what the outputs depend on."""

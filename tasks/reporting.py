@@ -96,17 +96,18 @@ class Progress:
     ``total`` count ``unit`` (shards, frames, steps...; a total first known later comes with ``update``).
     Update it from the thread that runs the stage."""
 
-    def __init__(self, key: str, description: str, *, stage: str, total: float | None, unit: str) -> None:
+    def __init__(self, key: str, description: str, *, stage: str, total: float | None, unit: str,
+                 item_unit: str = "") -> None:
         self.total = total
         self.percent = 0
         self.artifact_id = create_progress_artifact(0.0, key=key, description=description) \
             if _in_prefect_run() else None
-        self.local = StageProgress(stage, total, unit)
+        self.local = StageProgress(stage, total, unit, item_unit)
 
-    def update(self, done: float, total: float | None = None) -> None:
-        """``done`` of ``total`` finished."""
+    def update(self, done: float, total: float | None = None, items: float | None = None) -> None:
+        """``done`` of ``total`` finished (``items``: the rows of ``item_unit`` they held, so far)."""
         self.total = total if total is not None else self.total
-        self.local.update(done, total)
+        self.local.update(done, total, items)
         if not self.total:
             return
         percent = int(min(100.0, 100.0 * done / self.total))
@@ -114,8 +115,8 @@ class Progress:
             self.percent = percent
             update_progress_artifact(self.artifact_id, float(percent))
 
-    def advance(self, n: float = 1.0) -> None:
-        self.update(self.local.done + n)
+    def advance(self, n: float = 1.0, items: float = 0.0) -> None:
+        self.update(self.local.done + n, items=self.local.items + items)
 
     def close(self) -> None:
         self.local.close()

@@ -90,9 +90,11 @@ def prepare_stage(ctx: RunContext, stage: Stage) -> PreparedStage:
 
 
 def shard_options(stage: Stage, ctx: RunContext) -> dict[str, Any]:
-    """A per-shard stage's task tags and the concurrency limit its computation holds (GPU stages)."""
+    """A per-shard stage's task tags, the concurrency limit its computation holds (GPU stages) and
+    what its rows are (the progress line's rate)."""
     limit = ctx.profile.prefect.gpu_concurrency_limit if stage.resources.device == "gpu" else None
-    return {"tags": [limit] if limit else [], "concurrency_limit": limit if stage.resources.hold_slot else None}
+    return {"tags": [limit] if limit else [], "concurrency_limit": limit if stage.resources.hold_slot else None,
+            "row_unit": stage.row_unit}
 
 
 def fans_out(stage: Stage, ctx: RunContext) -> bool:

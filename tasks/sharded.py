@@ -187,10 +187,11 @@ def skipped_result(stage: str, outputs: Sequence[Output], accepted_output: str) 
 
 def gather(futures: Sequence[Any], progress: Progress) -> list[Any]:
     """The results of shard task ``futures`` in submission order, advancing ``progress`` by one as each
-    finishes (called from the flow's thread: one display per stage, not per shard)."""
+    finishes, and by the input rows a computed shard held (called from the flow's thread: one display
+    per stage, not per shard)."""
     for future in as_completed(list(futures)):
-        future.result()
-        progress.advance()
+        done = future.result()
+        progress.advance(items=0 if done.get("resumed") else done.get("stats", {}).get("input_rows", 0))
     return [f.result() for f in futures]
 
 
@@ -337,15 +338,17 @@ def announce_shard(stage: str, stage_key: str, index: int, written: dict[str, Sh
 def map_shards(flow_name: str, stage: str, outputs: Sequence[Output], stage_key: str, indices: Sequence[int],
                compute: ShardCompute, *, total: int, tags: Sequence[str] = (),
                concurrency_limit: str | None = None, balance: bool = False,
-               announce: bool = False, progress_key: str = "", one_at_a_time: bool = False) -> list[dict[str, Any]]:
+               announce: bool = False, progress_key: str = "", one_at_a_time: bool = False,
+               row_unit: str = "rows") -> list[dict[str, Any]]:
     """Shard ``indices`` as Prefect tasks (tagged; holding a slot of ``concurrency_limit`` while
     computing), with a progress artifact of ``total`` shards (key ``<flow>-<stage>-progress``
     unless given) advanced as each finishes. ``one_at_a_time``: each task is submitted when the one
-    before it has finished (a shard-range run uses its worker's one GPU for one shard at a time)."""
+    before it has finished (a shard-range run uses its worker's one GPU for one shard at a time).
+    ``row_unit``: what the shards' input rows are (images), for the progress line's rate."""
     task_fn = shard_task.with_options(name=stage, tags=list(tags), task_run_name=f"{stage}-{{index}}")
     concurrency_limit = resolve_concurrency_limit(concurrency_limit)
     with Progress(progress_key or f"{flow_name}-{stage}-progress", f"{stage}: shards done of {total}", stage=stage,
-                  total=total, unit="shards") as progress:
+                  total=total, unit="shards", item_unit=row_unit) as progress:
         progress.update(total - len(indices))
 
         def submit(index: int) -> Any:
@@ -362,7 +365,7 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
                 concurrency_limit: str | None = None,
                 upstream: Sequence[Artifact] = (), config: dict[str, Any] | None = None,
                 models: dict[str, Any] | None = None, prompt_versions: dict[str, str] | None = None,
-                balance: bool = False) -> StageResult:
+                balance: bool = False, row_unit: str = "rows") -> StageResult:
     """Map ``compute`` over shard indices as Prefect tasks (tagged, and holding a slot of
     ``concurrency_limit`` while computing), with a progress artifact updated per finished shard;
     skipped when complete for ``stage_key``.
@@ -378,7 +381,8 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
     with Timer() as timer:
         begin(outputs, stage_key)
         done = map_shards(ctx.flow_name, stage, outputs, stage_key, range(n_shards), compute,
-                          total=n_shards, tags=tags, concurrency_limit=concurrency_limit, balance=balance)
+                          total=n_shards, tags=tags, concurrency_limit=concurrency_limit, balance=balance,
+                          row_unit=row_unit)
         stats, balanced = finalize_stage(ctx, stage, outputs, stage_key, [r["shards"] for r in done],
                                          [r["stats"] for r in done], balance=balance, upstream=upstream,
                                          config=config, models=models, prompt_versions=prompt_versions)

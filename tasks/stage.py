@@ -181,6 +181,7 @@ class Stage:
     rejects_from_upstream: ClassVar[bool] = False  # its rejects gather earlier stages' (counted there)
     main: ClassVar[str | None] = None  # the write whose manifest holds the stats (default: the first)
     title: ClassVar[str] = ""  # the stage table's description in the Prefect UI
+    row_unit: ClassVar[str] = "rows"  # what one input row is ("images"): the progress line's rate counts them
 
     @property
     def main_write(self) -> str:

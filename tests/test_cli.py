@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,11 +57,11 @@ def test_bad_inputs_give_messages_not_tracebacks(tmp_path: Path) -> None:
         assert "Traceback" not in result.stderr + result.stdout, args
 
 
-def _in_terminal(args: list[str], timeout: float = 600) -> str:
-    """Run ``rde`` in a pseudo-terminal (140 columns); everything it drew, ANSI codes removed."""
+def _in_terminal(args: list[str], timeout: float = 600, env: dict[str, str] | None = None, exit_code: int = 0) -> str:
+    """Run ``rde`` in a pseudo-terminal (140 columns); everything it drew, ANSI codes removed and
+    carriage returns made line breaks (what was drawn over, one screen line each)."""
     import fcntl
     import pty
-    import re
     import select
     import struct
     import termios
@@ -69,7 +70,7 @@ def _in_terminal(args: list[str], timeout: float = 600) -> str:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "rde.entry.cli", *args], stdin=slave, stdout=slave, stderr=slave,
-                            cwd=ROOT, env={**os.environ, "TERM": "xterm-256color"}, close_fds=True)
+                            cwd=ROOT, env={**(env or os.environ), "TERM": "xterm-256color"}, close_fds=True)
     os.close(slave)
     raw, deadline = b"", time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -85,32 +86,65 @@ def _in_terminal(args: list[str], timeout: float = 600) -> str:
             break
     proc.kill() if proc.poll() is None else None
     os.close(master)
-    assert proc.wait() == 0, raw.decode(errors="replace")[-3000:]
+    assert proc.wait() == exit_code, raw.decode(errors="replace")[-3000:]
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw.decode(errors="replace")).replace("\r", "\n")
+
+
+BAR = "━"  # the progress bar's glyph (rich's BarColumn)
+SPINNER = re.compile("[\u2800-\u28ff]")  # rich's spinner frames (braille dots)
+LOG_LINE = re.compile(r"\b(INFO|WARNING|ERROR)\b|Task run '|Flow run '")
 
 
 @pytest.mark.slow
 def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, tiny_pool_url: str,
                                                             shared_server_env: dict[str, str]) -> None:
     """One line per running stage that advances (shards done of total) and finishes, with log lines
-    above it; the same run piped prints no progress at all. On the 24-image pool in six 4-image
-    shards: the display is the subject, not the measuring."""
-    import re
-
+    above it and never on it, even with --verbose's per-task lines; the same run piped prints plain
+    lines: no progress, spinner, carriage return or escape code, and no per-task lines without
+    --verbose. On the 24-image pool in six 4-image shards: the display is the subject, not the
+    measuring."""
     args = ["build-secmm", "--input", tiny_pool_url, "--until", "denoise", "--set", "ingest.shard_size=4"]
-    shown = _in_terminal([*args, "--output", str(tmp_path / "tty")])
+    shown = _in_terminal([*args, "--verbose", "--output", str(tmp_path / "tty")])
     measured = {int(n) for n in re.findall(r"measure[\s━╸╺]+(\d+)/6 shards", shown)}
     assert len(measured) >= 2 and 6 in measured, shown[-3000:]  # it advanced, and was drawn finished
-    assert "Finished in state Completed()" in shown and "inputs 24 = accepted" in shown
+    assert "Finished in state Completed()" in shown and "inputs 24 = accepted" in shown  # --verbose: task lines
+    shared = [line for line in shown.splitlines() if BAR in line and LOG_LINE.search(line)]
+    assert not shared, shared[:5]  # a log line printed onto a progress line
+    assert "telemetry" not in shown.lower()
     # the piped run stops after ingest (six shards, so a progress line would be drawn): what it must
     # not print is the same for every stage, and the models' minute is spent once, above
     piped_args = [*args[:args.index("--until")], "--until", "ingest", *args[args.index("--until") + 2:]]
     piped = subprocess.run([sys.executable, "-m", "rde.entry.cli", *piped_args, "--output", str(tmp_path / "pipe")],
                            capture_output=True, text=True, cwd=ROOT, timeout=600, env=shared_server_env)
     assert piped.returncode == 0, piped.stderr[-3000:]
-    assert "inputs 24 = accepted" in piped.stdout and "Finished in state Completed()" in piped.stderr
-    noise = re.findall(r"━\s*\d+/\d+ shards|\x1b\[\?25l|~\d+:\d\d left", piped.stdout + piped.stderr)
+    everything = piped.stdout + piped.stderr
+    assert "inputs 24 = accepted" in piped.stdout and "ingest: 24/24 accepted" in piped.stderr  # the stage's line
+    assert "Task run '" not in everything  # per-task lines only with --verbose
+    noise = re.findall(r"━\s*\d+/\d+ shards|\x1b\[|~\d+:\d\d left|\r", everything) + SPINNER.findall(everything)
     assert not noise, noise
+
+
+def test_no_telemetry_notice_on_a_terminal(tmp_path: Path) -> None:
+    """Prefect prints a telemetry notice on its first import in a terminal (per Prefect home): a
+    fresh home, no CI variables (they turn it off too), and a run refused once the flow is imported
+    (its --until checked), in a pseudo-terminal."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "DO_NOT_TRACK", "PREFECT_API_URL")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    shown = _in_terminal(["build-secmm", "--until", "bogus", "--output", str(tmp_path / "out")], timeout=300,
+                         env=env, exit_code=2)
+    assert "valid names: denoise" in shown  # the flow module (and Prefect) was imported
+    assert "telemetry" not in shown.lower() and "anonymous usage" not in shown
+
+
+def test_a_model_load_draws_no_bar_of_its_own() -> None:
+    """transformers draws a "Loading weights" bar per model load: carriage returns in a pipe or log
+    file, a second bar beside the stage lines on a terminal. The CLI's environment turns it off."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    probe = ("import rde.entry.cli\nfrom transformers.utils import logging\n"
+             "print('bars', logging.is_progress_bar_enabled())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 0 and "bars False" in out.stdout, out.stderr[-2000:]
 
 
 def test_each_cli_flow_ref_names_the_flow_it_loads() -> None:

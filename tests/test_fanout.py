@@ -1,6 +1,7 @@
 """Shard fan-out (tasks/fanout.py): the parent's watch loop on a scripted orchestrator (submit,
-crash, lost worker, too many tries), then a whole fanned-out stage in one process, its shard-range
-"runs" executed by threads through the same child code (``run_shard_range``) that a worker runs.
+crash, lost worker, too many tries, a cancelled child, the parent stopped), then a whole
+fanned-out stage in one process, its shard-range "runs" executed by threads through the same
+child code (``run_shard_range``) that a worker runs.
 The loop on a real server and pool is tests/test_deployment_stack.py's fan-out test."""
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from prefect import flow
+from prefect.exceptions import TerminationSignal
 
 from rde.common.profiles import FanoutSpec, load_profile
 from storage import Artifact
 from tasks.context import RunContext
-from tasks.fanout import FanoutError, RunView, ShardRange, split_ranges, watch_ranges
+from tasks.fanout import FanoutError, RunView, ShardRange, judge, split_ranges, watch_ranges
 from tasks.runner import run_pipeline, run_shard_range
 from tasks.stage import Pipeline, Resources, Stage, StageRun, Work, Write
 
@@ -38,12 +40,14 @@ class Clock:
 class Scripted:
     """Runs that do what ``script[(range label, try)]`` says: "ok" writes its shards on the first
     poll and completes, "crash" ends Crashed, "silent" stays Running with no heartbeat, "beating"
-    stays Running with a new heartbeat each poll, "hollow" completes without writing."""
+    stays Running with a new heartbeat each poll, "hollow" completes without writing, "cancelled"
+    ends Cancelled, "cancelling" stays Cancelling with no heartbeat (a process being stopped)."""
 
     def __init__(self, script: dict[tuple[str, int], str], written: set[int]) -> None:
         self.script, self.written = script, written
         self.runs: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.crashed: list[str] = []
+        self.cancelled: list[str] = []
         self.views = 0
 
     def submit(self, parameters: dict[str, Any], run_name: str) -> str:
@@ -68,10 +72,17 @@ class Scripted:
             return RunView("SCHEDULED", "Late", "", "")
         if behaviour == "beating":
             return RunView("RUNNING", "Running", "", f"beat{self.views}")
+        if behaviour == "cancelled":
+            return RunView("CANCELLED", "Cancelled", "cancelled from the UI", "x")
+        if behaviour == "cancelling":
+            return RunView("CANCELLING", "Cancelling", "", "still")
         return RunView("RUNNING", "Running", "", "still")
 
     def mark_crashed(self, run_id: str, message: str) -> None:
         self.crashed.append(run_id)
+
+    def cancel(self, run_id: str, message: str) -> None:
+        self.cancelled.append(run_id)
 
 
 def _watch(script: dict[tuple[str, int], str], n: int = 4, per_run: int = 2, **spec: Any
@@ -145,6 +156,51 @@ def test_a_range_that_fails_every_try_fails_the_stage_with_the_last_message() ->
         _watch({("0-1", 1): "crash", ("0-1", 2): "crash", ("0-1", 3): "crash"}, max_attempts=3)
 
 
+def test_a_cancelled_or_cancelling_run_is_never_judged_lost() -> None:
+    """Cancelling or Cancelled is a stop someone asked for: never "lost" (which marks it Crashed and
+    resubmits it), however long its heartbeats have been quiet; a quiet Running run is lost."""
+    spec = FanoutSpec(stale_after_s=10.0, unclaimed_warn_s=300.0)
+    for state in ("CANCELLED", "CANCELLING"):
+        assert judge(RunView(state, state.title(), "", ""), 1000.0, spec) == "cancelled"
+    assert judge(RunView("RUNNING", "Running", "", ""), 11.0, spec) == "lost"
+    assert judge(RunView("RUNNING", "Running", "", ""), 9.0, spec) == "alive"
+    assert judge(RunView("CRASHED", "Crashed", "", ""), 0.0, spec) == "failed"
+    assert judge(RunView("SCHEDULED", "Late", "", ""), 301.0, spec) == "unclaimed"
+
+
+@pytest.mark.parametrize("behaviour", ["cancelled", "cancelling"])
+def test_a_cancelled_run_stops_the_stage_and_is_not_resubmitted(behaviour: str) -> None:
+    written: set[int] = set()
+    orch, clock = Scripted({("0-1", 1): behaviour}, written), Clock()
+    ranges = split_ranges(range(4), 2)
+    with pytest.raises(FanoutError, match=r"shard range 0-1: run 0-1-try1 was cancelled .* not resubmitted"):
+        watch_ranges(ranges, orch, FanoutSpec(poll_s=1.0, stale_after_s=10.0),
+                     lambda idx: {"indices": list(idx)}, lambda r: f"{r.label}-try{len(r.runs) + 1}",
+                     lambda: set(written), clock=clock, sleep=lambda s: clock.sleep(s + 20.0))  # past stale_after_s
+    assert len(ranges[0].runs) == 1 and not orch.crashed and not orch.cancelled
+
+
+def test_a_parent_that_is_stopped_cancels_its_unfinished_runs_and_stops() -> None:
+    """A signal in the parent (its own cancel raises ``TerminationSignal`` in its flow-run process;
+    Ctrl-C raises KeyboardInterrupt) cancels the latest run of each range not done, then goes on."""
+    written: set[int] = set()
+    orch, clock = Scripted({("2-3", 1): "beating", ("4-5", 1): "beating"}, written), Clock()
+    ranges = split_ranges(range(6), 2)
+
+    def stopped_on_second_poll(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now > 1.5:
+            raise TerminationSignal(signal=15)
+
+    with pytest.raises(TerminationSignal):
+        watch_ranges(ranges, orch, FanoutSpec(poll_s=1.0, stale_after_s=10.0),
+                     lambda idx: {"indices": list(idx)}, lambda r: f"{r.label}-try{len(r.runs) + 1}",
+                     lambda: set(written), clock=clock, sleep=stopped_on_second_poll)
+    assert orch.cancelled == [ranges[1].runs[0], ranges[2].runs[0]]  # 0-1 completed on the first poll
+    assert [r.outcomes for r in ranges] == [["completed"], ["cancelled with its parent"],
+                                            ["cancelled with its parent"]]
+
+
 # -- a whole fanned-out stage, in one process ---------------------------------------------------------
 
 class Source(Stage):
@@ -216,6 +272,9 @@ class ThreadPool:
 
     def mark_crashed(self, run_id: str, message: str) -> None:
         raise AssertionError("no run goes silent here")
+
+    def cancel(self, run_id: str, message: str) -> None:
+        raise AssertionError("nothing is cancelled here")
 
 
 @flow(name="toy-run-shards", validate_parameters=False)

@@ -1,7 +1,7 @@
 """Fan-out over a pool for real: `rde stack up --gpu-workers 3` on loopback, build-largefine/pool
 (the parent on the cpu worker) with its qa-tiers shards as run-shards flow runs on the three gpu
-workers, one worker lost mid-stage. A module of its own (its own stack) so pytest-xdist runs it
-beside the other stack modules."""
+workers, one worker lost mid-stage; then another such run cancelled mid-stage. A module of its own
+(its own stack) so pytest-xdist runs it beside the other stack modules."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -150,3 +151,74 @@ def test_the_fanned_out_parent_run_lists_its_shard_runs_in_the_ui(chromium: str,
 
 def _parent_pid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs code (a zombie its worker has not reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_cancelling_a_fanned_out_run_cancels_it_and_its_shard_runs(stack: StackConfig, small_pool_url: str,
+                                                                    tmp_path: Path, test_artifacts_dir: Path) -> None:
+    """``prefect flow-run cancel`` (the state the UI's Cancel sets) on build-largefine/pool while its
+    shard-range runs caption: the parent's flow-run process on the cpu worker stops within
+    seconds and the run ends Cancelled, not Crashed; the shard-range runs that were running end
+    Cancelled (the parent cancels them as it stops), their processes stop, and none is
+    resubmitted. The seconds from the cancel (its state set) to each are printed and kept in
+    test-artifacts/fanout-cancel.json."""
+    from pool_checks import fanout_params, flow_run, shard_runs, stub_server, submit
+
+    out = tmp_path / "out"
+    with stub_server(delay_s=3.0) as stub:  # slow captions: the shard-range runs are mid-shard at the cancel
+        params = fanout_params(out, small_pool_url, stub.base_url, images=24, shard_size=4, per_run=2,
+                               stale_after_s=45.0)
+        parent = submit(stack, params)
+        running, deadline = [], time.monotonic() + 400
+        while time.monotonic() < deadline and len(running) < 2:
+            running = [r for r in shard_runs(stack, parent) if r["state_type"] == "RUNNING" and engine_pids(r["id"])]
+            time.sleep(0.3)
+        assert len(running) >= 2, "no two shard-range runs were seen running"
+        pids = {"parent": engine_pids(parent), "children": [p for r in running for p in engine_pids(r["id"])]}
+        assert pids["parent"], "no flow-run process of the parent was found"
+        cli_started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "prefect", "flow-run", "cancel", parent], env=stack.env(), check=True,
+                       capture_output=True, timeout=120)
+        cancelled_at = time.monotonic()
+        seconds: dict[str, float] = {"cancel_cli": round(cancelled_at - cli_started, 1)}
+        final, children = flow_run(stack, parent), shard_runs(stack, parent)
+        while time.monotonic() < cancelled_at + 300 and len(seconds) < 5:
+            elapsed = round(time.monotonic() - cancelled_at, 1)
+            for who, group in pids.items():
+                if f"{who}_processes_gone" not in seconds and not [p for p in group if _running(p)]:
+                    seconds[f"{who}_processes_gone"] = elapsed
+            if "parent_final_state" not in seconds and (final := flow_run(stack, parent))["state_type"] in TERMINAL:
+                seconds["parent_final_state"] = elapsed
+            children = shard_runs(stack, parent)
+            if "children_final_states" not in seconds and all(r["state_type"] in TERMINAL for r in children):
+                seconds["children_final_states"] = elapsed
+            time.sleep(0.3)
+    measured = {"parent": parent, "parent_state": final["state_type"], "parent_message": final["state"]["message"],
+                "seconds_after_cancel": seconds,
+                "children": [{"name": r["name"], "state": r["state_type"], "message": r["state"]["message"],
+                              "running_at_cancel": r["id"] in {x["id"] for x in running}} for r in children]}
+    (test_artifacts_dir / "fanout-cancel.json").write_text(json.dumps(measured, indent=1))
+    print(json.dumps(measured, indent=1))
+    assert final["state_type"] == "CANCELLED", measured
+    assert seconds.get("parent_processes_gone", 1e9) < PROCESS_BOUND_S, measured
+    assert seconds.get("children_processes_gone", 1e9) < PROCESS_BOUND_S + 15, measured
+    assert seconds.get("parent_final_state", 1e9) < STATE_BOUND_S, measured
+    assert seconds.get("children_final_states", 1e9) < STATE_BOUND_S + 15, measured
+    assert all(c["state"] == "CANCELLED" for c in measured["children"] if c["running_at_cancel"]), measured
+    assert all(r["state_type"] in ("CANCELLED", "COMPLETED") for r in children), measured
+    assert not [r["name"] for r in children if not r["name"].endswith("-try1")], "a cancelled run was resubmitted"
+
+
+TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+# The cancel reaches the worker as an event (websocket), which sends the flow-run process SIGTERM:
+# it stops within seconds. Prefect's worker then runs the flow's on_cancellation hooks in a fresh
+# interpreter that loads the flow (8 s on two busy cores) before it records Cancelled.
+PROCESS_BOUND_S = 15.0
+STATE_BOUND_S = 45.0

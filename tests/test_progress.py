@@ -100,3 +100,98 @@ def test_without_a_terminal_nothing_is_drawn(monkeypatch) -> None:
     monkeypatch.setenv("RDE_PROGRESS", "off")
     with live_progress(Console(file=out, force_terminal=True)) as renderer:
         assert renderer is None
+
+
+class RichConsoleHandler(logging.StreamHandler):
+    """A handler that draws with a rich console of its own on the real stderr, as Prefect's console
+    handler does: given the live display's stream proxy, such a console unwraps it and writes under
+    the display, onto the line being drawn."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.console = Console(file=sys.stderr)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(self.format(record), soft_wrap=True)
+
+
+def test_a_handler_with_its_own_rich_console_prints_through_the_display_and_quiet_drops_task_lines(
+        capsys) -> None:
+    from rde.entry.console_progress import QuietTaskRuns
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120, color_system=None)
+    handler = RichConsoleHandler()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    task_log = logging.getLogger("prefect.task_runs")
+    flow_log = logging.getLogger("prefect.flow_runs")
+    hook_log = logging.getLogger("tests.flow_engine")  # Prefect's engine logs hooks; the filter reads the text
+    hook_log.setLevel(logging.INFO)
+    levels = task_log.level, flow_log.level
+    task_log.setLevel(logging.INFO)
+    flow_log.setLevel(logging.INFO)
+    try:
+        with live_progress(console, QuietTaskRuns()) as renderer:
+            assert renderer is not None
+            with progress.StageProgress("measure", total=2, unit="shards") as stage:
+                stage.advance()
+                renderer.progress.refresh()
+                task_log.info("Finished in state Completed()", extra={"task_run_name": "measure-0"})
+                task_log.warning("a shard retried", extra={"task_run_name": "measure-1"})
+                flow_log.info("measure: 8/8 accepted", extra={"flow_run_name": "quiet-otter"})
+                stage.advance()
+        assert root.handlers.count(handler) == 1 and not handler.filters  # restored as it was
+        # --verbose: task lines back, through the display; the CLI's own hook's lines stay out
+        with live_progress(console, QuietTaskRuns(verbose=True, hooks=("record_flow_run",))) as renderer:
+            task_log.info("Finished in state Completed()", extra={"task_run_name": "measure-2"})
+            hook_log.info("Running hook 'record_flow_run' in response to entering state 'Running'")
+            hook_log.info("Hook 'record_flow_run' finished running successfully")
+            hook_log.info("Hook 'notify' finished running successfully")  # a hook of the flow's own
+    finally:
+        root.removeHandler(handler)
+        task_log.setLevel(levels[0])
+        flow_log.setLevel(levels[1])
+    text = ANSI.sub("", out.getvalue())
+    assert capsys.readouterr().err == ""  # nothing written past the display
+    assert "Flow run 'quiet-otter' - measure: 8/8 accepted" in text
+    assert "Task run 'measure-1' - a shard retried" in text  # a task's warning passes
+    assert "measure-0" not in text and "Task run 'measure-2' - Finished in state Completed()" in text
+    assert "record_flow_run" not in text and "Hook 'notify' finished" in text
+    for line in text.replace("\r", "\n").splitlines():
+        assert not ("━" in line and " - " in line), line  # no log line shares a line with a bar
+
+
+def test_without_a_terminal_quiet_still_drops_task_lines_from_the_plain_handler() -> None:
+    from rde.entry.console_progress import QuietTaskRuns
+
+    pipe = io.StringIO()  # stderr as a pipe, as in CI: the console and the log handler write to it
+    handler = logging.StreamHandler(pipe)
+    logging.getLogger().addHandler(handler)
+    task_log = logging.getLogger("prefect.task_runs")
+    level = task_log.level
+    task_log.setLevel(logging.INFO)
+    run = {"task_run_name": "measure-0"}  # what Prefect's own handlers (if configured) format
+    try:
+        with live_progress(Console(file=pipe, width=120), QuietTaskRuns()) as renderer:
+            assert renderer is None
+            task_log.info("Finished in state Completed()", extra=run)
+            task_log.error("shard failed", extra=run)
+        task_log.info("after the run", extra=run)  # the filter goes with the run
+    finally:
+        logging.getLogger().removeHandler(handler)
+        task_log.setLevel(level)
+    assert pipe.getvalue() == "shard failed\nafter the run\n"
+
+
+def test_a_stage_that_counts_its_images_shows_their_rate_not_the_shards() -> None:
+    rec = Recorder()
+    with progress.install(rec), progress.StageProgress("measure", total=6, unit="shards", item_unit="images") as s:
+        s.advance(items=4)
+        s.advance(items=4)
+        snap = s.snapshot()
+    assert (snap.done, snap.items, snap.item_unit) == (2, 8, "images")
+    timed = progress.Snapshot("measure", 2, 6, "shards", started=0.0, updated=4.0, items=8, item_unit="images")
+    assert describe(timed, now=4.0) == {"count": "2/6 shards", "rate": "2.0 images/s", "when": "0:04, ~0:08 left"}
+    reused = progress.Snapshot("measure", 2, 6, "shards", started=0.0, updated=4.0, item_unit="images")
+    assert describe(reused, now=4.0)["rate"] == "2.0 s/shard"  # no rows computed yet: the shards' rate

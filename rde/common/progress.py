@@ -22,7 +22,9 @@ from typing import Protocol
 @dataclass(frozen=True)
 class Snapshot:
     """One stage at its last update: done of total, when it started and was last updated
-    (``time.monotonic``), so a renderer can tick the time between updates."""
+    (``time.monotonic``), so a renderer can tick the time between updates; ``items`` of
+    ``item_unit`` (e.g. images) counts the rows its finished units held, for a rate a person reads
+    (images/s) where ``unit`` (shards) is only how the work is cut."""
 
     description: str
     done: float
@@ -31,6 +33,8 @@ class Snapshot:
     started: float
     updated: float
     finished: bool = False
+    items: float = 0.0
+    item_unit: str = ""
 
     def elapsed(self, now: float | None = None) -> float:
         """Seconds since the stage started (up to the last update once finished)."""
@@ -41,6 +45,12 @@ class Snapshot:
         """Units per second from the start to the last update (None before the first unit)."""
         spent = self.updated - self.started
         return self.done / spent if self.done > 0 and spent > 0 else None
+
+    @property
+    def item_rate(self) -> float | None:
+        """Items per second from the start to the last update (None without items)."""
+        spent = self.updated - self.started
+        return self.items / spent if self.items > 0 and spent > 0 and self.item_unit else None
 
     def remaining(self, now: float | None = None) -> float | None:
         """Seconds left at that rate, counting down between updates (None: no total or no rate)."""
@@ -87,11 +97,14 @@ def _stack() -> list[StageProgress]:
 
 class StageProgress:
     """Progress of one stage: ``update(done)`` or ``advance(n)`` as work finishes, ``close()`` at the
-    end (or use it as a context manager). ``total`` None shows the stage as running, with its time."""
+    end (or use it as a context manager). ``total`` None shows the stage as running, with its time.
+    ``item_unit``: what the rows counted with ``update(..., items=)`` are (images), shown as a rate."""
 
-    def __init__(self, description: str, total: float | None = None, unit: str = "items") -> None:
-        self.description, self.total, self.unit = description, total, unit
+    def __init__(self, description: str, total: float | None = None, unit: str = "items",
+                 item_unit: str = "") -> None:
+        self.description, self.total, self.unit, self.item_unit = description, total, unit, item_unit
         self.done = 0.0
+        self.items = 0.0
         self.start = self.updated = time.monotonic()
         self.closed = False
         self._renderer = _renderer
@@ -110,18 +123,23 @@ class StageProgress:
         stack.append(self)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.description, self.done, self.total, self.unit, self.start, self.updated, self.closed)
+        return Snapshot(self.description, self.done, self.total, self.unit, self.start, self.updated, self.closed,
+                        self.items, self.item_unit)
 
-    def update(self, done: float, total: float | None = None) -> None:
-        """``done`` units of work finished so far (``total`` updates the total when it changes)."""
+    def update(self, done: float, total: float | None = None, items: float | None = None) -> None:
+        """``done`` units of work finished so far (``total`` updates the total when it changes;
+        ``items``: the rows those units held, so far)."""
         self.done = float(done)
+        if items is not None:
+            self.items = float(items)
         self.updated = time.monotonic()
         if total is not None:
             self.total = float(total)
         self._draw()
 
-    def advance(self, n: float = 1.0) -> None:
-        self.update(self.done + n)
+    def advance(self, n: float = 1.0, items: float = 0.0) -> None:
+        """``n`` more units finished, holding ``items`` rows."""
+        self.update(self.done + n, items=self.items + items)
 
     def _draw(self) -> None:
         if self._renderer is not None and self._handle is not None and not self.closed:

@@ -19,7 +19,7 @@ AUTO_BATCH_LOGGER = "models.backends.auto_batch"
 
 
 def configure_prefect_env() -> None:
-    """Point Prefect at the project's state folder and turn analytics off.
+    """Point Prefect at the project's state folder and turn analytics off (server and client).
 
     Values already set in the environment win, so ``PREFECT_API_URL`` selects a real server;
     without it flows run against Prefect's ephemeral local server.
@@ -28,6 +28,9 @@ def configure_prefect_env() -> None:
     defaults = {
         "PREFECT_HOME": str(home),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the client side of analytics: off too, which also keeps Prefect's first-run telemetry
+        # notice off a user's terminal (it printed above the first run's progress)
+        "DO_NOT_TRACK": "1",
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "storage"),
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         "PREFECT_LOGGING_LEVEL": "INFO",
@@ -38,6 +41,9 @@ def configure_prefect_env() -> None:
         "YOLO_OFFLINE": "1",
         "YOLO_CONFIG_DIR": str(state_dir() / "ultralytics"),
         "HF_HUB_OFFLINE": "1",
+        # transformers' own bars ("Loading weights" per model load): carriage returns in a pipe or
+        # log file, and a second bar beside the stage lines on a terminal
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "PREFECT_LOGGING_EXTRA_LOGGERS": AUTO_BATCH_LOGGER,  # measured batch sizes show in run logs
     }
     for key, value in defaults.items():

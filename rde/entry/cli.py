@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rde.common.runtime import configure_prefect_env
-from rde.entry.console_progress import live_progress
+from rde.entry.console_progress import QuietTaskRuns, live_progress
 
 configure_prefect_env()
 
@@ -41,6 +41,10 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 ProfileOpt = Annotated[
     str, typer.Option("--profile", "-p", help="Bundled profile name (demo, production) or YAML path.")
+]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Also print Prefect's per-task lines (one per shard: "
+                       "'Task run ... Finished'); without it they go to the Prefect API and UI only.")
 ]
 
 
@@ -101,6 +105,7 @@ def build_secmm_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, queries, gallery, "
                                               "candidates, benchmark, evaluate.")] = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the build-secmm flow: ingest → denoise → caption pool → DAP queries → CGDS gallery →
     MECF candidates → benchmark export → evaluation.
@@ -108,7 +113,7 @@ def build_secmm_cmd(
     Finished stages are skipped on a rerun with the same inputs and config; an interrupted
     stage resumes at its first missing shard.
     """
-    _run_flow(FlowRef("build_secmm"), profile, input_path, input_kind, output, sets, as_json, until)
+    _run_flow(FlowRef("build_secmm"), profile, input_path, input_kind, output, sets, as_json, until, verbose=verbose)
 
 
 @app.command("build-largefine")
@@ -123,10 +128,12 @@ def build_largefine_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, neighbours, tiers, "
                                               "gallery, advanced, export.")] = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the build-largefine flow (GTR+ generation): ingest → denoise → hard-negative neighbours →
     base + intermediate tiers → template gallery → advanced tier → LargeFine-style shards + card."""
-    _run_flow(FlowRef("build_largefine"), profile, input_path, input_kind, output, sets, as_json, until)
+    _run_flow(FlowRef("build_largefine"), profile, input_path, input_kind, output, sets, as_json, until,
+              verbose=verbose)
 
 
 @app.command("train-saft")
@@ -136,9 +143,10 @@ def train_saft_cmd(
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
                                                   "--set training.saft_objective=itc")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """SAFT fine-tuning (ITC + SASS + ISD) on the build-largefine captions; evaluation on the check set."""
-    _run_flow(FlowRef("train_saft"), profile, None, None, output, sets, as_json, None)
+    _run_flow(FlowRef("train_saft"), profile, None, None, output, sets, as_json, None, verbose=verbose)
 
 
 @app.command("train-gtr")
@@ -148,9 +156,10 @@ def train_gtr_cmd(
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
                                                   "--set training.gtr_weighting=fix")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """GTR+ confidence-weighted training (ITC + ITM, GMM weights) on the build-largefine captions."""
-    _run_flow(FlowRef("train_gtr"), profile, None, None, output, sets, as_json, None)
+    _run_flow(FlowRef("train_gtr"), profile, None, None, output, sets, as_json, None, verbose=verbose)
 
 
 @app.command("train-vedje")
@@ -160,9 +169,10 @@ def train_vedje_cmd(
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
                                                   "--set vedje.tokens_per_frame=1")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Train the cached joint reranker (compressor + MiniLM joint encoder; VTM+VTC+MLM+delta)."""
-    _run_flow(FlowRef("train_vedje"), profile, None, None, output, sets, as_json, None)
+    _run_flow(FlowRef("train_vedje"), profile, None, None, output, sets, as_json, None, verbose=verbose)
 
 
 @app.command("index-cache")
@@ -172,9 +182,10 @@ def index_cache_cmd(
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
                                                   "--set vedje.precision=fp8")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Write per-item reranker caches (backbone → trained compressor → BF16/FP8/FP4 rows) + stage-1 index."""
-    _run_flow(FlowRef("index_cache"), profile, None, None, output, sets, as_json, None)
+    _run_flow(FlowRef("index_cache"), profile, None, None, output, sets, as_json, None, verbose=verbose)
 
 
 @app.command("rerank")
@@ -188,6 +199,7 @@ def rerank_cmd(
     top: Annotated[int, typer.Option("--top", min=1, help="With --query: ranked items shown per query.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary (with --query: and the ranked "
                                           "items, ranks from 1) as JSON.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Rerank stage-1 candidates from the stored caches (text → search → cache fetch → joint score);
     with --query, print each query's top items: rank, item, score, stage-1 rank, a clip's time span."""
@@ -201,7 +213,7 @@ def rerank_cmd(
         summary["results"] = top_results(RunContext(prof, flow_ref.name, output), url, top)
 
     _run_flow(flow_ref, profile, None, None, output, sets, as_json, None, {"queries": query or None},
-              add_results if query else None)
+              add_results if query else None, verbose=verbose)
 
 
 class FlowRef:
@@ -251,7 +263,7 @@ def _check_until(flow_ref: FlowRef, until: str | None) -> None:
 
 def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
               sets: list[str] | None, as_json: bool, until: str | None, extra: dict[str, Any] | None = None,
-              add: Callable[[dict[str, Any], Any], None] | None = None) -> None:
+              add: Callable[[dict[str, Any], Any], None] | None = None, verbose: bool = False) -> None:
     """Validate profile and input before Prefect starts, run the flow (a live progress line per
     running stage on a terminal), let ``add`` extend its summary (with the validated profile), print
     it; user errors exit 2 with a message, an unbalanced accounting exits 2 after the summary."""
@@ -273,15 +285,21 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
         root = RunContext(prof, flow_ref.name, output).root
         with output_lock(root, flow_ref.name):  # checked before Prefect starts
             flow_fn = flow_ref.load()
-            with live_progress(err_console):
-                summary = flow_fn(profile=profile, overrides=overrides or None, output_root=output,
-                                  until=until, **(extra or {}))
+            guard = _guarded(root)
+            # per-task lines stay off the terminal unless --verbose; the guard's hook lines always
+            with live_progress(err_console, QuietTaskRuns(verbose, guard.hooks)):
+                flow_fn = guard.watching(flow_fn)
+                summary = guard.run(lambda: flow_fn(profile=profile, overrides=overrides or None,
+                                                    output_root=output, until=until, **(extra or {})))
         if add is not None:
             add(summary, prof)
     except _user_errors() as exc:
         _fail(str(exc))
         return
     if as_json:
+        from rde.entry.evaluation_view import evaluation_of
+
+        summary.setdefault("evaluation", evaluation_of(summary))
         console.print_json(json.dumps(summary))
     else:
         print_summary(summary)
@@ -289,6 +307,47 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
         from tasks.summary import unbalanced_message
 
         _fail(unbalanced_message(summary))
+
+
+def _started_as_cli() -> bool:
+    """Whether this process is the ``rde`` command (its ``__main__`` runs this app), not a test
+    invoking the app in-process: only then do signals stop the process and a watcher guard it."""
+    return getattr(sys.modules.get("__main__"), "app", None) is app
+
+
+class _Unguarded:
+    """Runs a flow call as it is (a test invoking the app in-process keeps its own signals)."""
+
+    hooks: tuple[str, ...] = ()
+
+    @staticmethod
+    def watching(flow: Any) -> Any:
+        return flow
+
+    @staticmethod
+    def run(call: Callable[[], Any]) -> Any:
+        return call()
+
+
+def _guarded(root: str) -> Any:
+    """The guard a flow call runs under (``rde.entry.interrupt``): a signal prints what is complete
+    and how to resume, stops every process of the run and exits 130/143; a watcher stops them after
+    a SIGKILL. In-process (tests), the call runs as it is."""
+    if not _started_as_cli():
+        return _Unguarded()
+    import shlex
+
+    from rde.common.run_state import stop_summary
+    from rde.entry.interrupt import RunGuard
+
+    def end_live_display() -> None:
+        for live in list(getattr(err_console, "_live_stack", [])):
+            live.stop()
+        err_console.show_cursor(True)
+
+    local = "://" not in root
+    return RunGuard(lambda: stop_summary(root) if local else f"artifacts under {root}",
+                    shlex.join(["rde", *sys.argv[1:]]), before_exit=end_live_display)
 
 
 def _guess_kind(path: str) -> str:
@@ -302,7 +361,9 @@ def _guess_kind(path: str) -> str:
 
 def print_summary(summary: dict[str, Any]) -> None:
     """The run summary: stages, rejected rows by reason, where the inputs went (splits when the
-    flow has them), captioning throughput, a rerank's ranked items, the artifacts root."""
+    flow has them), captioning throughput, what its evaluation found (zero-shot vs trained, stage 1
+    vs rerank, or per expert and domain), a rerank's ranked items, the artifacts root."""
+    from rde.entry.evaluation_view import evaluation_of, evaluation_table
     from tasks.reporting import accounting_line
     from tasks.summary import balance_mark
 
@@ -331,6 +392,11 @@ def print_summary(summary: dict[str, Any]) -> None:
             tiers.add_row(row["stage"], str(row["input"]), str(row["accepted"]), f"{row['retention']:.1%}",
                           str(row["images_per_s"]), str(row["tokens_per_s"]))
         console.print(tiers)
+    evaluation = summary.get("evaluation")
+    for key, rows in (evaluation_of(summary) if evaluation is None else evaluation).items():
+        table = evaluation_table(key, rows)
+        if table is not None:
+            console.print(table)
     for entry in summary.get("results", []):
         print_ranked(entry)
     console.print(f"artifacts: {summary['output_root']}")
@@ -544,20 +610,19 @@ def artifacts_cmd(
     root: Annotated[str | None, typer.Argument(help="Artifacts root (default: the profile's).")] = None,
     profile: ProfileOpt = "demo",
 ) -> None:
-    """List artifacts under a root with their rows, shards and completeness."""
+    """List artifacts under a root with their rows, shards and completeness; a stage a stopped run
+    cut (whole shards written, no manifest yet) shows as incomplete with the shards it wrote."""
     from rde.common.profiles import load_profile
-    from storage import Artifact
+    from rde.common.run_state import folder_states
     from storage.locations import resolve_location
 
     base = Path(root or resolve_location(load_profile(profile).artifacts_root))
     table = Table(title=str(base))
     for col in ("artifact", "kind", "rows", "shards", "complete"):
         table.add_column(col)
-    for manifest in sorted(base.rglob("_manifest.json")):
-        art = Artifact(str(manifest.parent))
-        m = art.manifest()
-        table.add_row(str(manifest.parent.relative_to(base)), m.kind, str(m.total_rows), str(len(m.shards)),
-                      "yes" if art.is_complete() else "[red]no[/]")
+    for state in folder_states(base):
+        complete = "yes" if state.complete else "[red]no[/]" + ("" if state.kind else ": cut, a rerun resumes it")
+        table.add_row(state.name, state.kind or "?", str(state.rows), str(state.shards), complete)
     console.print(table)
 
 

@@ -3,7 +3,12 @@ elapsed, time left), drawn on stderr while a flow runs in this process, nothing 
 a terminal (CI, log files, pipes) or with ``RDE_PROGRESS=off``.
 
 Log lines (Prefect's console handler, warnings, prints) print above the live lines: while the
-display is up, every logging handler that writes to the terminal writes through its console.
+display is up, every logging handler that writes to the terminal writes through its console (a
+handler that draws with a rich console of its own, as Prefect's does, is stood in for by a
+``RichHandler`` on the display's console: its own console would write past the display, onto the
+line being drawn). A flow run's terminal leaves out Prefect's per-task INFO lines (one per shard:
+they bury the stages' own lines); they still reach the Prefect API, and ``--verbose`` brings them
+back.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn
 from rich.text import Text
 
@@ -37,14 +43,17 @@ def _amount(value: float) -> str:
 
 
 def describe(snap: progress.Snapshot, now: float | None = None) -> dict[str, str]:
-    """The text of one stage's line at ``now``: count, rate, time (elapsed, and left when known)."""
+    """The text of one stage's line at ``now``: count, rate (of its items, e.g. images, when it
+    counts them), time (elapsed, and left when known)."""
     unit = snap.unit
     if snap.total is None:
         count = "running" if snap.done == 0 else f"{_amount(snap.done)} {unit}"
     else:
         count = f"{_amount(snap.done)}/{_amount(snap.total)} {unit}"
     rate = ""
-    if snap.rate:
+    if snap.item_rate:  # images/s: what a person reads, where shards are only how the work is cut
+        rate = f"{snap.item_rate:.1f} {snap.item_unit}/s"
+    elif snap.rate:
         rate = f"{snap.rate:.1f} {unit}/s" if snap.rate >= 1 else f"{1 / snap.rate:.1f} s/{unit.removesuffix('s')}"
     when = _duration(snap.elapsed(now))
     remaining = snap.remaining(now)
@@ -112,38 +121,117 @@ def _terminal_handlers(streams: tuple[Any, ...]) -> list[logging.StreamHandler]:
     return list(found.values())
 
 
+TASK_RUN_LOGGER = "prefect.task_runs"  # Prefect's logger of task runs (and of get_run_logger() in a task)
+
+
+class QuietTaskRuns(logging.Filter):
+    """Leaves out task runs' lines below WARNING (``Task run 'measure-3' - Finished in state
+    Completed()``, one per shard) unless ``verbose``, and always the CLI's own flow hooks' INFO lines
+    (``Running hook ...``: how the CLI learns its flow run's id, nothing a user acts on); task runs'
+    warnings and errors, and every other flow-run line (a stage's one-line result), pass."""
+
+    def __init__(self, verbose: bool = False, hooks: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.verbose = verbose
+        self.hook_lines = tuple(f"{start}{name!r}" for name in hooks for start in ("Running hook ", "Hook "))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        if self.hook_lines and record.getMessage().startswith(self.hook_lines):
+            return False
+        return self.verbose or not (record.name == TASK_RUN_LOGGER or record.name.startswith(TASK_RUN_LOGGER + "."))
+
+
+class RunLineFormatter(logging.Formatter):
+    """A log message named as Prefect names it (``Flow run 'x' - ``, ``Task run 'x' - ``, else the
+    logger's name), for a ``RichHandler`` that draws time and level itself."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        task_run, flow_run = getattr(record, "task_run_name", None), getattr(record, "flow_run_name", None)
+        if task_run:
+            return f"Task run {task_run!r} - {message}"
+        if flow_run:
+            return f"Flow run {flow_run!r} - {message}"
+        return f"{record.name} - {message}"
+
+
+def console_log_handler(console: Console, level: int = logging.NOTSET,
+                        filters: list[Any] | None = None) -> RichHandler:
+    """A handler that prints log lines through ``console``: above its live display, if it has one."""
+    handler = RichHandler(console=console, level=level, show_path=False, markup=False, rich_tracebacks=False,
+                          log_time_format="%H:%M:%S")
+    handler.setFormatter(RunLineFormatter("%(message)s"))
+    for item in filters or []:
+        handler.addFilter(item)
+    return handler
+
+
+def _loggers() -> list[logging.Logger]:
+    return [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                    if isinstance(lg, logging.Logger)]
+
+
 @contextmanager
-def _logs_through(live_stream: Any, streams: tuple[Any, ...]) -> Iterator[None]:
-    """Point terminal log handlers (and a rich console inside one, as Prefect's has) at ``live_stream``."""
+def _logs_through(live_console: Console, live_stream: Any, streams: tuple[Any, ...]) -> Iterator[None]:
+    """Point terminal log handlers at ``live_stream``; one that draws with a rich console of its own
+    (Prefect's) is replaced, on every logger that holds it, by :func:`console_log_handler` on
+    ``live_console`` (a rich console given the display's stream proxy unwraps it and writes under it)."""
     swapped: list[tuple[logging.StreamHandler, Any]] = []
+    replaced: list[tuple[logging.Logger, logging.Handler, logging.Handler]] = []
+    stand_ins: dict[int, logging.Handler] = {}
     for handler in _terminal_handlers(streams):
-        swapped.append((handler, handler.stream))
-        handler.setStream(live_stream)
-        inner = getattr(handler, "console", None)
-        if isinstance(inner, Console):
-            inner.file = live_stream
+        if isinstance(getattr(handler, "console", None), Console):
+            stand_ins[id(handler)] = console_log_handler(live_console, handler.level, list(handler.filters))
+        else:
+            swapped.append((handler, handler.stream))
+            handler.setStream(live_stream)
+    for lg in _loggers():
+        for handler in list(lg.handlers):
+            stand_in = stand_ins.get(id(handler))
+            if stand_in is not None:
+                lg.removeHandler(handler)
+                lg.addHandler(stand_in)
+                replaced.append((lg, handler, stand_in))
     try:
         yield
     finally:
         for handler, stream in swapped:
             handler.setStream(stream)
-            inner = getattr(handler, "console", None)
-            if isinstance(inner, Console):
-                inner.file = stream
+        for lg, handler, stand_in in replaced:
+            lg.removeHandler(stand_in)
+            lg.addHandler(handler)
 
 
 @contextmanager
-def live_progress(console: Console | None = None) -> Iterator[RichRenderer | None]:
+def _filtered(streams: tuple[Any, ...], log_filter: logging.Filter | None) -> Iterator[None]:
+    """Add ``log_filter`` to every handler that writes to one of ``streams`` while the block runs."""
+    handlers = _terminal_handlers(streams) if log_filter is not None else []
+    for handler in handlers:
+        handler.addFilter(log_filter)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(log_filter)  # type: ignore[arg-type]
+
+
+@contextmanager
+def live_progress(console: Console | None = None, log_filter: logging.Filter | None = None
+                  ) -> Iterator[RichRenderer | None]:
     """Show stage progress on ``console`` (default: stderr) while the block runs, when :func:`wanted`;
-    yields the renderer, or None when nothing is drawn."""
+    yields the renderer, or None when nothing is drawn. ``log_filter`` (e.g. :class:`QuietTaskRuns`)
+    applies to every log handler that writes to the terminal or the pipe meanwhile, drawn or not."""
     console = console or Console(stderr=True)
+    originals = tuple(s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, console.file) if s)
     if not wanted(console):
-        yield None
+        with _filtered(originals, log_filter):
+            yield None
         return
     renderer = RichRenderer(console)
-    originals = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, console.file)
-    # entered in order: once the live display is up it proxies sys.stderr/sys.stdout, and log handlers
-    # holding an original stream are pointed at that proxy
-    with renderer.progress, progress.install(renderer), \
-            _logs_through(sys.stderr if console.stderr else sys.stdout, tuple(s for s in originals if s)):
+    # entered in order: the filter first (stand-in handlers copy it); once the live display is up it
+    # proxies sys.stderr/sys.stdout, and log handlers holding an original stream are pointed at it
+    with _filtered(originals, log_filter), renderer.progress, progress.install(renderer), \
+            _logs_through(console, sys.stderr if console.stderr else sys.stdout, originals):
         yield renderer

@@ -1,0 +1,323 @@
+"""Stopping a run: Ctrl-C (SIGINT to the process group), SIGTERM to the process, SIGKILL.
+
+Each end-to-end test runs ``rde build-secmm --until denoise`` against its own temporary Prefect
+server (the server a user's run starts, the process that used to outlive it), stops it while the
+measure stage writes shards, and checks the time to exit, that no process it started is alive and
+the server's port is free, what the stopped run leaves (the stop line, ``rde artifacts``, the run
+lock), and that a rerun reuses the written shards and writes no row twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_faults import assert_artifacts_intact
+from typer.testing import CliRunner
+
+from rde.common.reaper import GRACE_S, TOKEN_VAR
+from rde.common.run_lock import output_lock
+from rde.entry.cli import app
+from storage import Artifact
+
+ROOT = Path(__file__).resolve().parent.parent
+RDE = str(ROOT / ".venv" / "bin" / "rde") if (ROOT / ".venv" / "bin" / "rde").exists() else "rde"
+EXIT_BOUND_S = 20.0  # the target is a few seconds; generous for a loaded test machine
+GONE_BOUND_S = 10.0  # after a SIGKILL, the watcher's SIGTERM, grace period and SIGKILL
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One state folder for the module's runs: their temporary servers migrate one database once."""
+    return tmp_path_factory.mktemp("signals-state")
+
+
+def _command(out: Path, pool: str) -> list[str]:
+    return [RDE, "build-secmm", "--until", "denoise", "--output", str(out), "--json", "--input", pool,
+            "--set", "ingest.shard_size=8"]
+
+
+def _started(cmd: list[str], state: Path, log: Path) -> subprocess.Popen[str]:
+    """The run as a user's shell starts it: its own process group, its own temporary server. Its
+    stderr goes to ``log``, not a pipe: a pipe would stay open while an orphan holds it."""
+    env = {**os.environ, "RDE_STATE_DIR": str(state)}
+    for key in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH"):  # all under ``state``
+        env.pop(key, None)
+    with log.open("w") as err:
+        return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                                start_new_session=True)
+
+
+def _wait_for_shards(proc: subprocess.Popen[str], folder: Path, count: int, log: Path) -> None:
+    deadline = time.monotonic() + 400
+    while len(list(folder.glob("part-*.parquet"))) < count:
+        assert proc.poll() is None, f"the run ended before it wrote {count} shards: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, "no measurement shards after 400 s"
+        time.sleep(0.1)
+
+
+def _server_port(children: list[psutil.Process]) -> int:
+    for child in children:
+        cmdline = child.cmdline()
+        if "uvicorn" in cmdline and "--port" in cmdline:
+            return int(cmdline[cmdline.index("--port") + 1])
+    raise AssertionError(f"no temporary server among the run's processes: {[c.cmdline()[:4] for c in children]}")
+
+
+def _alive(procs: list[psutil.Process]) -> list[str]:
+    found = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(" ".join(proc.cmdline()[:4]))
+        except psutil.Error:
+            continue
+    return found
+
+
+def _port_free(port: int) -> bool:
+    """Whether a new server could listen on ``port`` (as servers do, past the closed connections'
+    TIME_WAIT: only a live listener makes the bind fail)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _stop_mid_measure(how: str, out: Path, pool: str, state: Path) -> tuple[subprocess.Popen[str], float, str]:
+    """Start the run, stop it ``how`` once two measurement shards exist; check the exit time and that
+    nothing it started is alive; returns the process, the seconds to exit and its stderr."""
+    log = out.parent / f"{how}.stderr"
+    proc = _started(_command(out, pool), state, log)
+    try:
+        return _stop_and_check(proc, how, out, log)
+    except BaseException:  # a failed check: nothing of the run (its group) may outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        raise
+
+
+def _stop_and_check(proc: subprocess.Popen[str], how: str, out: Path,
+                    log: Path) -> tuple[subprocess.Popen[str], float, str]:
+    _wait_for_shards(proc, out / "build-secmm" / "demo" / "measurements", 2, log)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    port = _server_port(children)
+    sent = time.monotonic()
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the foreground process group
+    elif how == "sigterm":
+        proc.send_signal(signal.SIGTERM)  # what Slurm, Kubernetes, systemd and `timeout` send
+    else:
+        proc.send_signal(signal.SIGKILL)
+    try:
+        proc.wait(timeout=EXIT_BOUND_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{how}: still running {EXIT_BOUND_S:.0f} s after the signal") from None
+    seconds = time.monotonic() - sent
+    print(f"{how}: exited {proc.returncode} {seconds:.2f} s after the signal")
+    deadline = time.monotonic() + (GONE_BOUND_S if how == "sigkill" else 1.0)
+    while (_alive(children) or not _port_free(port)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print(f"{how}: its processes gone and the port free {time.monotonic() - sent:.2f} s after the signal")
+    assert not _alive(children), f"{how}: still alive: {_alive(children)}"
+    assert _port_free(port), f"{how}: the temporary server's port {port} is still taken"
+    return proc, seconds, log.read_text()
+
+
+def _check_stopped_state(out: Path) -> None:
+    """A stopped run is a state: the measurements are listed as cut with their shards, the earlier
+    stages as complete, and the run lock is free at once."""
+    result = CliRunner().invoke(app, ["artifacts", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[1]: line for line in result.output.splitlines() if "build-secmm/demo/" in line}
+    assert "yes" in lines["build-secmm/demo/images"]
+    assert "cut" in lines["build-secmm/demo/measurements"], result.output
+    with output_lock(str(out), "build-secmm"):
+        pass  # free: a RunLockedError otherwise
+
+
+def _rerun_reuses(out: Path, pool: str, env: dict[str, str], state: Path) -> None:
+    """The same command finishes the run: the cut stage's written shards reused, no row twice."""
+    written = len(list((out / "build-secmm" / "demo" / "measurements").glob("part-*.parquet")))
+    again = subprocess.run(_command(out, pool), env={**env, "RDE_STATE_DIR": str(state)}, cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    summary = json.loads(again.stdout[again.stdout.index("{"):])
+    stages = {s["stage"]: s for s in summary["stages"]}
+    assert stages["ingest"]["skipped"]
+    assert stages["measure"]["shards_reused"] >= max(written - 1, 1)
+    assert summary["balanced"] and summary["inputs"] == 96
+    demo = out / "build-secmm" / "demo"
+    assert_artifacts_intact(demo)
+    for name in ("images", "measurements", "accepted", "denoise_rejects"):
+        ids = Artifact(str(demo / name)).to_pandas()["input_id"]
+        assert ids.is_unique, f"{name} holds a row twice after the resumed run"
+    assert len(Artifact(str(demo / "measurements")).to_pandas()) == 96
+
+
+def _last_flow_run_state(state: Path) -> tuple[str, str]:
+    """The state type and message of the latest flow run in the state folder's Prefect database
+    (the temporary server's, read after it stopped)."""
+    with contextlib.closing(sqlite3.connect(state / "prefect" / "prefect.db")) as db:
+        row = db.execute("SELECT flow_run.state_type, flow_run_state.message FROM flow_run JOIN flow_run_state "
+                         "ON flow_run.state_id = flow_run_state.id ORDER BY flow_run.created DESC LIMIT 1").fetchone()
+    return row[0], row[1] or ""
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_within_seconds_and_a_rerun_resumes(tmp_path: Path, small_pool_url: str, state_dir: Path,
+                                                                 shared_server_env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    proc, _, stderr = _stop_mid_measure("ctrl-c", out, small_pool_url, state_dir)
+    assert proc.returncode == 130, stderr[-2000:]
+    stop_line = stderr[stderr.index("rde: stopped by"):]
+    assert "complete: images, ingest_rejects; cut: measurements (" in stop_line
+    assert "shards written" in stop_line and "run the same command" in stop_line
+    assert f"rde build-secmm --until denoise --output {out}" in stop_line
+    assert "Traceback" not in stderr
+    _check_stopped_state(out)
+    _rerun_reuses(out, small_pool_url, shared_server_env, state_dir)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_run_within_seconds_and_a_rerun_resumes(tmp_path: Path, small_pool_url: str,
+                                                                  state_dir: Path,
+                                                                  shared_server_env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    proc, _, stderr = _stop_mid_measure("sigterm", out, small_pool_url, state_dir)
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "rde: stopped by SIGTERM" in stderr and "Traceback" not in stderr
+    state_type, message = _last_flow_run_state(state_dir)  # Cancelled in the API, not left Running
+    assert (state_type, message) == ("CANCELLED", "stopped by SIGTERM; rerun the same command to resume")
+    _check_stopped_state(out)
+    _rerun_reuses(out, small_pool_url, shared_server_env, state_dir)
+
+
+@pytest.mark.slow
+def test_sigkill_leaves_no_process_and_a_rerun_resumes(tmp_path: Path, small_pool_url: str, state_dir: Path,
+                                                       shared_server_env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    proc, _, _ = _stop_mid_measure("sigkill", out, small_pool_url, state_dir)
+    assert proc.returncode == -signal.SIGKILL
+    _check_stopped_state(out)
+    _rerun_reuses(out, small_pool_url, shared_server_env, state_dir)
+
+
+# -- the pieces, without a flow -------------------------------------------------------------------
+
+GUARDED = textwrap.dedent("""
+    import subprocess, sys, time
+    sys.path.insert(0, {root!r})
+    from rde.entry.interrupt import RunGuard
+
+    def work():
+        # a child that ignores SIGTERM: the first signal waits out its grace period for it
+        # it prints its pid once it ignores SIGTERM (its stdout is this process's)
+        subprocess.Popen([sys.executable, "-c", "import os, signal, time; "
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); "
+                          "time.sleep(600)"])
+        time.sleep(600)
+
+    RunGuard(lambda: "complete: nothing yet", "rde again").run(work)
+""")
+
+
+def _guarded_process() -> tuple[subprocess.Popen[str], psutil.Process]:
+    proc = subprocess.Popen([sys.executable, "-c", GUARDED.format(root=str(ROOT))], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    child = psutil.Process(int(proc.stdout.readline()))
+    return proc, child
+
+
+def test_a_second_ctrl_c_forces_the_exit_at_once() -> None:
+    proc, child = _guarded_process()
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.3)  # the first is being handled: its child ignores SIGTERM, so it waits
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    seconds = time.monotonic() - sent
+    print(f"second ctrl-c: exited {proc.returncode} {seconds:.2f} s after the first")
+    assert proc.returncode == 130, stderr
+    assert seconds < 2.0, f"{seconds:.1f} s: the second Ctrl-C waited for the grace period"
+    assert stderr.count("rde: stopped by Ctrl-C (SIGINT): complete: nothing yet") == 1, stderr
+    child.wait(5)  # killed, not orphaned
+
+
+def test_one_ctrl_c_stops_a_child_that_ignores_sigterm_after_the_grace_period() -> None:
+    proc, child = _guarded_process()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)  # the process alone, not its group
+    proc.communicate(timeout=30)
+    seconds = time.monotonic() - sent
+    assert proc.returncode == 130
+    assert seconds >= GRACE_S - 0.5, f"{seconds:.1f} s: the child was not given its grace period"
+    child.wait(5)
+
+
+def test_the_watcher_stops_what_a_killed_process_started() -> None:
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from rde.common import reaper
+        reaper.start()
+        inner = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; " \\
+                "time.sleep(600)']); time.sleep(600)"
+        subprocess.Popen([sys.executable, "-c", inner], start_new_session=True)  # even one that left the group
+        print("up", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    deadline = time.monotonic() + 30
+    while len(started := psutil.Process(proc.pid).children(recursive=True)) < 3:  # watcher, child, grandchild
+        assert time.monotonic() < deadline, started
+        time.sleep(0.1)
+    carried = [p for p in started if p.environ().get(TOKEN_VAR)]
+    assert len(carried) == 2, [p.cmdline() for p in started]
+    proc.kill()
+    proc.wait(10)
+    _, alive = psutil.wait_procs(carried, timeout=GONE_BOUND_S)
+    assert not alive, [p.cmdline() for p in alive]
+    watcher = [p for p in started if p not in carried]
+    psutil.wait_procs(watcher, timeout=GONE_BOUND_S)
+    assert not _alive(watcher), "the watcher did not exit"
+
+
+def test_a_cut_stage_is_listed_with_the_shards_it_wrote(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from rde.common.run_state import FolderState, folder_states, stop_summary
+    from storage import ArtifactWriter
+
+    schema = pa.schema([pa.field("x", pa.int64())])
+    done = ArtifactWriter(str(tmp_path / "images"), "images", schema, "k1")
+    done.begin()
+    done.finalize([done.write_shard(0, pa.table({"x": [1, 2]}))], code_version="test")
+    cut = ArtifactWriter(str(tmp_path / "measurements"), "measurements", schema, "k2")
+    cut.begin()
+    for index in range(2):
+        cut.write_shard(index, pa.table({"x": [index] * 3}))
+    (tmp_path / "measurements" / "part-00002.parquet.tmp-abc").write_bytes(b"half")  # not a shard
+    assert folder_states(tmp_path) == [FolderState("images", "images", 2, 1, True),
+                                       FolderState("measurements", None, 6, 2, False)]
+    assert stop_summary(tmp_path) == "complete: images; cut: measurements (2 shards written)"
+    assert stop_summary(tmp_path / "missing") == "complete: nothing yet"
+    result = CliRunner().invoke(app, ["artifacts", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "no: cut, a rerun resumes it" in result.output, result.output
