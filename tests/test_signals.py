@@ -189,7 +189,8 @@ def test_ctrl_c_stops_the_run_within_seconds_and_a_rerun_resumes(tmp_path: Path,
     assert "complete: images, ingest_rejects; cut: measurements (" in stop_line
     assert "shards written" in stop_line and "run the same command" in stop_line
     assert f"rde build-secmm --until denoise --output {out}" in stop_line
-    assert "Traceback" not in stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stop_line.rstrip().endswith("--set ingest.shard_size=8"), stop_line  # the last line rde printed
     _check_stopped_state(out)
     _rerun_reuses(out, small_pool_url, shared_server_env, state_dir)
 
@@ -201,7 +202,7 @@ def test_sigterm_stops_the_run_within_seconds_and_a_rerun_resumes(tmp_path: Path
     out = tmp_path / "out"
     proc, _, stderr = _stop_mid_measure("sigterm", out, small_pool_url, state_dir)
     assert proc.returncode == 143, stderr[-2000:]
-    assert "rde: stopped by SIGTERM" in stderr and "Traceback" not in stderr
+    assert "rde: stopped by SIGTERM" in stderr and "Traceback" not in stderr, stderr[-3000:]
     state_type, message = _last_flow_run_state(state_dir)  # Cancelled in the API, not left Running
     assert (state_type, message) == ("CANCELLED", "stopped by SIGTERM; rerun the same command to resume")
     _check_stopped_state(out)

@@ -6,7 +6,8 @@ two tasks; meanwhile the temporary Prefect server, in the same process group, di
 CLI runs the flow in a thread of its own (Prefect then installs no handler) while the main thread
 only waits, and handles the signal itself:
 
-- the first SIGINT or SIGTERM prints one line (what is complete, what was cut, how to resume),
+- the first SIGINT or SIGTERM prints one line (what is complete, what was cut, how to resume;
+  the last line the process prints: the abandoned flow thread's log lines and errors are dropped),
   marks the flow run Cancelled in the Prefect API (best effort, at most a second: a temporary
   server that got a Ctrl-C too is already gone), stops every process the run started (SIGTERM,
   then SIGKILL after a grace period), and exits with
@@ -21,6 +22,7 @@ only waits, and handles the signal itself:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -114,9 +116,11 @@ class RunGuard:
         except Exception as exc:
             state = f"state unknown ({exc})"
         name = SIGNAL_NAMES.get(signal.Signals(signum), f"signal {signum}")
+        _quiet_the_abandoned_run()
         sys.stderr.write(f"\nrde: stopped by {name}: {state}. To resume, run the same command again: complete "
                          f"stages are skipped and written shards reused.\n  {self.resume}\n")
         sys.stderr.flush()
+        _to_devnull()  # the stop line is the last line this process prints
         self._mark_cancelled(name)
         reaper.stop_processes(self._children())
         for late in self._children():  # started meanwhile (a Dask nanny restarting its worker): no grace
@@ -154,6 +158,22 @@ def _start_watcher() -> None:
     global _watcher
     if _watcher is None:
         _watcher = reaper.start()
+
+
+def _quiet_the_abandoned_run() -> None:
+    """No more log lines or thread tracebacks from this process: the flow thread runs on until the
+    exit, meets the stopped server and logs what fails; none of it is news to a user who stopped it."""
+    logging.disable(logging.CRITICAL)
+    threading.excepthook = lambda _args: None
+
+
+def _to_devnull() -> None:
+    """Point this process's stdout and stderr at /dev/null (its children keep theirs)."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 def _exit(code: int) -> None:
