@@ -227,11 +227,12 @@ GUARDED = textwrap.dedent("""
     from rde.entry.interrupt import RunGuard
 
     def work():
-        # a child that ignores SIGTERM: the first signal waits out its grace period for it
-        # it prints its pid once it ignores SIGTERM (its stdout is this process's)
+        # a child that ignores SIGTERM (and the Ctrl-C its group gets): the first signal waits out
+        # its grace period for it; it prints its pid once it ignores them (its stdout is this process's)
         subprocess.Popen([sys.executable, "-c", "import os, signal, time; "
-                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); "
-                          "time.sleep(600)"])
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                          "print(os.getpid(), flush=True); time.sleep(600)"])
         time.sleep(600)
 
     RunGuard(lambda: "complete: nothing yet", "rde again").run(work)
@@ -251,6 +252,7 @@ def test_a_second_ctrl_c_forces_the_exit_at_once() -> None:
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     time.sleep(0.3)  # the first is being handled: its child ignores SIGTERM, so it waits
+    assert proc.poll() is None, "the first Ctrl-C did not wait for the child's grace period"
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
     seconds = time.monotonic() - sent
