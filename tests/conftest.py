@@ -6,11 +6,18 @@ database live in a temporary folder, never in the developer's ``.rde``.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 _STATE = Path(tempfile.mkdtemp(prefix="rde-test-state-"))
+# removed when this process ends (the controller's last: the xdist workers read its caches), unless
+# RDE_KEEP_TEST_STATE is set to look at a failed run's Prefect database; left behind, each session's
+# folder (~7 MB) piled up in /tmp
+if not os.environ.get("RDE_KEEP_TEST_STATE"):
+    atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 os.environ["RDE_STATE_DIR"] = str(_STATE)
 # one batch-size measurement per backend for the whole session, shared with the CLI subprocesses
 # the end-to-end tests start (each of those has a state folder of its own) and, through setdefault,
