@@ -221,3 +221,12 @@ def test_a_stage_whose_rows_do_not_add_up_is_an_error_line_and_exit_2(tmp_path: 
     result = runner.invoke(app, ["build-secmm", "--output", str(tmp_path / "out")], env={"COLUMNS": "200"})
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.output.strip() == "error: denoise: 24 inputs counted, but 20 accepted + 1 rejected"
+
+
+def test_python_dash_m_runs_every_command_group_the_rde_script_has() -> None:
+    """``python -m rde.entry.cli`` defines every command before it runs (the stack commands used to
+    follow the ``__main__`` block, so ``python -m rde.entry.cli stack up`` did not find them)."""
+    done = subprocess.run([sys.executable, "-m", "rde.entry.cli", "stack", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert all(f" {name} " in done.stdout for name in ("up", "down", "status")), done.stdout

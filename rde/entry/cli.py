@@ -630,10 +630,6 @@ def main() -> None:  # pragma: no cover
     app(prog_name="rde")
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
-
-
 @stack_app.command("up")
 def stack_up(
     host: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 unless auth is configured).")] = "127.0.0.1",
@@ -682,3 +678,7 @@ def stack_status(port: Annotated[int, typer.Option(min=1, max=65535, help="Serve
     from rde.entry.stack import StackConfig, status
 
     console.print_json(json.dumps(status(StackConfig(port=port))))
+
+
+if __name__ == "__main__":  # pragma: no cover (after every command: `python -m rde.entry.cli stack up`)
+    sys.exit(main())
