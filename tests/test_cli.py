@@ -50,6 +50,8 @@ def test_bad_inputs_give_messages_not_tracebacks(tmp_path: Path) -> None:
         (["build-secmm", "--set", "nonsense"], "--set expects key.path=value"),
         (["build-secmm", "--profile", "nope"], "not found"),
         (["build-secmm", "--until", "bogus", "--output", str(tmp_path / "out")], "valid names: denoise, queries"),
+        # found inside the flow (Prefect logs its traceback): the terminal shows the error line only
+        (["rerank", "--query", "a man walking", "--output", str(tmp_path / "out")], "no trained reranker at"),
     ]:
         result = _rde(*args)
         assert result.returncode == 2, (args, result.stdout, result.stderr)

@@ -184,6 +184,31 @@ def test_without_a_terminal_quiet_still_drops_task_lines_from_the_plain_handler(
     assert pipe.getvalue() == "shard failed\nafter the run\n"
 
 
+def test_a_user_errors_traceback_stays_off_the_terminal_unless_verbose() -> None:
+    """The CLI prints a user error (a missing model) as one line; Prefect's logged traceback of it
+    is left out, another error's is not, and --verbose keeps both."""
+    from rde.entry.console_progress import QuietTaskRuns
+
+    def logged(error: BaseException, verbose: bool) -> str:
+        pipe = io.StringIO()
+        handler = logging.StreamHandler(pipe)
+        flow_log = logging.getLogger("tests.flow_runs")
+        flow_log.addHandler(handler)
+        try:
+            with live_progress(Console(file=pipe, width=120), QuietTaskRuns(verbose, user_errors=(FileNotFoundError,))):
+                try:
+                    raise error
+                except Exception as exc:
+                    flow_log.exception("Encountered exception during execution: %r", exc)
+        finally:
+            flow_log.removeHandler(handler)
+        return pipe.getvalue()
+
+    assert logged(FileNotFoundError("no trained reranker"), verbose=False) == ""
+    assert "Traceback" in logged(RuntimeError("a bug"), verbose=False)
+    assert "no trained reranker" in logged(FileNotFoundError("no trained reranker"), verbose=True)
+
+
 def test_a_stage_that_counts_its_images_shows_their_rate_not_the_shards() -> None:
     rec = Recorder()
     with progress.install(rec), progress.StageProgress("measure", total=6, unit="shards", item_unit="images") as s:

@@ -286,8 +286,9 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
         with output_lock(root, flow_ref.name):  # checked before Prefect starts
             flow_fn = flow_ref.load()
             guard = _guarded(root)
-            # per-task lines stay off the terminal unless --verbose; the guard's hook lines always
-            with live_progress(err_console, QuietTaskRuns(verbose, guard.hooks)):
+            # per-task lines and a user error's traceback stay off the terminal unless --verbose (the
+            # error prints as one line below); the guard's hook lines always
+            with live_progress(err_console, QuietTaskRuns(verbose, guard.hooks, _user_errors())):
                 flow_fn = guard.watching(flow_fn)
                 summary = guard.run(lambda: flow_fn(profile=profile, overrides=overrides or None,
                                                     output_root=output, until=until, **(extra or {})))

@@ -125,19 +125,29 @@ TASK_RUN_LOGGER = "prefect.task_runs"  # Prefect's logger of task runs (and of g
 
 
 class QuietTaskRuns(logging.Filter):
-    """Leaves out task runs' lines below WARNING (``Task run 'measure-3' - Finished in state
-    Completed()``, one per shard) unless ``verbose``, and always the CLI's own flow hooks' INFO lines
-    (``Running hook ...``: how the CLI learns its flow run's id, nothing a user acts on); task runs'
-    warnings and errors, and every other flow-run line (a stage's one-line result), pass."""
+    """What a flow run's terminal leaves out (the Prefect API and UI still get every line):
 
-    def __init__(self, verbose: bool = False, hooks: tuple[str, ...] = ()) -> None:
+    - unless ``verbose``, task runs' lines below WARNING (``Task run 'measure-3' - Finished in
+      state Completed()``, one per shard), and the traceback Prefect logs with an exception of one
+      of ``user_errors`` (a missing model, a bad input): the CLI prints such an error as one
+      ``error:`` line, so the traceback would only bury it;
+    - always, the CLI's own flow hooks' INFO lines (``Running hook ...``: how the CLI learns its
+      flow run's id, nothing a user acts on).
+
+    Task runs' other warnings and errors, and every other flow-run line (a stage's one-line
+    result), pass."""
+
+    def __init__(self, verbose: bool = False, hooks: tuple[str, ...] = (),
+                 user_errors: tuple[type[BaseException], ...] = ()) -> None:
         super().__init__()
         self.verbose = verbose
         self.hook_lines = tuple(f"{start}{name!r}" for name in hooks for start in ("Running hook ", "Hook "))
+        self.user_errors = user_errors
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
-            return True
+            error = record.exc_info[1] if record.exc_info else None
+            return self.verbose or not (self.user_errors and isinstance(error, self.user_errors))
         if self.hook_lines and record.getMessage().startswith(self.hook_lines):
             return False
         return self.verbose or not (record.name == TASK_RUN_LOGGER or record.name.startswith(TASK_RUN_LOGGER + "."))
