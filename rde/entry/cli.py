@@ -582,6 +582,35 @@ def models_cmd(
         raise typer.Exit(1)
 
 
+@app.command("doctor")
+def doctor_cmd(
+    profile: ProfileOpt = "demo",
+    output: Annotated[str | None, typer.Option(help="Artifacts root to check (default: the profile's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+) -> None:
+    """What will and will not work here for a profile, each line a fact and what to do: devices,
+    the profile's models (present or missing, none loaded), the Prefect API, the GPU concurrency
+    limit, the server's database, the artifact root. Exit 1 when a check fails."""
+    from dataclasses import asdict
+
+    from rde.entry.doctor import diagnose
+
+    prof = _profile_or_fail(profile)
+    checks = diagnose(prof, output)
+    if as_json:
+        console.print_json(json.dumps([asdict(c) for c in checks]))
+    else:
+        table = Table(title=f"rde doctor: profile {prof.name}")
+        for col in ("check", "status", "found", "what to do"):
+            table.add_column(col)
+        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for c in checks:
+            table.add_row(c.area, f"[{colour[c.status]}]{c.status}[/]", escape(c.fact), escape(c.todo))
+        console.print(table)
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
+
+
 @app.command("check-experts")
 def check_experts_cmd(
     profile: ProfileOpt = "demo",

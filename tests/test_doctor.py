@@ -1,0 +1,184 @@
+"""``rde doctor``: each check says what it found and what to do, without loading a model.
+
+The devices come from a stand-in for ``torch.cuda`` (this machine has no GPU); models are
+local folders, a Hugging Face cache laid out as the hub writes it, and an OpenAI-compatible
+``/models`` endpoint on loopback; the Prefect API is a loopback server answering the routes the
+doctor reads, or a closed port; the artifact root is a real folder.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from models.specs import DetectorSpec, ModelSpec
+from rde.common.profiles import load_profile
+from rde.entry import doctor
+from rde.entry.cli import app
+
+
+def _torch(devices: list[tuple[str, int]]) -> Any:
+    props = [SimpleNamespace(name=name, total_memory=memory) for name, memory in devices]
+    cuda = SimpleNamespace(is_available=lambda: bool(devices), device_count=lambda: len(devices),
+                           get_device_properties=lambda i: props[i])
+    return SimpleNamespace(cuda=cuda)
+
+
+def test_devices_against_the_devices_the_profile_asks_for() -> None:
+    production, demo = load_profile("production"), load_profile("demo")
+    [check] = doctor.device_checks(production, _torch([]))
+    assert check.status == "fail" and "puts models on cuda" in check.fact and "GPU worker" in check.todo
+    [check] = doctor.device_checks(demo, _torch([]))
+    assert check.status == "ok" and check.fact.startswith("no CUDA device; ")
+    gpu, cpu = doctor.device_checks(production, _torch([("NVIDIA H200", 150_000_000_000)]))
+    assert (gpu.status, gpu.fact) == ("ok", "cuda:0 NVIDIA H200, 139.7 GiB") and cpu.fact.endswith("CPU cores")
+
+
+def test_a_model_is_present_in_a_local_folder_or_the_hub_cache_else_missing_with_the_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    folder = tmp_path / "dinov2"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"\0" * 3 * 2**20)
+    check = doctor.model_check("image_embedder", ModelSpec(backend="transformers", model_id=str(folder)))
+    assert check.status == "ok" and check.fact.endswith(f"{folder} (3.0 MiB)")
+
+    cache = tmp_path / "hub"  # the layout huggingface_hub writes: refs/main names the snapshot
+    snapshot = cache / "models--google--siglip-base" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--google--siglip-base" / "refs").mkdir()
+    (cache / "models--google--siglip-base" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    check = doctor.model_check("experts", ModelSpec(backend="transformers-clip", model_id="google/siglip-base"))
+    assert check.status == "ok" and check.fact.endswith(f"in the Hugging Face cache, {snapshot}")
+
+    check = doctor.model_check("experts", ModelSpec(backend="transformers-clip", model_id="google/siglip-large"))
+    assert check.status == "fail" and "missing" in check.fact
+    assert check.todo.startswith("huggingface-cli download google/siglip-large --local-dir models/weights/siglip-large")
+    check = doctor.model_check("teacher", ModelSpec(backend="vlm-embedding", model_id="models/weights/UniME"))
+    assert check.status == "fail" and "local path models/weights/UniME not found" in check.fact
+    assert "huggingface-cli" not in check.todo  # a path is not a hub id
+
+
+def test_bundled_and_offline_models_and_the_detector(tmp_path: Path) -> None:
+    checks = {c.area: c for c in doctor.model_checks(load_profile("demo"))}
+    assert all(c.status == "ok" for c in checks.values()), checks
+    assert "bundled" in checks["model detector"].fact and "no weights of its own" in checks["model experts"].fact
+    assert checks["model query_generator"].fact.endswith("MiB)")  # the GGUF file found and sized
+    yolo_yaml = doctor.model_check("detector", DetectorSpec(backend="yolo", weights="yolov8n.yaml"))
+    assert yolo_yaml.status == "warn" and "random weights" in yolo_yaml.fact
+    missing = doctor.model_check("detector", DetectorSpec(backend="yolo", weights=str(tmp_path / "yolov8x.pt")))
+    assert missing.status == "fail" and "not found" in missing.fact
+
+
+@pytest.fixture
+def loopback() -> Iterator[tuple[str, dict[str, tuple[int, Any]]]]:
+    """A loopback HTTP server answering GET paths from a dict: path -> (status, JSON body)."""
+    routes: dict[str, tuple[int, Any]] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = routes.get(self.path, (404, {"detail": "Not Found"}))
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", routes
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_served_model_is_checked_at_its_endpoint(loopback: tuple[str, dict[str, tuple[int, Any]]]) -> None:
+    url, routes = loopback
+    routes["/v1/models"] = (200, {"data": [{"id": "Qwen/Qwen2-VL-7B-Instruct"}]})
+    spec = ModelSpec(backend="openai-http", model_id="Qwen/Qwen2-VL-7B-Instruct", options={"base_url": f"{url}/v1"})
+    assert doctor.model_check("generators", spec).status == "ok"
+    other = spec.model_copy(update={"model_id": "OpenGVLab/InternVL2_5-8B"})
+    check = doctor.model_check("generators", other)
+    assert check.status == "warn" and "Qwen/Qwen2-VL-7B-Instruct" in check.fact
+    dead = spec.model_copy(update={"options": {"base_url": f"http://127.0.0.1:{_closed_port()}/v1"}})
+    check = doctor.model_check("generators", dead)
+    assert check.status == "fail" and "does not answer" in check.fact and "vllm serve" in check.todo
+
+
+def test_prefect_ephemeral_a_dead_server_and_a_reached_one(loopback: tuple[str, dict[str, tuple[int, Any]]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    prof = load_profile("demo")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", raising=False)
+    monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL", raising=False)
+    api, gpu, database = doctor.prefect_checks(prof)
+    assert api.status == "ok" and api.fact.startswith("ephemeral") and database.fact.startswith("SQLite in ")
+
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{_closed_port()}/api")
+    [api] = doctor.prefect_checks(prof)
+    assert api.status == "fail" and "does not answer" in api.fact and "rde stack up" in api.todo
+
+    url, routes = loopback
+    monkeypatch.setenv("PREFECT_API_URL", f"{url}/api")
+    routes["/api/health"] = (200, True)
+    routes["/api/admin/version"] = (200, "3.6.0")
+    routes["/api/admin/settings"] = (200, {"server": {"database": {"driver": "postgresql+asyncpg"}}})
+    api, gpu, database = doctor.prefect_checks(prof)
+    assert (api.status, api.fact) == ("ok", f"{url}/api answers (Prefect 3.6.0)")
+    assert gpu.status == "warn" and "prefect gcl create gpu" in gpu.todo  # no limit named 'gpu' there
+    assert (database.status, database.fact) == ("ok", "PostgreSQL")
+    routes["/api/v2/concurrency_limits/gpu"] = (200, {"name": "gpu", "limit": 4, "active": True})
+    routes["/api/admin/settings"] = (200, {"server": {"database": {"driver": "sqlite+aiosqlite"}}})
+    api, gpu, database = doctor.prefect_checks(prof)
+    assert (gpu.status, gpu.fact) == ("ok", "'gpu': 4 slots, active")
+    assert database.status == "warn" and "--postgres" in database.todo
+
+
+def test_the_artifact_root_is_written_to_and_left_clean(tmp_path: Path) -> None:
+    prof = load_profile("demo")
+    root = tmp_path / "artifacts"
+    assert doctor.storage_check(prof, str(root)).status == "ok"
+    assert list(root.iterdir()) == []  # the probe is removed
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    check = doctor.storage_check(prof, str(blocked / "artifacts"))
+    assert check.status == "fail" and "cannot write" in check.fact and "writable" in check.todo
+
+
+def test_the_command_prints_every_check_and_fails_on_a_failed_one(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    result = CliRunner().invoke(app, ["doctor", "--profile", "demo", "--output", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    checks = json.loads(result.output)
+    assert {c["area"] for c in checks} >= {"device", "model detector", "prefect api", "gpu limit", "database",
+                                           "artifacts"}
+    result = CliRunner().invoke(app, ["doctor", "--profile", "production", "--output", str(tmp_path), "--json"])
+    assert result.exit_code == 1  # no weights of the production models here
+    missing = [c for c in json.loads(result.output) if c["status"] == "fail" and c["area"].startswith("model")]
+    assert len(missing) >= 8 and all(c["todo"] for c in missing)
