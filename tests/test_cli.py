@@ -232,3 +232,22 @@ def test_python_dash_m_runs_every_command_group_the_rde_script_has() -> None:
                           text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert all(f" {name} " in done.stdout for name in ("up", "down", "status")), done.stdout
+
+
+def test_stack_status_checks_the_port_the_last_stack_up_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stack up --port 4317`` records its URL in ``stack.json``; ``status`` without ``--port``
+    checks that port (it checked 4200 and said unhealthy), ``--port`` still wins."""
+    import json
+
+    from rde.entry.stack import StackConfig, _write_state, recorded_port
+
+    monkeypatch.setenv("RDE_STATE_DIR", str(tmp_path))
+    assert recorded_port() is None
+    cfg = StackConfig(port=4317)
+    cfg.folder.mkdir(parents=True)
+    _write_state(cfg)
+    assert recorded_port() == 4317
+    shown = json.loads(CliRunner().invoke(app, ["stack", "status"]).output)
+    assert shown["api_url"] == "http://127.0.0.1:4317/api" and shown["healthy"] is False  # nothing listens there
+    shown = json.loads(CliRunner().invoke(app, ["stack", "status", "--port", "4318"]).output)
+    assert shown["api_url"] == "http://127.0.0.1:4318/api"

@@ -182,3 +182,16 @@ def test_the_command_prints_every_check_and_fails_on_a_failed_one(tmp_path: Path
     assert result.exit_code == 1  # no weights of the production models here
     missing = [c for c in json.loads(result.output) if c["status"] == "fail" and c["area"].startswith("model")]
     assert len(missing) >= 8 and all(c["todo"] for c in missing)
+
+
+def test_rde_models_no_load_says_present_or_missing_without_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rde.entry import cli
+
+    monkeypatch.setattr(cli.console, "width", 300)  # one table line per model
+    result = CliRunner().invoke(app, ["models", "--profile", "demo", "--no-load"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("present: ") == 6 and "missing" not in result.output
+    result = CliRunner().invoke(app, ["models", "--profile", "production", "--no-load"])
+    assert result.exit_code == 1
+    assert "missing: transformers facebook/dinov2-large" in result.output
+    assert "huggingface-cli download facebook/dinov2-large" in result.output

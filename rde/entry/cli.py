@@ -550,9 +550,11 @@ def labels_import_cmd(
 @app.command("models")
 def models_cmd(
     profile: ProfileOpt = "demo",
-    load: Annotated[bool, typer.Option("--load/--no-load", help="Try loading each model.")] = True,
+    load: Annotated[bool, typer.Option("--load/--no-load", help="Try loading each model; --no-load only looks "
+                                       "for each model's files (present or missing, as rde doctor).")] = True,
 ) -> None:
-    """List the profile's model backends and whether each one loads here (exit 1 if any fails)."""
+    """List the profile's model backends and whether each one loads here, or with --no-load whether
+    its files are here (exit 1 if any fails or is missing)."""
     import time
 
     from models.backends.model_errors import ModelLoadError
@@ -566,8 +568,15 @@ def models_cmd(
     failures = 0
     for role, spec in registry.configured():
         model_id = getattr(spec, "model_id", None) or getattr(spec, "weights", None) or spec.backend
-        status = "not loaded"
-        if load:
+        if not load:
+            from rde.entry.doctor import model_check
+
+            found = model_check(role, spec)
+            failures += found.status == "fail"
+            colour, word = {"ok": ("green", "present"), "warn": ("yellow", "check"), "fail": ("red", "missing")}[
+                found.status]
+            status = f"[{colour}]{word}[/]: {escape(found.fact)}" + (f" — {escape(found.todo)}" if found.todo else "")
+        else:
             start = time.perf_counter()
             try:
                 model = registry.load(role, spec)
@@ -703,11 +712,13 @@ def stack_down(port: Annotated[int, typer.Option(min=1, max=65535, help="Server 
 
 
 @stack_app.command("status")
-def stack_status(port: Annotated[int, typer.Option(min=1, max=65535, help="Server port.")] = 4200) -> None:
+def stack_status(port: Annotated[int | None, typer.Option(min=1, max=65535, help="Server port (default: the "
+                                                          "port the last `stack up` used, else 4200).")] = None
+                 ) -> None:
     """Server health and whether each stack process is alive."""
-    from rde.entry.stack import StackConfig, status
+    from rde.entry.stack import StackConfig, recorded_port, status
 
-    console.print_json(json.dumps(status(StackConfig(port=port))))
+    console.print_json(json.dumps(status(StackConfig(port=port or recorded_port() or 4200))))
 
 
 if __name__ == "__main__":  # pragma: no cover (after every command: `python -m rde.entry.cli stack up`)

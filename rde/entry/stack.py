@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -299,7 +300,15 @@ def down(cfg: StackConfig | None = None, remove_postgres: bool = False) -> None:
     _stop_postgres(cfg, remove=remove_postgres)
 
 
+def recorded_port(cfg: StackConfig | None = None) -> int | None:
+    """The port of the server the last ``up`` started (``stack.json``), None when none is recorded."""
+    url = str(_recorded_state(cfg or StackConfig()).get("api_url", ""))
+    port = urlsplit(url).port if url else None
+    return int(port) if port else None
+
+
 def status(cfg: StackConfig | None = None) -> dict[str, object]:
+    """Health of the server at ``cfg``'s port, each recorded process alive or not, the database."""
     cfg = cfg or StackConfig()
     procs = {}
     for path in sorted(cfg.folder.glob("*.pid")):
