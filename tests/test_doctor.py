@@ -131,7 +131,7 @@ def test_a_served_model_is_checked_at_its_endpoint(loopback: tuple[str, dict[str
 
 
 def test_prefect_ephemeral_a_dead_server_and_a_reached_one(loopback: tuple[str, dict[str, tuple[int, Any]]],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+                                                         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     prof = load_profile("demo")
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.delenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", raising=False)
@@ -157,6 +157,11 @@ def test_prefect_ephemeral_a_dead_server_and_a_reached_one(loopback: tuple[str, 
     api, gpu, database = doctor.prefect_checks(prof)
     assert (gpu.status, gpu.fact) == ("ok", "'gpu': 4 slots, active")
     assert database.status == "warn" and "--postgres" in database.todo
+    # a real server reports no driver (its connection URL is hidden): the stack's own record says
+    routes["/api/admin/settings"] = (200, {"server": {"database": {"driver": None, "connection_url": "*****"}}})
+    assert doctor.prefect_checks(prof, tmp_path)[2].fact.startswith("not reported")
+    (tmp_path / "stack.json").write_text(json.dumps({"api_url": f"{url}/api", "database": "postgres (stack)"}))
+    assert doctor.prefect_checks(prof, tmp_path)[2].fact == "PostgreSQL"
 
 
 def test_the_artifact_root_is_written_to_and_left_clean(tmp_path: Path) -> None:

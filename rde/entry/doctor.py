@@ -186,8 +186,9 @@ def model_checks(prof: Profile) -> list[Check]:
     return [model_check(role, spec) for role, spec in _model_specs(prof)]
 
 
-def prefect_checks(prof: Profile) -> list[Check]:
-    """The Prefect API (reached, or ephemeral), the GPU concurrency limit, the server's database."""
+def prefect_checks(prof: Profile, stack_folder: Path | None = None) -> list[Check]:
+    """The Prefect API (reached, or ephemeral), the GPU concurrency limit, the server's database
+    (``stack_folder``: where ``rde stack up`` recorded its server; default ``.rde/stack``)."""
     url = os.environ.get("PREFECT_API_URL", "").rstrip("/")
     if not url:
         database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or \
@@ -210,40 +211,49 @@ def prefect_checks(prof: Profile) -> list[Check]:
                       "start the server (`rde stack up`), fix PREFECT_API_URL, or unset it for an ephemeral server")]
     checks = [Check("prefect api", "ok", f"{url} answers (Prefect {version})")]
     name = prof.prefect.gpu_concurrency_limit
-    limit = httpx.get(f"{url}/v2/concurrency_limits/{name}", timeout=HTTP_TIMEOUT_S)
-    if limit.is_success:
-        body = limit.json()
+    body = _get_json(f"{url}/v2/concurrency_limits/{name}")
+    if isinstance(body, dict) and "limit" in body:
         checks.append(Check("gpu limit", "ok", f"{name!r}: {body.get('limit')} slots, "
                             f"{'active' if body.get('active', True) else 'inactive'}"))
     else:
         checks.append(Check("gpu limit", "warn", f"no global concurrency limit {name!r} on this server: GPU stages "
                             "run without a cap",
                             f"`prefect gcl create {name} --limit <GPUs>` (rde stack up creates it)"))
-    checks.append(_database_check(url))
+    checks.append(_database_check(url, stack_folder or state_dir() / "stack"))
     return checks
 
 
-def _database_check(url: str) -> Check:
-    """The server's database: from the server's own settings, else from a stack ``rde stack up``
-    started on this machine for that URL (the API hides a connection URL)."""
-    settings = httpx.get(f"{url}/admin/settings", timeout=HTTP_TIMEOUT_S)
-    database = settings.json().get("server", {}).get("database", {}) if settings.is_success else {}
+def _get_json(url: str) -> Any:
+    """The JSON body of a successful GET, else None (an error answer, no answer, not JSON)."""
+    try:
+        answer = httpx.get(url, timeout=HTTP_TIMEOUT_S)
+        return answer.json() if answer.is_success else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _database_check(url: str, stack_folder: Path) -> Check:
+    """The server's database: from the server's settings where they say (its driver), else from
+    the record of the ``rde stack up`` that started the server at ``url`` (Prefect's API hides the
+    connection URL, and a server configured by one reports no driver)."""
+    settings = _get_json(f"{url}/admin/settings")
+    database = settings.get("server", {}).get("database", {}) if isinstance(settings, dict) else {}
     driver = str(database.get("driver") or "")
     if not driver:
-        stack = state_dir() / "stack" / "stack.json"
         try:
-            recorded = json.loads(stack.read_text()) if stack.exists() else {}
-        except ValueError:
+            recorded = json.loads((stack_folder / "stack.json").read_text())
+        except (OSError, ValueError):
             recorded = {}
-        if recorded.get("api_url", "").rstrip("/") == url:
-            driver = {"sqlite": "sqlite"}.get(recorded.get("database", ""), "postgresql") \
-                if recorded.get("database") != "url" else ""
+        if str(recorded.get("api_url", "")).rstrip("/") == url:
+            driver = {"sqlite": "sqlite", "postgres (stack)": "postgresql"}.get(recorded.get("database", ""), "")
     if "postgres" in driver:
         return Check("database", "ok", "PostgreSQL")
     if "sqlite" in driver:
         return Check("database", "warn", "SQLite: fine for one machine; concurrent runs of a pool contend for it",
                      "for a GPU pool use PostgreSQL (`rde stack up --postgres` or --database-url)")
-    return Check("database", "warn", "not known: the server's settings hide its connection URL")
+    return Check("database", "warn", "not reported: Prefect's API hides the server's database URL",
+                 "a GPU pool wants PostgreSQL: check the server's PREFECT_SERVER_DATABASE_CONNECTION_URL "
+                 "(`rde stack up --postgres` sets one)")
 
 
 def storage_check(prof: Profile, root: str | None = None) -> Check:
