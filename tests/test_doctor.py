@@ -64,7 +64,8 @@ def test_a_model_is_present_in_a_local_folder_or_the_hub_cache_else_missing_with
 
     check = doctor.model_check("experts", ModelSpec(backend="transformers-clip", model_id="google/siglip-large"))
     assert check.status == "fail" and "missing" in check.fact
-    assert check.todo.startswith("huggingface-cli download google/siglip-large --local-dir models/weights/siglip-large")
+    assert check.todo.startswith("`rde models fetch` with this profile")
+    assert "download google/siglip-large" in check.todo
     check = doctor.model_check("teacher", ModelSpec(backend="vlm-embedding", model_id="models/weights/UniME"))
     assert check.status == "fail" and "local path models/weights/UniME not found" in check.fact
     assert "huggingface-cli" not in check.todo  # a path is not a hub id
@@ -199,4 +200,4 @@ def test_rde_models_no_load_says_present_or_missing_without_loading(monkeypatch:
     result = CliRunner().invoke(app, ["models", "--profile", "production", "--no-load"])
     assert result.exit_code == 1
     assert "missing: transformers facebook/dinov2-large" in result.output
-    assert "huggingface-cli download facebook/dinov2-large" in result.output
+    assert "`rde models fetch` with this profile" in result.output

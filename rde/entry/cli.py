@@ -30,6 +30,9 @@ clips_app = typer.Typer(help="The demo video-clip set for the cached reranker.",
 app.add_typer(clips_app, name="clips")
 labels_app = typer.Typer(help="Human label refinement: import reviewed decisions.", no_args_is_help=True)
 app.add_typer(labels_app, name="labels")
+models_app = typer.Typer(help="The profile's models: whether each loads or is here (`rde models`), and "
+                         "fetching them (`rde models fetch`).", invoke_without_command=True)
+app.add_typer(models_app, name="models")
 stack_app = typer.Typer(help="A local Prefect server, work pools (cpu, gpu), workers and deployments.",
                         no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
@@ -547,14 +550,17 @@ def labels_import_cmd(
         print_summary(summary)
 
 
-@app.command("models")
+@models_app.callback()
 def models_cmd(
+    ctx: typer.Context,
     profile: ProfileOpt = "demo",
     load: Annotated[bool, typer.Option("--load/--no-load", help="Try loading each model; --no-load only looks "
                                        "for each model's files (present or missing, as rde doctor).")] = True,
 ) -> None:
     """List the profile's model backends and whether each one loads here, or with --no-load whether
     its files are here (exit 1 if any fails or is missing)."""
+    if ctx.invoked_subcommand is not None:
+        return
     import time
 
     from models.backends.model_errors import ModelLoadError
@@ -588,6 +594,39 @@ def models_cmd(
         table.add_row(role, spec.backend, str(model_id), spec.device, status)
     console.print(table)
     if failures:
+        raise typer.Exit(1)
+
+
+@models_app.command("fetch")
+def models_fetch_cmd(
+    profile: ProfileOpt = "demo",
+    cache_dir: Annotated[Path | None, typer.Option(help="Hugging Face cache to download into (default: the one "
+                                                   "HF_HUB_CACHE / HF_HOME name; point the workers' HF_HUB_CACHE "
+                                                   "at it).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Download every model the profile names that is not here yet (Hugging Face ids into the
+    cache at the profile's revision, YOLO weights to their path), check each download's files and
+    print where each model is and its size. Exit 1 if any model is still missing."""
+    from dataclasses import asdict
+
+    from rde.entry.model_fetch import describe, fetch_models
+
+    prof = _profile_or_fail(profile)
+    with err_console.status(f"fetching the models of profile {prof.name}"):
+        results = fetch_models(prof, cache_dir)
+    if as_json:
+        console.print_json(json.dumps([asdict(r) for r in results]))
+    else:
+        table = Table(title=f"models of profile {prof.name}")
+        for col in ("role", "model", "status", "where", "size"):
+            table.add_column(col)
+        colour = {"fetched": "green", "present": "green", "served": "green", "missing": "red"}
+        for r in results:
+            where, size = describe(r)
+            table.add_row(r.role, r.model, f"[{colour[r.status]}]{r.status}[/]", escape(where), size)
+        console.print(table)
+    if any(r.status == "missing" for r in results):
         raise typer.Exit(1)
 
 

@@ -56,7 +56,7 @@ def device_checks(prof: Profile, torch_module: Any = None) -> list[Check]:
     torch = torch_module
     if torch is None:
         import torch
-    wanted = sorted({spec.device for _, spec in _model_specs(prof) if getattr(spec, "device", "cpu") != "cpu"})
+    wanted = sorted({spec.device for _, spec in profile_models(prof) if getattr(spec, "device", "cpu") != "cpu"})
     cores = os.cpu_count() or 1
     if torch.cuda.is_available():
         checks = []
@@ -73,7 +73,7 @@ def device_checks(prof: Profile, torch_module: Any = None) -> list[Check]:
     return [Check("device", "ok", fact)]
 
 
-def _model_specs(prof: Profile) -> list[tuple[str, Any]]:
+def profile_models(prof: Profile) -> list[tuple[str, Any]]:
     """Every (role, spec) the profile runs, the bundled defaults of unset roles included."""
     from models.backends.registry import BUNDLED_LLM, ModelRegistry
     from models.specs import ModelSpec
@@ -85,7 +85,7 @@ def _model_specs(prof: Profile) -> list[tuple[str, Any]]:
     return specs
 
 
-def _folder_size(path: Path) -> int:
+def tree_size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
@@ -97,12 +97,13 @@ def _local(model_id: str) -> Path | None:
     return None
 
 
-def _gib(size: int) -> str:
+def size_text(size: int) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**27 else f"{size / 2**20:.1f} MiB"
 
 
-def model_check(role: str, spec: Any) -> Check:
-    """Whether one model's files are where its backend looks, without loading it."""
+def model_check(role: str, spec: Any, cache_dir: Path | None = None) -> Check:
+    """Whether one model's files are where its backend looks, without loading it (``cache_dir``:
+    the Hugging Face cache to look in; default the one ``HF_HUB_CACHE`` / ``HF_HOME`` name)."""
     from models.backends.detectors import bundled_ssd_files
     from models.backends.generators import LlamaCppGenerator
     from models.backends.model_errors import ModelLoadError
@@ -123,7 +124,7 @@ def model_check(role: str, spec: Any) -> Check:
         if path is None:
             return Check(area, "fail", f"yolo: weights {spec.weights} not found",
                          "download the .pt file (e.g. from the Ultralytics releases) and set detector.weights to it")
-        return Check(area, "ok", f"yolo: {path} ({_gib(_folder_size(path))})")
+        return Check(area, "ok", f"yolo: {path} ({size_text(tree_size(path))})")
     model_id = spec.model_id
     name = f"{backend} {model_id}"
     if backend in OFFLINE_BACKENDS:
@@ -147,7 +148,7 @@ def model_check(role: str, spec: Any) -> Check:
             path = LlamaCppGenerator.resolve_gguf(model_id)
         except ModelLoadError as exc:
             return Check(area, "fail", f"{name}: not found", str(exc))
-        return Check(area, "ok", f"{name}: {path} ({_gib(_folder_size(path))})")
+        return Check(area, "ok", f"{name}: {path} ({size_text(tree_size(path))})")
     package = BUNDLED_PACKAGES.get(model_id)
     if package is not None:
         if importlib.util.find_spec(package) is None:
@@ -156,34 +157,34 @@ def model_check(role: str, spec: Any) -> Check:
         return Check(area, "ok", f"{name}: bundled (package {package})")
     path = _local(model_id)
     if path is not None:
-        return Check(area, "ok", f"{name}: {path} ({_gib(_folder_size(path))})")
-    if not _hub_id(model_id):
+        return Check(area, "ok", f"{name}: {path} ({size_text(tree_size(path))})")
+    if not hub_id(model_id):
         return Check(area, "fail", f"{name}: local path {model_id} not found",
                      f"put the model's files in {model_id} (the profile's comment names where they come from), "
                      "or set model_id to a Hugging Face id")
-    cached = _hub_cache(model_id, spec.revision)
+    cached = _hub_cache(model_id, spec.revision, cache_dir)
     if cached is not None:
         return Check(area, "ok", f"{name}: in the Hugging Face cache, {cached}")
-    folder = f"models/weights/{model_id.split('/')[-1]}"
     return Check(area, "fail", f"{name}: missing (not a local path, not in the Hugging Face cache)",
-                 f"huggingface-cli download {model_id} --local-dir {folder}, then set model_id: {folder}")
+                 "`rde models fetch` with this profile downloads it into the cache (or `huggingface-cli "
+                 f"download {model_id}` where the hub is reachable)")
 
 
-def _hub_id(model_id: str) -> bool:
+def hub_id(model_id: str) -> bool:
     """Whether ``model_id`` reads as a Hugging Face id (``org/name``), not a local path."""
     return model_id.count("/") == 1 and not model_id.startswith((".", "/", "~"))
 
 
-def _hub_cache(model_id: str, revision: str | None) -> Path | None:
+def _hub_cache(model_id: str, revision: str | None, cache_dir: Path | None = None) -> Path | None:
     """The snapshot folder of ``model_id`` in the Hugging Face cache, when its config is there."""
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(model_id, "config.json", revision=revision)
+    found = try_to_load_from_cache(model_id, "config.json", revision=revision, cache_dir=cache_dir)
     return Path(found).parent if isinstance(found, str) else None
 
 
 def model_checks(prof: Profile) -> list[Check]:
-    return [model_check(role, spec) for role, spec in _model_specs(prof)]
+    return [model_check(role, spec) for role, spec in profile_models(prof)]
 
 
 def prefect_checks(prof: Profile, stack_folder: Path | None = None) -> list[Check]:
