@@ -101,9 +101,9 @@ def fetch_one(role: str, spec: Any, cache_dir: Path | None) -> Fetched:
     """One model of the profile fetched, or why it is not."""
     here = model_check(role, spec, cache_dir)
     name = str(getattr(spec, "model_id", None) or getattr(spec, "weights", None) or spec.backend)
-    if here.status == "ok":
+    if here.status != "fail":  # here (a warning, e.g. a YOLO built from its config, keeps its note)
         status = "served" if spec.backend == "openai-http" else "present"
-        return Fetched(role, name, status, here.fact)
+        return Fetched(role, name, status, here.fact, note=here.todo)
     try:
         if role == "detector" and spec.backend == "yolo" and str(spec.weights).endswith(".pt"):
             path = fetch_yolo(spec.weights)
