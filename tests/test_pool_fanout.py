@@ -168,8 +168,12 @@ def test_cancelling_a_fanned_out_run_cancels_it_and_its_shard_runs(stack: StackC
     seconds and the run ends Cancelled, not Crashed; the shard-range runs that were running end
     Cancelled (the parent cancels them as it stops), their processes stop, and none is
     resubmitted. The seconds from the cancel (its state set) to each are printed and kept in
-    test-artifacts/fanout-cancel.json."""
-    from pool_checks import fanout_params, flow_run, shard_runs, stub_server, submit
+    test-artifacts/fanout-cancel.json. The same deployment run again then completes the build,
+    reusing every shard written before the cancel and writing each missing one once (the
+    shard-write events)."""
+    from pool_checks import fanout_params, flow_run, shard_runs, shard_write_events, stub_server, submit, wait_final
+
+    from storage import Artifact
 
     out = tmp_path / "out"
     with stub_server(delay_s=3.0) as stub:  # slow captions: the shard-range runs are mid-shard at the cancel
@@ -200,6 +204,12 @@ def test_cancelling_a_fanned_out_run_cancels_it_and_its_shard_runs(stack: StackC
             if "children_final_states" not in seconds and all(r["state_type"] in TERMINAL for r in children):
                 seconds["children_final_states"] = elapsed
             time.sleep(0.3)
+        # the same deployment run again (same parameters, captions now without delay) finishes the build
+        captions = out / "build-largefine" / "demo" / "tier12_captions"
+        written = sorted(p.name for p in captions.glob("part-*.parquet"))
+        stub.script.delay_s = 0.0
+        rerun = submit(stack, params)
+        rerun_final = wait_final(stack, rerun, 400)
     measured = {"parent": parent, "parent_state": final["state_type"], "parent_message": final["state"]["message"],
                 "seconds_after_cancel": seconds,
                 "children": [{"name": r["name"], "state": r["state_type"], "message": r["state"]["message"],
@@ -214,6 +224,20 @@ def test_cancelling_a_fanned_out_run_cancels_it_and_its_shard_runs(stack: StackC
     assert all(c["state"] == "CANCELLED" for c in measured["children"] if c["running_at_cancel"]), measured
     assert all(r["state_type"] in ("CANCELLED", "COMPLETED") for r in children), measured
     assert not [r["name"] for r in children if not r["name"].endswith("-try1")], "a cancelled run was resubmitted"
+    # the rerun reuses every shard written before the cancel and writes each missing one once
+    assert rerun_final["state_type"] == "COMPLETED", rerun_final["state"]
+    runs = {f"prefect.flow-run.{r['id']}": who for who, top in (("cancelled", parent), ("rerun", rerun))
+            for r in shard_runs(stack, top)}
+    writers = {int(i): [runs[w] for w in ws if w in runs] for i, ws in shard_write_events(stack, "qa-tiers").items()}
+    writers = {i: w for i, w in sorted(writers.items()) if w}
+    print(f"rerun after the cancel: shards written before it {written}; writers by shard {writers}")
+    assert all(len(w) == 1 for w in writers.values()), writers  # no shard written twice
+    before = {int(name.removeprefix("part-").removesuffix(".parquet")) for name in written}
+    assert all(writers.get(i, ["cancelled"]) == ["cancelled"] for i in before), (written, writers)
+    assert {i for i, w in writers.items() if w == ["rerun"]} == set(range(6)) - before  # 24 images, shards of 4
+    root = out / "build-largefine" / "demo"
+    for folder in ("tier12_captions", "qa_pairs", "tier12_rejects"):
+        assert Artifact(str(root / folder)).is_complete(verify_hashes=True), folder
 
 
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
