@@ -99,6 +99,13 @@ POSTGRES_ERRORS = {
 }
 # any error the server logged, whatever its kind (its default log level logs every failed statement)
 SERVER_ERROR_LINE = re.compile(r"^.*\b(?:ERROR|FATAL|PANIC):.*$", re.M)
+# Prefect's own race, which Prefect handles: two batches of the server's task-run recorder that
+# reference the same task run race between their existence check and their insert, and the later
+# insert fails on the primary key; the recorder retries it in a fresh session (prefect/server/
+# services/task_run_recorder.py: "Retries once on IntegrityError to handle TOCTOU races"), and the
+# runs go on (the probe checks that every run completes). Counted apart, not as an error of the
+# database under load; seen twice in one of this session's CI runs.
+HANDLED_RACE = re.compile(r'duplicate key value violates unique constraint "pk_task_run"')
 
 
 def _log_tail(path: Path, offset: int) -> str:
@@ -115,8 +122,14 @@ def postgres_errors(postgres_log: str, prefect_log: str) -> dict[str, int]:
     ERROR / FATAL / PANIC line of the PostgreSQL server's log."""
     both = postgres_log + "\n" + prefect_log
     counts = {name: len(re.findall(pattern, both, re.I)) for name, pattern in POSTGRES_ERRORS.items()}
-    counts["server error lines"] = len(SERVER_ERROR_LINE.findall(postgres_log))
+    lines = SERVER_ERROR_LINE.findall(postgres_log)
+    counts["server error lines"] = sum(1 for line in lines if not HANDLED_RACE.search(line))
     return counts
+
+
+def handled_races(postgres_log: str) -> int:
+    """The server's error lines that are Prefect's handled task-run insert race (see HANDLED_RACE)."""
+    return sum(1 for line in SERVER_ERROR_LINE.findall(postgres_log) if HANDLED_RACE.search(line))
 
 
 def test_concurrent_probe_runs_complete_on_postgres(pg_stack: StackConfig, test_artifacts_dir: Path) -> None:
@@ -129,8 +142,10 @@ def test_concurrent_probe_runs_complete_on_postgres(pg_stack: StackConfig, test_
     def errors_meanwhile() -> tuple[dict[str, int], list[str]]:
         gained = {name: _log_tail(path, offsets[name]) for name, path in logs.items()}
         errors = postgres_errors(gained["postgres"], gained["prefect"])
-        (test_artifacts_dir / "orchestration-load-postgres-errors.json").write_text(json.dumps(errors, indent=1))
-        return errors, SERVER_ERROR_LINE.findall(gained["postgres"])[:5]
+        (test_artifacts_dir / "orchestration-load-postgres-errors.json").write_text(json.dumps(
+            {**errors, "handled task-run insert races (not counted)": handled_races(gained["postgres"])}, indent=1))
+        return errors, [line for line in SERVER_ERROR_LINE.findall(gained["postgres"])
+                        if not HANDLED_RACE.search(line)][:5]
 
     try:
         row = probe_load(pg_stack, test_artifacts_dir)
@@ -149,6 +164,10 @@ def test_postgres_error_counting_reads_both_logs() -> None:
                     "2026-12-01 10:00:02.000 UTC [43] ERROR:  could not serialize access due to concurrent update\n"
                     "2026-12-01 10:00:03.000 UTC [44] LOG:  checkpoint complete\n")
     prefect_log = "asyncpg.exceptions.DeadlockDetectedError: deadlock detected\n"
+    race = '2026-12-01 10:00:04.000 UTC [45] ERROR:  duplicate key value violates unique constraint "pk_task_run"\n'
+    other_key = '2026-12-01 10:00:05.000 UTC [46] ERROR:  duplicate key value violates unique constraint "pk_flow"\n'
+    assert postgres_errors(race, "")["server error lines"] == 0 and handled_races(race) == 1
+    assert postgres_errors(other_key, "")["server error lines"] == 1  # any other key still counts
     errors = postgres_errors(postgres_log, prefect_log)
     assert errors["deadlock"] == 3 and errors["too many connections"] == 1
     assert errors["serialization failure"] == 1 and errors["server error lines"] == 3

