@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not os.environ.get("RDE_VLLM_PYTHON"),
                                  reason="set RDE_VLLM_PYTHON (scripts/vllm_cpu_check.sh)")]
 START_TIMEOUT_S = 300
+CONTEXT = 8192  # tokens
 
 
 def _free_port() -> int:
@@ -38,7 +40,8 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A vLLM OpenAI server serving the tiny model as ``tiny`` on loopback; its start time printed."""
     from tiny_models import build_tiny_qwen2
 
-    folder = build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
+    # DAP's prompts are long in the tiny tokenizer's tokens (a 300-entry byte-level BPE)
+    folder = build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"), max_positions=CONTEXT)
     port = _free_port()
     log = folder.parent / "vllm-server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
@@ -48,7 +51,7 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with log.open("w") as out:
         server = subprocess.Popen([os.environ["RDE_VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server",
                                    "--model", str(folder), "--served-model-name", "tiny", "--host", "127.0.0.1",
-                                   "--port", str(port), "--dtype", "float32", "--max-model-len", "256"],
+                                   "--port", str(port), "--dtype", "float32", "--max-model-len", str(CONTEXT)],
                                   stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -108,3 +111,42 @@ def test_a_gbnf_grammar_constrains_what_the_server_writes(vllm_url: str) -> None
     free = _generator(vllm_url)  # no grammar_field: the grammar is not sent, random weights write anything
     texts = [r.text.strip() for r in free.generate([_request("f0", "write a query", GRAMMAR)])]
     assert texts[0] not in ALLOWED, texts
+
+
+def test_the_dap_stage_generates_its_queries_through_the_server(vllm_url: str, small_pool_url: str,
+                                                               tmp_path: Path) -> None:
+    """``rde build-secmm --until queries`` with the query generator on the vLLM server, constrained
+    by DAP's grammar (``structured_outputs.grammar``): the stage runs, every line it generated is a
+    query or a rejected row with a reason, the run balances, and the manifest names the server's model."""
+    import json
+    import subprocess
+    from collections import Counter
+
+    from storage import Artifact
+
+    root = Path(__file__).resolve().parent.parent
+    rde = root / ".venv" / "bin" / "rde"
+    out = tmp_path / "out"
+    sets = ["models.query_generator.backend=openai-http", "models.query_generator.model_id=tiny",
+            f"models.query_generator.options.base_url={vllm_url}",
+            "models.query_generator.options.grammar_field=structured_outputs.grammar",
+            "queries.constrained_decoding=true", "ingest.shard_size=48"]
+    done = subprocess.run([str(rde) if rde.exists() else "rde", "build-secmm", "--until", "queries", "--input",
+                           small_pool_url, "--output", str(out), "--json", *[a for s in sets for a in ("--set", s)]],
+                          cwd=root, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    assert summary["balanced"]
+    dap = next(s for s in summary["stages"] if s["stage"] == "dap")
+    demo = out / "build-secmm" / "demo"
+    queries, rejects = Artifact(str(demo / "queries")), Artifact(str(demo / "query_rejects"))
+    generated = queries.count_rows() + rejects.count_rows()
+    assert generated > 0 and dap["accepted"] == queries.count_rows()
+    failed = [r["detail"] for r in rejects.rows() if r["reason"] == "generation_failed"]
+    assert not failed, failed[:3]  # the server answered every request (garbage or not, it was generated)
+    assert all(r["reason"] for r in rejects.rows())
+    generator = queries.manifest().models["generator"]
+    reasons = Counter(r["reason"] for r in rejects.rows())
+    print(f"DAP through vLLM: {queries.count_rows()} queries kept of {generated} lines; rejected by reason "
+          f"{dict(sorted(reasons.items()))}")
+    assert "openai-http" in json.dumps(generator) and "tiny" in json.dumps(generator)

