@@ -331,7 +331,7 @@ class ExportLargeFine(Stage):
                                     run.input("adv_rejects").read_shard(index)])
         tables = {"captions": pa.Table.from_pylist(rows, schema=TIER_CAPTIONS), "rejects": rejects}
         images = run.input("neighbours").read_shard(index, ["image_id"]).num_rows
-        return Work.one(tables, {**sharded.count_accepted_rejected("captions", "rejects")(tables),
+        return Work.one(tables, {**sharded.accepted_and_rejected(tables, "captions", "rejects"),
                                  "input_rows": images * len(TIERS), "images": images})
 
     def report(self, run: StageRun, result: StageResult) -> Report:

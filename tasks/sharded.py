@@ -205,20 +205,12 @@ class Timer:
 
 
 ShardCompute = Callable[[int], tuple[dict[str, pa.Table], dict[str, Any]]]
-ShardRecount = Callable[[dict[str, pa.Table]], dict[str, Any]]
-
-
-def count_accepted_rejected(accepted: str, rejects: str | None = None) -> ShardRecount:
-    """Counts of a shard's tables from their rows: ``accepted`` rows, ``rejects`` rows by reason,
-    and ``input_rows`` as their sum. A stage that uses it sets ``input_rows`` from what it read
-    itself (the sum of its outputs would balance by construction)."""
-
-    def recount(tables: dict[str, pa.Table]) -> dict[str, Any]:
-        rejected = reason_counts(tables[rejects]) if rejects else {}
-        n = tables[accepted].num_rows
-        return {"input_rows": n + sum(rejected.values()), "accepted": n, "rejected": rejected}
-
-    return recount
+def accepted_and_rejected(tables: dict[str, pa.Table], accepted: str, rejects: str | None = None
+                          ) -> dict[str, Any]:
+    """A shard's ``accepted`` rows and its ``rejects`` rows by reason, counted from its tables. Its
+    input is not among them: a stage counts that from what it read (the sum of its outputs would
+    balance by construction)."""
+    return {"accepted": tables[accepted].num_rows, "rejected": reason_counts(tables[rejects]) if rejects else {}}
 
 
 def footer_stats(outputs: Sequence[Output], index: int) -> dict[str, Any] | None:
