@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from storage import Artifact
-from storage.artifact import SHARD_PATTERN
+from storage.artifact import SHARD_PATTERN, shard_name
 
 
 @dataclass(frozen=True)
@@ -29,15 +29,16 @@ class FolderState:
 
 
 def _shard_rows(folder: Path) -> tuple[int, int]:
-    """Rows and shards of the whole shard files in ``folder`` (read from their footers)."""
-    files = [p for p in folder.iterdir() if SHARD_PATTERN.match(p.name)]
+    """Rows and shards of the whole shard files in ``folder`` (the artifact's own listing of the
+    shards written; rows from their footers)."""
+    indices = Artifact(str(folder)).written_indices()
     rows = 0
-    for path in files:
+    for index in indices:
         try:
-            rows += pq.ParquetFile(path).metadata.num_rows
+            rows += pq.ParquetFile(folder / shard_name(index)).metadata.num_rows
         except (OSError, ValueError):
             continue  # not readable as Parquet: not counted
-    return rows, len(files)
+    return rows, len(indices)
 
 
 def folder_states(root: str | Path) -> list[FolderState]:

@@ -36,6 +36,7 @@ app.add_typer(models_app, name="models")
 stack_app = typer.Typer(help="A local Prefect server, work pools (cpu, gpu), workers and deployments.",
                         no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
+CHECK_COLOURS = {"ok": "green", "warn": "yellow", "fail": "red"}  # rde doctor's statuses, wherever shown
 PIPE_WIDTH = 140
 console = Console()
 if not console.is_terminal and "COLUMNS" not in os.environ:
@@ -579,9 +580,9 @@ def models_cmd(
 
             found = model_check(role, spec)
             failures += found.status == "fail"
-            colour, word = {"ok": ("green", "present"), "warn": ("yellow", "check"), "fail": ("red", "missing")}[
-                found.status]
-            status = f"[{colour}]{word}[/]: {escape(found.fact)}" + (f" — {escape(found.todo)}" if found.todo else "")
+            word = {"ok": "present", "warn": "check", "fail": "missing"}[found.status]
+            status = f"[{CHECK_COLOURS[found.status]}]{word}[/]: {escape(found.fact)}" + \
+                (f" — {escape(found.todo)}" if found.todo else "")
         else:
             start = time.perf_counter()
             try:
@@ -608,24 +609,15 @@ def models_fetch_cmd(
     """Download every model the profile names that is not here yet (Hugging Face ids into the
     cache at the profile's revision, YOLO weights to their path), check each download's files and
     print where each model is and its size. Exit 1 if any model is still missing."""
-    from dataclasses import asdict
-
     from rde.entry.model_fetch import describe, fetch_models
 
     prof = _profile_or_fail(profile)
     with err_console.status(f"fetching the models of profile {prof.name}"):
         results = fetch_models(prof, cache_dir)
-    if as_json:
-        console.print_json(json.dumps([asdict(r) for r in results]))
-    else:
-        table = Table(title=f"models of profile {prof.name}")
-        for col in ("role", "model", "status", "where", "size"):
-            table.add_column(col)
-        colour = {"fetched": "green", "present": "green", "served": "green", "missing": "red"}
-        for r in results:
-            where, size = describe(r)
-            table.add_row(r.role, r.model, f"[{colour[r.status]}]{r.status}[/]", escape(where), size)
-        console.print(table)
+    colour = {"fetched": "green", "present": "green", "served": "green", "missing": "red"}
+    _print_records(f"models of profile {prof.name}", ("role", "model", "status", "where", "size"), results,
+                   lambda r: (r.role, r.model, f"[{colour[r.status]}]{r.status}[/]", *map(escape, describe(r))),
+                   as_json)
     if any(r.status == "missing" for r in results):
         raise typer.Exit(1)
 
@@ -639,24 +631,31 @@ def doctor_cmd(
     """What will and will not work here for a profile, each line a fact and what to do: devices,
     the profile's models (present or missing, none loaded), the Prefect API, the GPU concurrency
     limit, the server's database, the artifact root. Exit 1 when a check fails."""
-    from dataclasses import asdict
-
     from rde.entry.doctor import diagnose
 
     prof = _profile_or_fail(profile)
     checks = diagnose(prof, output)
-    if as_json:
-        console.print_json(json.dumps([asdict(c) for c in checks]))
-    else:
-        table = Table(title=f"rde doctor: profile {prof.name}")
-        for col in ("check", "status", "found", "what to do"):
-            table.add_column(col)
-        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
-        for c in checks:
-            table.add_row(c.area, f"[{colour[c.status]}]{c.status}[/]", escape(c.fact), escape(c.todo))
-        console.print(table)
+    _print_records(f"rde doctor: profile {prof.name}", ("check", "status", "found", "what to do"), checks,
+                   lambda c: (c.area, f"[{CHECK_COLOURS[c.status]}]{c.status}[/]", escape(c.fact), escape(c.todo)),
+                   as_json)
     if any(c.status == "fail" for c in checks):
         raise typer.Exit(1)
+
+
+def _print_records(title: str, columns: tuple[str, ...], records: list[Any],
+                   cells: Callable[[Any], tuple[str, ...]], as_json: bool) -> None:
+    """Dataclass ``records`` printed as JSON, or as a table of each record's ``cells``."""
+    from dataclasses import asdict
+
+    if as_json:
+        console.print_json(json.dumps([asdict(r) for r in records]))
+        return
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for record in records:
+        table.add_row(*cells(record))
+    console.print(table)
 
 
 @app.command("check-experts")

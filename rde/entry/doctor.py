@@ -19,7 +19,6 @@ A check's status is ``ok``, ``warn`` (works, with a caveat) or ``fail`` (a run w
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -220,7 +219,7 @@ def prefect_checks(prof: Profile, stack_folder: Path | None = None) -> list[Chec
         checks.append(Check("gpu limit", "warn", f"no global concurrency limit {name!r} on this server: GPU stages "
                             "run without a cap",
                             f"`prefect gcl create {name} --limit <GPUs>` (rde stack up creates it)"))
-    checks.append(_database_check(url, stack_folder or state_dir() / "stack"))
+    checks.append(_database_check(url, stack_folder))
     return checks
 
 
@@ -233,7 +232,7 @@ def _get_json(url: str) -> Any:
         return None
 
 
-def _database_check(url: str, stack_folder: Path) -> Check:
+def _database_check(url: str, stack_folder: Path | None) -> Check:
     """The server's database: from the server's settings where they say (its driver), else from
     the record of the ``rde stack up`` that started the server at ``url`` (Prefect's API hides the
     connection URL, and a server configured by one reports no driver)."""
@@ -241,10 +240,9 @@ def _database_check(url: str, stack_folder: Path) -> Check:
     database = settings.get("server", {}).get("database", {}) if isinstance(settings, dict) else {}
     driver = str(database.get("driver") or "")
     if not driver:
-        try:
-            recorded = json.loads((stack_folder / "stack.json").read_text())
-        except (OSError, ValueError):
-            recorded = {}
+        from rde.entry.stack import StackConfig, recorded_state
+
+        recorded = recorded_state(StackConfig(folder=stack_folder) if stack_folder else StackConfig())
         if str(recorded.get("api_url", "")).rstrip("/") == url:
             driver = {"sqlite": "sqlite", "postgres (stack)": "postgresql"}.get(recorded.get("database", ""), "")
     if "postgres" in driver:

@@ -220,19 +220,19 @@ def _write_state(cfg: StackConfig) -> None:
     (cfg.folder / "stack.json").write_text(json.dumps(state))
 
 
-def _recorded_state(cfg: StackConfig) -> dict[str, Any]:
+def recorded_state(cfg: StackConfig) -> dict[str, Any]:
     """``stack.json`` as ``up`` wrote it (empty when absent or unreadable)."""
     path = cfg.folder / "stack.json"
     try:
         return json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
+    except (OSError, ValueError):  # unreadable, as the docstring says: not a traceback
         return {}
 
 
 def _recorded_postgres(cfg: StackConfig) -> LocalPostgres | None:
     """The stack's own cluster as ``stack.json`` records it (another shell's ``up``), else this
     config's when it asks for one, else None."""
-    recorded = _recorded_state(cfg).get("postgres")
+    recorded = recorded_state(cfg).get("postgres")
     if recorded:
         return LocalPostgres(Path(recorded["folder"]), int(recorded["port"]))
     return cfg.local_postgres() if cfg.postgres else None
@@ -302,7 +302,7 @@ def down(cfg: StackConfig | None = None, remove_postgres: bool = False) -> None:
 
 def recorded_port(cfg: StackConfig | None = None) -> int | None:
     """The port of the server the last ``up`` started (``stack.json``), None when none is recorded."""
-    url = str(_recorded_state(cfg or StackConfig()).get("api_url", ""))
+    url = str(recorded_state(cfg or StackConfig()).get("api_url", ""))
     port = urlsplit(url).port if url else None
     return int(port) if port else None
 
@@ -314,7 +314,7 @@ def status(cfg: StackConfig | None = None) -> dict[str, object]:
     for path in sorted(cfg.folder.glob("*.pid")):
         procs[path.stem] = _alive(int(path.read_text()))
     out: dict[str, object] = {"api_url": cfg.api_url, "healthy": healthy(cfg), "processes": procs,
-                              "database": _recorded_state(cfg).get("database", "sqlite")}
+                              "database": recorded_state(cfg).get("database", "sqlite")}
     pg = _recorded_postgres(cfg)
     if pg is not None:
         out["processes"] = {**procs, "postgres": pg.running()}
