@@ -67,11 +67,12 @@ def _wait_for_shards(proc: subprocess.Popen[str], folder: Path, count: int, log:
         time.sleep(0.1)
 
 
-def _server_port(children: list[psutil.Process]) -> int:
+def _server(children: list[psutil.Process]) -> tuple[psutil.Process, int]:
+    """The run's temporary server and its port."""
     for child in children:
         cmdline = child.cmdline()
         if "uvicorn" in cmdline and "--port" in cmdline:
-            return int(cmdline[cmdline.index("--port") + 1])
+            return child, int(cmdline[cmdline.index("--port") + 1])
     raise AssertionError(f"no temporary server among the run's processes: {[c.cmdline()[:4] for c in children]}")
 
 
@@ -104,7 +105,7 @@ def _stop_mid_measure(how: str, out: Path, pool: str, state: Path) -> tuple[subp
     log = out.parent / f"{how}.stderr"
     proc = _started(_command(out, pool), state, log)
     try:
-        return _stop_and_check(proc, how, out, log)
+        return _stop_and_check(proc, how, out, log, state)
     except BaseException:  # a failed check: nothing of the run (its group) may outlive the test
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -112,11 +113,15 @@ def _stop_mid_measure(how: str, out: Path, pool: str, state: Path) -> tuple[subp
         raise
 
 
-def _stop_and_check(proc: subprocess.Popen[str], how: str, out: Path,
-                    log: Path) -> tuple[subprocess.Popen[str], float, str]:
+def _stop_and_check(proc: subprocess.Popen[str], how: str, out: Path, log: Path,
+                    state: Path) -> tuple[subprocess.Popen[str], float, str]:
     _wait_for_shards(proc, out / "build-secmm" / "demo" / "measurements", 2, log)
     children = psutil.Process(proc.pid).children(recursive=True)
-    port = _server_port(children)
+    server, port = _server(children)
+    # out of the run's process group (which a terminal's Ctrl-C reaches), its output in a log file
+    assert os.getpgid(server.pid) != os.getpgid(proc.pid), "the temporary server is in the run's process group"
+    server_log = (state / "prefect" / "temporary-server.log").read_text()
+    assert f"pid {proc.pid}: port {port}" in server_log, server_log[-2000:]
     sent = time.monotonic()
     if how == "ctrl-c":
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the foreground process group
@@ -198,6 +203,9 @@ def test_ctrl_c_stops_the_run_within_seconds_and_a_rerun_resumes(tmp_path: Path,
     assert f"rde build-secmm --until denoise --output {out}" in stop_line
     assert "Traceback" not in stderr, stderr[-3000:]
     assert stop_line.rstrip().endswith("--set ingest.shard_size=8"), stop_line  # the last line rde printed
+    # the temporary server, out of the terminal's process group, outlived the Ctrl-C to record it
+    state_type, message = _last_flow_run_state(state_dir)
+    assert (state_type, message) == ("CANCELLED", "stopped by Ctrl-C (SIGINT); rerun the same command to resume")
     _check_stopped_state(out)
     _rerun_reuses(out, small_pool_url, shared_server_env, state_dir)
 

@@ -87,6 +87,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rde.common.ingest import InputError
     from rde.common.profiles import ProfileError
     from rde.common.run_lock import RunLockedError
+    from rde.entry.temporary_server import ServerStartError
     from storage import ArtifactError
     from storage.filesystem import StorageWriteError
     from tasks.sharded import AccountingError
@@ -94,7 +95,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     # AccountingError: a stage's rows did not add up; its message names the stage and the counts,
     # and nothing of that stage was marked complete (a traceback would add nothing for a user)
     return (ProfileError, InputError, ArtifactError, StorageWriteError, RunLockedError, FileNotFoundError,
-            PermissionError, ValueError, AccountingError)
+            PermissionError, ValueError, AccountingError, ServerStartError)
 
 
 @app.command("build-secmm")
@@ -343,6 +344,7 @@ def _guarded(root: str) -> Any:
     import shlex
 
     from rde.common.run_state import stop_summary
+    from rde.entry import temporary_server
     from rde.entry.interrupt import RunGuard
 
     def end_live_display() -> None:
@@ -352,7 +354,8 @@ def _guarded(root: str) -> Any:
 
     local = "://" not in root
     return RunGuard(lambda: stop_summary(root) if local else f"artifacts under {root}",
-                    shlex.join(["rde", *sys.argv[1:]]), before_exit=end_live_display)
+                    shlex.join(["rde", *sys.argv[1:]]), before_exit=end_live_display,
+                    prepare=temporary_server.ensure_api)
 
 
 def _guess_kind(path: str) -> str:

@@ -2,14 +2,15 @@
 
 Prefect's flow engine, run in the main thread, swaps SIGTERM for a handler that waits for the
 running tasks and reports a crash to the API, and a Ctrl-C only reaches the main thread between
-two tasks; meanwhile the temporary Prefect server, in the same process group, dies at once. So the
-CLI runs the flow in a thread of its own (Prefect then installs no handler) while the main thread
-only waits, and handles the signal itself:
+two tasks. So the CLI runs the flow in a thread of its own (Prefect then installs no handler) while
+the main thread only waits, and handles the signal itself. The run's temporary Prefect server is in
+a session of its own (``rde.entry.temporary_server``): a Ctrl-C to the terminal's process group
+does not reach it, so it outlives the signal long enough to record the stop.
 
 - the first SIGINT or SIGTERM prints one line (what is complete, what was cut, how to resume;
   the last line the process prints: the abandoned flow thread's log lines and errors are dropped),
-  marks the flow run Cancelled in the Prefect API (best effort, at most a second: a temporary
-  server that got a Ctrl-C too is already gone), stops every process the run started (SIGTERM,
+  marks the flow run Cancelled in the Prefect API (best effort, at most a second: a server that
+  is gone or busy records nothing), stops every process the run started (SIGTERM,
   then SIGKILL after a grace period), and exits with
   128 + the signal number (130, 143) through ``os._exit``. Running shard tasks are abandoned: every
   shard is written to a temporary file and renamed, and a stage's manifest is written only after
@@ -48,12 +49,15 @@ class RunGuard:
 
     ``describe``: what is complete and what was cut (a clause), read when the signal comes;
     ``resume``: the command that resumes the run; ``before_exit``: called first on a signal (e.g. to
-    end a live display); ``watch``: start the watcher that stops the run's processes after a SIGKILL.
+    end a live display); ``watch``: start the watcher that stops the run's processes after a SIGKILL;
+    ``prepare``: called in the flow's thread before the call, after the watcher started (what it
+    starts, e.g. a temporary Prefect server, carries the run's token, and a signal meanwhile stops it).
     """
 
     def __init__(self, describe: Callable[[], str], resume: str, before_exit: Callable[[], None] | None = None,
-                 watch: bool = True) -> None:
+                 watch: bool = True, prepare: Callable[[], object] | None = None) -> None:
         self.describe, self.resume, self.before_exit, self.watch = describe, resume, before_exit, watch
+        self.prepare = prepare
         self._stopping = False
 
     hooks = ("record_flow_run",)  # the hooks :meth:`watching` adds (their INFO lines stay off the terminal)
@@ -75,6 +79,8 @@ class RunGuard:
 
         def target() -> None:
             try:
+                if self.prepare is not None:
+                    self.prepare()
                 outcome["value"] = call()
             except BaseException as exc:
                 outcome["error"] = exc
@@ -129,8 +135,8 @@ class RunGuard:
         _exit(code)
 
     def _mark_cancelled(self, name: str) -> None:
-        """Best effort, within ``MARK_TIMEOUT_S``: the flow run ends Cancelled in the API (a temporary
-        server that got the signal too may already be gone; then nothing is recorded)."""
+        """Best effort, within ``MARK_TIMEOUT_S``: the flow run ends Cancelled in the API (a server
+        that is gone or does not answer in time records nothing)."""
         if _flow_run_id is None:
             return
         try:
