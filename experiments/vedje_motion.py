@@ -77,7 +77,8 @@ def motion_tensors(video: str, stage1_backend: str = "attributes", profile_name:
 
     from models.backends.registry import ModelRegistry
     from rde.common.profiles import load_profile
-    from rde.entry.motion_clips import MotionParams, build_motion_set
+    from rde.entry.demo_clips import ClipParams
+    from rde.entry.motion_clips import VERSION, MotionParams, build_motion_set
     from rde.vedje.features import build_tables, tensors_from_tables
     from storage import content_key
     from storage.locations import state_dir
@@ -85,8 +86,9 @@ def motion_tensors(video: str, stage1_backend: str = "attributes", profile_name:
     profile = load_profile(profile_name)
     stage1 = next(s for s in profile.models.experts if s.backend == stage1_backend)
     params = MotionParams()
-    key = content_key(kind="vedje-motion", video=video, params=dataclasses.asdict(params),
-                      backbone=profile.models.image_embedder.model_dump(), stage1=stage1.model_dump())
+    key = content_key(kind="vedje-motion", version=VERSION, video=video, params=dataclasses.asdict(params),
+                      tracking=dataclasses.asdict(ClipParams()), backbone=profile.models.image_embedder.model_dump(),
+                      stage1=stage1.model_dump())
     folder = state_dir() / "cache" / f"vedje_motion_{key[:16]}"
     names = ("frames", "items", "queries")
     if not all((folder / f"{n}.parquet").exists() for n in names):
@@ -218,6 +220,8 @@ def twin_negatives(data: VedjeTensors) -> Iterator[None]:
 def bootstrap(values: np.ndarray, seed: int = 0, draws: int = 2000) -> tuple[float, float]:
     """95 % percentile interval of the mean of ``values`` (one per query) over resampled queries."""
     v = values[~np.isnan(values)]
+    if not len(v):
+        return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, len(v), size=(draws, len(v)))].mean(axis=1)
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
@@ -347,7 +351,10 @@ def describe(data: VedjeTensors) -> str:
     te, qte = data.rows("test")
     tracks = {split: len({g.split(":")[0] for g, s in zip(items.groups, items.splits, strict=True) if s == split})
               for split in ("train", "test")}
-    return (f"{len(items.item_ids)} clips (half of them reversed twins), T = {data.item_frames.shape[1]}; train "
+    twins = twins_of(items.item_ids)
+    same = sum(torch.equal(data.item_emb[a], data.item_emb[b]) for a, b in twins.items() if a < b)
+    return (f"{len(items.item_ids)} clips ({len(twins) // 2} with a reversed twin, {same} of them with the very same "
+            f"stage-1 embedding), T = {data.item_frames.shape[1]}; train "
             f"{len(tr)} clips of {tracks['train']} track(s), {len(qtr)} queries; test {len(te)} clips of "
             f"{tracks['test']} track(s), {len(qte)} queries")
 

@@ -4,6 +4,8 @@ the run's process group in ``test_signals``.)"""
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -20,9 +22,47 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_configured_api_url_starts_no_server(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     monkeypatch.setattr(temporary_server, "start", lambda *a, **k: pytest.fail("a server was started"))
-    assert temporary_server.ensure_api() is None
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):  # as a Prefect profile sets it
+        assert temporary_server.ensure_api() is None
+
+
+def test_without_an_api_url_a_server_is_started_and_prefect_pointed_at_it(state: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setattr(temporary_server, "start", lambda *a, **k: "http://127.0.0.1:4999/api")
+    monkeypatch.setenv("PREFECT_API_URL", "recorded")  # so that the undo below restores what was there
+    monkeypatch.delenv("PREFECT_API_URL")
+    try:
+        with temporary_settings(restore_defaults={PREFECT_API_URL}):
+            assert temporary_server.ensure_api() == "http://127.0.0.1:4999/api"
+        assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:4999/api"  # child processes inherit it
+        assert PREFECT_API_URL.value() == "http://127.0.0.1:4999/api"  # and Prefect's global settings read it
+    finally:
+        monkeypatch.undo()
+        refresh_global_settings_context()  # the session's own settings again
+
+
+def test_the_health_answer_of_another_server_on_the_port_is_not_taken_as_ours(state: Path) -> None:
+    """A process that does not listen on the port is not the server, whatever answers there."""
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert temporary_server._listens(os.getpid(), port)
+            assert not temporary_server._listens(sleeper.pid, port)
+        finally:
+            sleeper.kill()
+            sleeper.wait()
 
 
 def test_a_server_that_exits_is_a_clear_error_quoting_its_log(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,7 +71,7 @@ def test_a_server_that_exits_is_a_clear_error_quoting_its_log(state: Path, monke
     with pytest.raises(temporary_server.ServerStartError) as caught:
         temporary_server.start(timeout_s=30)
     message = str(caught.value)
-    assert "did not start" in message and "temporary-server.log" in message
+    assert "exited with code 1" in message and "temporary-server.log" in message
     assert "cannot open the database on port" in message  # the server's own words, from its log
     assert temporary_server._server is None
 
@@ -44,11 +84,12 @@ def test_a_taken_port_is_tried_again_on_another(state: Path, monkeypatch: pytest
         return [sys.executable, "-c", f"import sys; sys.exit({temporary_server.PORT_TAKEN_EXIT})"]
 
     monkeypatch.setattr(temporary_server, "_command", command)
-    with pytest.raises(temporary_server.ServerStartError):
+    with pytest.raises(temporary_server.ServerStartError) as caught:
         temporary_server.start(timeout_s=30)
     assert len(ports) == temporary_server.STARTS
     log = (state / "prefect" / temporary_server.LOG_NAME).read_text()
     assert all(f"port {port}" in log for port in ports)
+    assert f"port {ports[-1]}" in str(caught.value) and f"port {ports[0]}" not in str(caught.value)  # its own part
 
 
 def test_a_large_log_is_moved_aside_when_the_next_server_starts(state: Path) -> None:

@@ -1,7 +1,7 @@
 """No orphans, even when the run is killed with SIGKILL: a small watcher process per CLI run.
 
 The run puts a token of its own in its environment before it starts anything, so every process it
-starts (Prefect's temporary server, Dask workers, a model server) and every process those start
+starts (its temporary Prefect server, Dask workers, a model server) and every process those start
 inherit it. It also starts this watcher, in a session of its own (a Ctrl-C or a signal to the
 run's process group does not reach it), with a pipe from the run as its stdin. The watcher blocks
 on that pipe; the pipe ends when the run's process ends, however it ends (the kernel closes the

@@ -9,8 +9,8 @@ does not reach it, so it outlives the signal long enough to record the stop.
 
 - the first SIGINT or SIGTERM prints one line (what is complete, what was cut, how to resume;
   the last line the process prints: the abandoned flow thread's log lines and errors are dropped),
-  marks the flow run Cancelled in the Prefect API (best effort, at most a second: a server that
-  is gone or busy records nothing), stops every process the run started (SIGTERM,
+  marks the flow run Cancelled in the Prefect API (best effort, at most two seconds: a server
+  that is gone or busy records nothing), stops every process the run started (SIGTERM,
   then SIGKILL after a grace period), and exits with
   128 + the signal number (130, 143) through ``os._exit``. Running shard tasks are abandoned: every
   shard is written to a temporary file and renamed, and a stage's manifest is written only after
@@ -40,7 +40,7 @@ T = TypeVar("T")
 _watcher: subprocess.Popen[bytes] | None = None  # this process's watcher: lives as long as the process
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 JOIN_POLL_S = 0.2  # the main thread's wait slices: a signal is handled within one
-MARK_TIMEOUT_S = 1.0  # at most this long to record the stop in the Prefect API
+MARK_TIMEOUT_S = 2.0  # at most this long to record the stop in the Prefect API
 _flow_run_id: str | None = None  # the run the CLI started in this process (one per process)
 
 
@@ -70,8 +70,10 @@ class RunGuard:
 
     def run(self, call: Callable[[], T]) -> T:
         """``call()`` in a worker thread, its result or exception passed on; signals handled meanwhile.
-        Off the main thread (signals cannot be set there) it is just ``call()``."""
+        Off the main thread (signals cannot be set there) it is just ``prepare()`` and ``call()``."""
         if threading.current_thread() is not threading.main_thread():
+            if self.prepare is not None:
+                self.prepare()
             return call()
         if self.watch:
             _start_watcher()
@@ -159,7 +161,7 @@ def record_flow_run(_flow: object, flow_run: Any, _state: object) -> None:
 
 def _start_watcher() -> None:
     """Start this process's watcher once. Held in a module global, never closed: the pipe to it
-    must end with the process (after Prefect's exit handlers have stopped its server), not when a
+    must end with the process (after the exit handlers have stopped the temporary server), not when a
     guard object is collected."""
     global _watcher
     if _watcher is None:

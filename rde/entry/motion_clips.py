@@ -41,6 +41,7 @@ REVERSE = {"walks to the left": "walks to the right", "walks to the right": "wal
            "walks towards the camera": "walks away from the camera",
            "walks away from the camera": "walks towards the camera"}
 PHRASE = {d: d.replace("walks", "walking") for d in REVERSE}
+VERSION = 1  # of how a motion set is cut from tracks (part of cache keys): bump on any change of content
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def motion_set(frames: dict[int, np.ndarray], tracks: dict[int, list[Sighting]],
                 continue
             height, width = frames[wanted[0]].shape[:2]
             x1, y1, x2, y2 = crop_window([s.box for s in seen], params.pad, width, height)
-            keys = [f"{name}:{tid}:{f}:{start}" for f in wanted]
+            keys = [f"{name}:{tid}:{f:06d}:{start:06d}" for f in wanted]  # key order = time order
             for key, f in zip(keys, wanted, strict=True):
                 crops[key] = cv2.resize(frames[f][y1:y2, x1:x2], (params.crop_size, params.crop_size),
                                         interpolation=cv2.INTER_AREA)

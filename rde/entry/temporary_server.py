@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from storage.locations import state_dir
 
@@ -30,6 +31,7 @@ LOG_KEEP_BYTES = 5 * 2**20  # a log above this is moved to ``.old`` when the nex
 PORT_TAKEN_EXIT = 3  # uvicorn's exit status when its port was taken between the choice and the bind
 STARTS = 3  # tries when the port is taken meanwhile (another run chose the same free port)
 _server: subprocess.Popen[bytes] | None = None  # this process's server: one per process
+_owner: int | None = None  # the pid that started it (a forked child's exit must not stop it)
 
 
 class ServerStartError(RuntimeError):
@@ -37,9 +39,12 @@ class ServerStartError(RuntimeError):
 
 
 def ensure_api() -> str | None:
-    """Start this process's temporary server unless ``PREFECT_API_URL`` is set or it runs already;
-    point Prefect at it. Returns the API URL it started, ``None`` when it started none."""
-    if os.environ.get("PREFECT_API_URL") or _server is not None:
+    """Start this process's temporary server unless Prefect's settings name an API (from the
+    environment, a Prefect profile or a settings file), Prefect's ephemeral mode is off, or it runs
+    already; point Prefect at it. Returns the API URL it started, ``None`` when it started none."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value() or _server is not None:
         return None
     url = start()
     os.environ["PREFECT_API_URL"] = url  # Dask workers and model servers inherit it
@@ -50,32 +55,40 @@ def ensure_api() -> str | None:
 
 
 def start(timeout_s: float | None = None) -> str:
-    """Start the server, wait until ``/health`` answers; its API URL. Stopped at this process's exit."""
-    global _server
+    """Start the server, wait until it listens and ``/health`` answers; its API URL. Stopped at this
+    process's exit."""
+    global _server, _owner
     log_path = _log_path()
-    timeout_s = timeout_s or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
+    atexit.register(stop)
+    header = ""
     for _ in range(STARTS):
         port = _free_port()
+        header = f"== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: port {port}"
         with log_path.open("ab") as log:
-            log.write(f"\n== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: port {port}\n".encode())
+            log.write(f"\n{header}\n".encode())
             log.flush()
             proc = subprocess.Popen(_command(port), env=_environment(), stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-        _server = proc
-        atexit.register(stop)
+        _server, _owner = proc, os.getpid()
         url = f"http://127.0.0.1:{port}/api"
-        if _wait_healthy(proc, url, timeout_s):
+        if _wait_healthy(proc, port, url, timeout_s):
             return url
-        if proc.returncode != PORT_TAKEN_EXIT:
+        if proc.returncode != PORT_TAKEN_EXIT:  # 3 is also uvicorn's code for a failed start-up: 3 tries at most
             break
+    code = proc.returncode
     stop()
-    raise ServerStartError(f"the temporary Prefect server did not start within {timeout_s:.0f} s; its log "
-                           f"({log_path}) ends:\n{_tail(log_path)}")
+    what = f"exited with code {code}" if code is not None else f"did not answer within {timeout_s:.0f} s"
+    raise ServerStartError(f"the temporary Prefect server {what}; its log ({log_path}) ends:\n"
+                           f"{_tail(log_path, header)}")
 
 
 def stop(grace_s: float = 5.0) -> None:
     """Stop the server: SIGTERM, then SIGKILL after ``grace_s``."""
     global _server
+    if _owner != os.getpid():  # a forked child exiting: the server is its parent's
+        return
     proc, _server = _server, None
     if proc is None or proc.poll() is not None:
         return
@@ -104,15 +117,26 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> bool:
+def _wait_healthy(proc: subprocess.Popen[bytes], port: int, url: str, timeout_s: float) -> bool:
+    """Whether ``proc`` listens on ``port`` and ``/health`` answers there within ``timeout_s`` (a
+    health answer alone could come from another run's server that took the port first)."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline and proc.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
-                if client.get(f"{url}/health").status_code == 200:
+                if client.get(f"{url}/health").status_code == 200 and _listens(proc.pid, port):
                     return True
             time.sleep(0.1)
     return False
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a listening TCP socket on ``port``."""
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
+    except psutil.Error:
+        return False
 
 
 def _free_port() -> int:
@@ -131,8 +155,10 @@ def _log_path() -> Path:
     return path
 
 
-def _tail(path: Path, chars: int = 2000) -> str:
+def _tail(path: Path, header: str, chars: int = 2000) -> str:
+    """The end of this start's part of the shared log (from its ``header`` line on)."""
     try:
-        return path.read_text(errors="replace")[-chars:]
+        text = path.read_text(errors="replace")
     except OSError as exc:
         return f"(unreadable: {exc})"
+    return text[text.rfind(header) if header in text else 0:][-chars:]

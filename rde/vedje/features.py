@@ -40,8 +40,10 @@ def frame_feature_rows(keys: list[str], images: list[np.ndarray], backbone: Imag
 
 
 def item_embeddings(frames: Sequence[Sequence[str]], frame_stage1: dict[str, np.ndarray]) -> np.ndarray:
-    """Stage-1 item embeddings: the normalised mean of each item's frame embeddings (one row per item)."""
-    return l2_normalize(np.stack([np.mean([frame_stage1[k] for k in f], axis=0) for f in frames]))
+    """Stage-1 item embeddings: the normalised mean of each item's frame embeddings (one row per
+    item). The mean adds the frames in key order, not in the item's frame order: a float sum depends
+    on its order, and a frame average must not, so a clip and its time-reversed copy get the same bits."""
+    return l2_normalize(np.stack([np.mean([frame_stage1[k] for k in sorted(f)], axis=0) for f in frames]))
 
 
 def item_and_query_rows(items: ItemSet, frame_stage1: dict[str, np.ndarray], stage1: TextImageExpert
