@@ -32,20 +32,22 @@ def test_a_configured_api_url_starts_no_server(state: Path, monkeypatch: pytest.
 
 def test_without_an_api_url_a_server_is_started_and_prefect_pointed_at_it(state: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.context import refresh_global_settings_context
+    import prefect.context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     monkeypatch.setattr(temporary_server, "start", lambda *a, **k: "http://127.0.0.1:4999/api")
+    session_settings = prefect.context.GLOBAL_SETTINGS_CONTEXT
     monkeypatch.setenv("PREFECT_API_URL", "recorded")  # so that the undo below restores what was there
     monkeypatch.delenv("PREFECT_API_URL")
     try:
         with temporary_settings(restore_defaults={PREFECT_API_URL}):
             assert temporary_server.ensure_api() == "http://127.0.0.1:4999/api"
         assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:4999/api"  # child processes inherit it
-        assert PREFECT_API_URL.value() == "http://127.0.0.1:4999/api"  # and Prefect's global settings read it
+        # the global settings (a test session may hold a settings context of its own above them)
+        assert prefect.context.GLOBAL_SETTINGS_CONTEXT.settings.api.url == "http://127.0.0.1:4999/api"
     finally:
         monkeypatch.undo()
-        refresh_global_settings_context()  # the session's own settings again
+        prefect.context.GLOBAL_SETTINGS_CONTEXT = session_settings  # the session's own settings again
 
 
 def test_the_health_answer_of_another_server_on_the_port_is_not_taken_as_ours(state: Path) -> None:
@@ -99,3 +101,19 @@ def test_a_large_log_is_moved_aside_when_the_next_server_starts(state: Path) -> 
     path = temporary_server._log_path()
     assert not path.exists()
     assert (folder / (temporary_server.LOG_NAME + ".old")).stat().st_size == temporary_server.LOG_KEEP_BYTES + 1
+
+
+def test_a_server_that_died_mid_run_is_named_with_its_log(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    assert temporary_server.exit_note() is None  # none started
+    log = state / "prefect" / temporary_server.LOG_NAME
+    log.parent.mkdir(parents=True)
+    log.write_text("== earlier run\nnot ours\n== 2026-12-04 10:00:00 pid 1: port 5\ndatabase is locked\n")
+    died = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(7)"])
+    died.wait()
+    monkeypatch.setattr(temporary_server, "_server", died)
+    monkeypatch.setattr(temporary_server, "_header", "== 2026-12-04 10:00:00 pid 1: port 5")
+    note = temporary_server.exit_note()
+    assert note is not None and "exited with code 7" in note and note.endswith("database is locked\n")
+    assert "not ours" not in note

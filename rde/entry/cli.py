@@ -302,6 +302,13 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
     except _user_errors() as exc:
         _fail(str(exc))
         return
+    except Exception as exc:
+        from rde.entry.temporary_server import exit_note
+
+        if (note := exit_note()) is None:
+            raise
+        _fail(f"{type(exc).__name__}: {exc}\n{note}")  # the cause is the server's, in its log
+        return
     if as_json:
         from rde.entry.evaluation_view import evaluation_of
 

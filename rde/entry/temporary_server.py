@@ -32,6 +32,7 @@ PORT_TAKEN_EXIT = 3  # uvicorn's exit status when its port was taken between the
 STARTS = 3  # tries when the port is taken meanwhile (another run chose the same free port)
 _server: subprocess.Popen[bytes] | None = None  # this process's server: one per process
 _owner: int | None = None  # the pid that started it (a forked child's exit must not stop it)
+_header = ""  # its start's line in the shared log
 
 
 class ServerStartError(RuntimeError):
@@ -57,7 +58,7 @@ def ensure_api() -> str | None:
 def start(timeout_s: float | None = None) -> str:
     """Start the server, wait until it listens and ``/health`` answers; its API URL. Stopped at this
     process's exit."""
-    global _server, _owner
+    global _server, _owner, _header
     log_path = _log_path()
     if timeout_s is None:
         timeout_s = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
@@ -71,7 +72,7 @@ def start(timeout_s: float | None = None) -> str:
             log.flush()
             proc = subprocess.Popen(_command(port), env=_environment(), stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-        _server, _owner = proc, os.getpid()
+        _server, _owner, _header = proc, os.getpid(), header
         url = f"http://127.0.0.1:{port}/api"
         if _wait_healthy(proc, port, url, timeout_s):
             return url
@@ -98,6 +99,16 @@ def stop(grace_s: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def exit_note() -> str | None:
+    """When this process's server has exited mid-run: what to tell a user whose run failed (the
+    exit code and the end of its log); ``None`` while it runs or when none was started."""
+    if _server is None or _server.poll() is None:
+        return None
+    path = _log_path()
+    return (f"the run's temporary Prefect server exited with code {_server.returncode}; its log ({path}) ends:\n"
+            f"{_tail(path, _header)}")
 
 
 def _command(port: int) -> list[str]:
