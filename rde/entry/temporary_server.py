@@ -106,7 +106,7 @@ def exit_note() -> str | None:
     exit code and the end of its log); ``None`` while it runs or when none was started."""
     if _server is None or _server.poll() is None:
         return None
-    path = _log_path()
+    path = _log_path(rotate=False)
     return (f"the run's temporary Prefect server exited with code {_server.returncode}; its log ({path}) ends:\n"
             f"{_tail(path, _header)}")
 
@@ -156,12 +156,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _log_path() -> Path:
+def _log_path(rotate: bool = True) -> Path:
+    """The shared server log; with ``rotate`` (before a start), a log above ``LOG_KEEP_BYTES`` is
+    moved to ``.old`` first."""
     folder = state_dir() / "prefect"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOG_NAME
     with contextlib.suppress(OSError):
-        if path.stat().st_size > LOG_KEEP_BYTES:
+        if rotate and path.stat().st_size > LOG_KEEP_BYTES:
             path.replace(path.with_name(LOG_NAME + ".old"))
     return path
 
