@@ -37,12 +37,14 @@ def test_without_an_api_url_a_server_is_started_and_prefect_pointed_at_it(state:
 
     monkeypatch.setattr(temporary_server, "start", lambda *a, **k: "http://127.0.0.1:4999/api")
     session_settings = prefect.context.GLOBAL_SETTINGS_CONTEXT
-    monkeypatch.setenv("PREFECT_API_URL", "recorded")  # so that the undo below restores what was there
-    monkeypatch.delenv("PREFECT_API_URL")
+    for key in ("PREFECT_API_URL", "PREFECT_UI_URL"):
+        monkeypatch.setenv(key, "recorded")  # so that the undo below restores what was there
+        monkeypatch.delenv(key)
     try:
         with temporary_settings(restore_defaults={PREFECT_API_URL}):
             assert temporary_server.ensure_api() == "http://127.0.0.1:4999/api"
         assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:4999/api"  # child processes inherit it
+        assert os.environ["PREFECT_UI_URL"] == ""  # no links to a UI the server does not serve
         # the global settings (a test session may hold a settings context of its own above them)
         assert prefect.context.GLOBAL_SETTINGS_CONTEXT.settings.api.url == "http://127.0.0.1:4999/api"
     finally:

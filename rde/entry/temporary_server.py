@@ -49,6 +49,9 @@ def ensure_api() -> str | None:
         return None
     url = start()
     os.environ["PREFECT_API_URL"] = url  # Dask workers and model servers inherit it
+    # no "View at <link>" lines: the server runs without its UI and ends with the run (as Prefect's
+    # own temporary server prints none); `prefect server start` shows the runs afterwards
+    os.environ.setdefault("PREFECT_UI_URL", "")
     from prefect.context import refresh_global_settings_context
 
     refresh_global_settings_context()  # Prefect read its settings at import
