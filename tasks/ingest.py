@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from rde.common.ingest import allowed_roots, describe_listing, ingest_shard, list_inputs, shard_refs
+from rde.common.ingest import (
+    InputError,
+    allowed_roots,
+    describe_listing,
+    ingest_shard,
+    list_inputs,
+    list_pool,
+    shard_refs,
+)
 from storage import Artifact
 from storage.locations import project_root, resolve_location
 from storage.schemas import IMAGES, REJECTS
@@ -12,7 +20,8 @@ from tasks.stage import Lineage, Stage, StageRun, Work, Write
 
 
 class Ingest(Stage):
-    """Read and verify every listed input: one image row or one reject row (with its reason) each."""
+    """Read and verify every listed input: one image row or one reject row (with its reason) each.
+    For video input, the inputs are the crops the videos stage cut (read as a pool is)."""
 
     name = "ingest"
     version = "2"  # bump when the ingest logic changes what it writes
@@ -27,8 +36,14 @@ class Ingest(Stage):
         """The listing (paths, sizes, modification times) is what the outputs depend on."""
         spec, ingest = run.section("input"), run.section("ingest")
         domains = [d.name for d in run.section("domains")]
-        refs, fingerprint = list_inputs(spec, project_root(), domains)
-        pool_url = resolve_location(spec.path) if spec.kind == "pool" else None
+        if spec.kind == "video":
+            pool_url = run.output_url("video_crops")
+            if not Artifact(pool_url).is_complete():
+                raise InputError(f"video input: the videos stage's crops at {pool_url} are not complete")
+            refs, fingerprint = list_pool(pool_url)
+        else:
+            refs, fingerprint = list_inputs(spec, project_root(), domains)
+            pool_url = resolve_location(spec.path) if spec.kind == "pool" else None
         run.prepared.update(chunks=shard_refs(refs, ingest.shard_size), domains=domains, pool_url=pool_url,
                             roots=allowed_roots(spec, project_root()))
         log(f"ingest: {len(refs)} inputs {describe_listing(refs)} in shards of {ingest.shard_size}")

@@ -53,8 +53,8 @@ def stage_key(stage: Stage, reads: dict[str, Artifact], optional: dict[str, Arti
 
 
 def run_pipeline(ctx: RunContext, pipeline: Pipeline, until: str | None) -> list[StageResult]:
-    """Run the pipeline's stages in order up to ``until`` (inclusive)."""
-    return [run_stage(ctx, stage) for stage in pipeline.upto(until)]
+    """Run the pipeline's stages that apply to the profile, in order, up to ``until`` (inclusive)."""
+    return [run_stage(ctx, stage) for stage in pipeline.upto(until) if stage.applies(ctx.profile)]
 
 
 @dataclass

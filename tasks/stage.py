@@ -196,6 +196,11 @@ class Stage:
     def per_shard(self) -> bool:
         return type(self).process is not Stage.process
 
+    def applies(self, profile: Any) -> bool:
+        """Whether the stage runs for this profile (the videos stage only for video input); a stage
+        that does not apply is left out of the run: no key, no table, no summary line."""
+        return True
+
     def lineage(self, run: StageRun) -> Lineage:
         """Models, prompts and other inputs the outputs depend on (called once, before the work)."""
         return Lineage()
@@ -255,7 +260,8 @@ class Pipeline:
         return tuple(dict.fromkeys([*self.until, *(s.name for s in self.stages)]))
 
     def upto(self, until: str | None) -> tuple[Stage, ...]:
-        """The stages a run with ``until`` runs: a prefix of the list."""
+        """The stages a run with ``until`` runs: a prefix of the list (of which only those that
+        ``apply`` to the profile run)."""
         if until is None:
             return self.stages
         last = self.until.get(until, until)

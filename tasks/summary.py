@@ -23,8 +23,8 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
     ``balanced: False``): each stage balances its own rows, so rows lost between two stages show
     only here."""
     by_name = {s.stage: s for s in stages}
-    chain = [name for name in POOL_STAGES if name in by_name]
-    inputs = by_name["ingest"].input_rows
+    chain = [name for name in POOL_STAGES if name in by_name] or [stages[-1].stage]
+    inputs = by_name[chain[0]].input_rows
     accepted = by_name[chain[-1]].accepted
     rejected: dict[str, int] = {}
     for stage in stages:
@@ -35,6 +35,9 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
     total_rejected = sum(sum(by_name[name].rejected.values()) for name in chain)
     gaps = chain_gaps([by_name[name] for name in chain])
     imbalance = totals_gap(inputs, accepted, total_rejected) + list(gaps.values())
+    videos = video_account(by_name)
+    if videos and videos.get("gap"):
+        imbalance.append(videos["gap"])
     artifacts = {}
     for stage in stages:
         for name, url in stage.artifacts.items():
@@ -47,7 +50,25 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
         "stages": [{**s.summary_row(), **({"balanced": False} if s.stage in gaps else {})} for s in stages],
         "inputs": inputs, "accepted": accepted, "rejected": rejected, "total_rejected": total_rejected,
         "balanced": not imbalance, "imbalance": imbalance, "artifacts": artifacts,
+        **({"videos": videos} if videos else {}),
     }
+
+
+def video_account(by_name: dict[str, StageResult]) -> dict[str, Any] | None:
+    """For video input: videos in, accepted, rejected, and the crops they gave; ``gap`` says when
+    ingest's inputs (counted from what it listed) are not the crops the videos stage wrote
+    (counted from its artifact)."""
+    videos = by_name.get("videos")
+    if videos is None:
+        return None
+    crops = Artifact(videos.artifacts["crops"]).count_rows()
+    account: dict[str, Any] = {"input": videos.input_rows, "accepted": videos.accepted,
+                               "rejected": sum(videos.rejected.values()), "crops": crops}
+    ingest = by_name.get("ingest")
+    if ingest is not None and ingest.input_rows != crops:
+        account["gap"] = (f"ingest: {ingest.input_rows} inputs, but the videos stage wrote {crops} crops "
+                          f"({_lost(crops - ingest.input_rows)} between the two stages)")
+    return account
 
 
 def _lost(gap: int) -> str:

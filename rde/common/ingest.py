@@ -70,7 +70,7 @@ def list_inputs(spec: InputSpec, project_root: Path, known_domains: list[str]) -
     check_input(spec, project_root)
     path = _input_location(spec, project_root)
     if spec.kind == "pool":
-        return _list_pool(str(path))
+        return list_pool(str(path))
     if spec.kind == "folder":
         return _list_folder(path, spec.default_domain, known_domains)
     return _list_paths_file(path, spec, project_root)
@@ -87,7 +87,9 @@ def check_input(spec: InputSpec, project_root: Path) -> None:
     location = spec.path if "://" in spec.path else str(path)
     if spec.kind == "folder" and not path.is_dir():
         raise InputError(f"input folder {path} does not exist or is not a folder")
-    if spec.kind == "paths":
+    if spec.kind == "video" and not path.is_dir() and path.suffix != ".parquet":
+        raise InputError(f"video input {path} is neither a folder of videos nor a Parquet path list (.parquet)")
+    if spec.kind == "paths" or (spec.kind == "video" and not path.is_dir()):
         if not path.is_file():
             raise InputError(f"input Parquet file {path} does not exist")
         try:
@@ -100,7 +102,7 @@ def check_input(spec: InputSpec, project_root: Path) -> None:
         raise InputError(f"input pool {location} is not a complete artifact (no _manifest.json or missing shards)")
 
 
-def _list_pool(url: str) -> tuple[list[InputRef], str]:
+def list_pool(url: str) -> tuple[list[InputRef], str]:
     pool = Artifact(url)
     manifest = pool.manifest()
     refs: list[InputRef] = []
@@ -201,7 +203,7 @@ def allowed_roots(spec: InputSpec, project_root: Path) -> list[str] | None:
     """
     if not spec.confine:
         return None
-    if spec.kind == "pool":
+    if spec.kind in ("pool", "video"):  # a video input's images are the videos stage's crops (an artifact)
         return []
     if spec.kind == "folder":
         return [os.path.realpath(_input_location(spec, project_root))]
@@ -215,9 +217,11 @@ def _inside(real: str, roots: list[str]) -> bool:
     return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
-def _read_file(ref: InputRef, spec: IngestSpec, roots: list[str] | None) -> bytes:
-    """The bytes of a regular file inside the allowed roots. Checked with ``stat`` on the real path,
-    then opened non-blocking and checked again with ``fstat`` (a FIFO swapped in never blocks)."""
+def confined_file(ref: InputRef, roots: list[str] | None) -> str:
+    """The real path of a listed input that is a regular file inside the allowed roots (checked with
+    ``stat`` on the real path, after every link; ``roots`` None: anywhere), else a DecodeError with
+    the reason: outside_root (whether a path outside exists is not told), missing_file,
+    not_a_regular_file."""
     if not ref.source:
         raise DecodeError(Reason.MISSING_FILE, "empty path")
     path = Path(ref.source)
@@ -232,6 +236,14 @@ def _read_file(ref: InputRef, spec: IngestSpec, roots: list[str] | None) -> byte
         raise DecodeError(Reason.MISSING_FILE, detail) from None
     if not stat.S_ISREG(mode):
         raise DecodeError(Reason.NOT_A_REGULAR_FILE, f"{path} is a {_file_kind(mode)}, not a regular file")
+    return real
+
+
+def _read_file(ref: InputRef, spec: IngestSpec, roots: list[str] | None) -> bytes:
+    """The bytes of a regular file inside the allowed roots (``confined_file``), then opened
+    non-blocking and checked again with ``fstat`` (a FIFO swapped in never blocks)."""
+    real = confined_file(ref, roots)
+    path = Path(ref.source)
     try:
         fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
@@ -260,9 +272,9 @@ def _file_kind(mode: int) -> str:
 
 
 def reject_row(ref: InputRef, stage: str, reasons: list[str], detail: str | None,
-               image_id: str | None = None, **measured: Any) -> dict[str, Any]:
-    """A row of the common rejects schema for an input that did not become an image."""
-    return rejected_row(ref.input_id, stage, reasons[0], kind="image", domain=ref.domain, source=ref.source,
+               image_id: str | None = None, kind: str = "image", **measured: Any) -> dict[str, Any]:
+    """A row of the common rejects schema for an input that did not become an image (or a video)."""
+    return rejected_row(ref.input_id, stage, reasons[0], kind=kind, domain=ref.domain, source=ref.source,
                         image_id=image_id, detail=detail, all_reasons=reasons, **measured)
 
 

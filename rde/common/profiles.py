@@ -31,10 +31,13 @@ class DomainSpec(Strict):
 
 
 class InputSpec(Strict):
-    """Where the images come from: the bundled demo pool, a folder, or a Parquet file of paths."""
+    """Where the images come from: the bundled demo pool, a folder, a Parquet file of paths, or
+    videos (a folder of recordings, or a Parquet file of their paths) that the ``videos`` stage
+    detects, tracks and crops before ingest."""
 
-    kind: Literal["pool", "folder", "paths"] = Field("pool", description="What input.path is: a pool artifact, "
-                                                     "a folder of images, or a Parquet file with a 'path' column.")
+    kind: Literal["pool", "folder", "paths", "video"] = Field(
+        "pool", description="What input.path is: a pool artifact, a folder of images, a Parquet file with a "
+        "'path' column, or (video) a folder of video files or a Parquet file of their paths.")
     path: str = Field("data/demo_pool", description="The pool, folder or Parquet path list (relative to the "
                       "project root, or absolute).")
     default_domain: str = Field("pedestrian", description="The domain of an image whose subfolder or row names "
@@ -54,6 +57,45 @@ class IngestSpec(Strict):
                                 "file_too_large (bytes; default 64 MiB).")
     max_pixels: int = Field(50_000_000, ge=1, description="Images with more pixels are rejected as "
                             "decompression_bomb (width × height).")
+
+
+class TrackerSpec(Strict):
+    """ByteTrack's association thresholds (ultralytics' ``BYTETracker``; its defaults but the scores,
+    which follow the detector's: the video stage detects down to ``low_score``)."""
+
+    high_score: float = Field(0.5, gt=0.0, le=1.0, description="Detections scoring at least this are matched "
+                              "first (ByteTrack's first association).")
+    low_score: float = Field(0.2, gt=0.0, le=1.0, description="Detections between this and high_score only "
+                             "extend existing tracks (second association); the detector runs at this threshold.")
+    new_track_score: float = Field(0.6, gt=0.0, le=1.0, description="An unmatched detection starts a track only "
+                                   "when it scores at least this.")
+    match_threshold: float = Field(0.8, gt=0.0, le=1.0, description="Largest IoU distance (1 - IoU, fused with "
+                                   "the score) of an accepted match.")
+    lost_seconds: float = Field(2.0, gt=0.0, description="A track unseen for longer ends (ByteTrack's buffer, in "
+                                "seconds of video rather than frames).")
+
+
+class VideoSpec(Strict):
+    """The ``videos`` stage (input.kind: video): decode, sample, detect, track, crop."""
+
+    sample_fps: float = Field(5.0, gt=0.0, description="Frames per second of video that are detected and "
+                              "tracked (every n-th frame, n = round(video fps / sample_fps), at least 1).")
+    segment_seconds: float = Field(600.0, gt=0.0, description="One shard per this much of a video; a track "
+                                   "crossing a segment boundary counts as two tracks (two identities).")
+    max_pixels: int = Field(3840 * 2160, ge=1, description="Videos whose frames have more pixels are rejected "
+                            "as video_too_large before any frame is decoded.")
+    crops_per_track: int = Field(4, ge=1, description="Crops kept per track, spread over its life.")
+    crop_bin_seconds: float = Field(2.0, gt=0.0, description="A track's life is cut into bins this long; each "
+                                    "keeps its best crop (quality = score × √area × sharpness factor).")
+    min_track_detections: int = Field(3, ge=1, description="Tracks detected on fewer sampled frames give no "
+                                      "crop (too_short).")
+    crop_margin: tuple[float, float] = Field((0.1, 0.1), description="Context around a box: a fraction of its "
+                                             "width and height on each side.")
+    window_seconds: float = Field(2.0, ge=0.0, description="A crop's source_meta holds the track's boxes within "
+                                  "this many seconds on either side of its frame (the motion window).")
+    detect_batch: int = Field(8, ge=1, description="Sampled frames detected per batch (memory is bounded by it).")
+    jpeg_quality: int = Field(92, ge=1, le=100, description="JPEG quality of the stored crops.")
+    tracker: TrackerSpec = Field(TrackerSpec(), description="ByteTrack's thresholds.")
 
 
 class SizeRule(Strict):
@@ -456,6 +498,8 @@ class Profile(Strict):
     domains: list[DomainSpec] = Field(min_length=1, description="The sub-domains of the benchmark and the "
                                       "detector classes each one targets.")
     ingest: IngestSpec = Field(IngestSpec(), description="Reading the inputs: shards and the limits on a file.")
+    video: VideoSpec = Field(VideoSpec(), description="Video input (input.kind: video): sampling, tracking and "
+                             "crops per track.")
     denoise: DenoiseSpec = Field(DenoiseSpec(), description="The filters that reject unusable images.")
     models: ModelsSection = Field(ModelsSection(), description="The models of each role; unset roles use the "
                                   "bundled offline models.")

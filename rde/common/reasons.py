@@ -28,6 +28,10 @@ class Reason(StrEnum):
     OUTSIDE_ROOT = "outside_root"
     NOT_A_REGULAR_FILE = "not_a_regular_file"
     INVALID_PATH = "invalid_path"
+    NOT_A_VIDEO = "not_a_video"
+    UNSUPPORTED_CODEC = "unsupported_codec"
+    NO_FRAMES = "no_frames"
+    VIDEO_TOO_LARGE = "video_too_large"
     UNSUPPORTED_URL = "unsupported_url"
     UNKNOWN_DOMAIN = "unknown_domain"
     DUPLICATE = "duplicate"
@@ -80,18 +84,23 @@ class Reason(StrEnum):
 
 # code → (the stages that use it, what it means in one line)
 MEANINGS: dict[Reason, tuple[str, str]] = {
-    Reason.MISSING_FILE: ("ingest", "the listed file does not exist (any more)"),
-    Reason.EMPTY_FILE: ("ingest", "the file has zero bytes"),
-    Reason.READ_ERROR: ("ingest", "the file could not be read (permissions, I/O error)"),
+    Reason.MISSING_FILE: ("ingest, videos", "the listed file does not exist (any more)"),
+    Reason.EMPTY_FILE: ("ingest, videos", "the file has zero bytes"),
+    Reason.READ_ERROR: ("ingest, videos", "the file could not be read (permissions, I/O error)"),
     Reason.FILE_TOO_LARGE: ("ingest", "larger than ingest.max_file_bytes"),
     Reason.NOT_AN_IMAGE: ("ingest", "the bytes are no image format the decoder knows"),
     Reason.CORRUPT_IMAGE: ("ingest", "an image format, but decoding failed (truncated, damaged)"),
     Reason.DECOMPRESSION_BOMB: ("ingest", "more pixels than ingest.max_pixels"),
     Reason.UNSUPPORTED_IMAGE: ("ingest", "an image mode or layout the engine does not convert"),
-    Reason.OUTSIDE_ROOT: ("ingest", "a path or link that leads outside the input's root"),
-    Reason.NOT_A_REGULAR_FILE: ("ingest", "a device, socket or folder where a file was listed"),
-    Reason.INVALID_PATH: ("ingest", "a path-list row no file path can be: it holds a NUL byte"),
-    Reason.UNSUPPORTED_URL: ("ingest", "a path-list row that is a URL (s3://, http://, file://...): local paths only"),
+    Reason.OUTSIDE_ROOT: ("ingest, videos", "a path or link that leads outside the input's root"),
+    Reason.NOT_A_REGULAR_FILE: ("ingest, videos", "a device, socket or folder where a file was listed"),
+    Reason.INVALID_PATH: ("ingest, videos", "a path-list row no file path can be: it holds a NUL byte"),
+    Reason.NOT_A_VIDEO: ("videos", "no video stream in the file: not a container FFmpeg knows, or audio only"),
+    Reason.UNSUPPORTED_CODEC: ("videos", "a video stream whose codec this FFmpeg build cannot decode"),
+    Reason.NO_FRAMES: ("videos", "a video whose first frame cannot be decoded (zero frames)"),
+    Reason.VIDEO_TOO_LARGE: ("videos", "frames with more pixels than video.max_pixels (checked before decoding)"),
+    Reason.UNSUPPORTED_URL: ("ingest, videos", "a path-list row that is a URL (s3://, http://, file://...): local "
+                             "paths only"),
     Reason.UNKNOWN_DOMAIN: ("ingest", "a row names a domain the profile does not declare"),
     Reason.DUPLICATE: ("denoise, dap, template-gallery", "the same pixels (image) or text (query, template) as an "
                        "earlier row"),
@@ -143,7 +152,7 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
 }
 
 
-KINDS = ("image", "caption", "sentence", "query", "template", "item")  # what a rejected row stands for
+KINDS = ("image", "video", "caption", "sentence", "query", "template", "item")  # what a rejected row stands for
 
 
 def rejected_row(input_id: str, stage: str, reason: str, *, kind: str, domain: str | None = None,

@@ -243,7 +243,7 @@ class FlowRef:
         return tuple(importlib.import_module(f"flows.{self.module}").STAGES)
 
 
-INPUT_KINDS = ("folder", "paths", "pool")  # what --input-kind accepts (InputSpec.kind)
+INPUT_KINDS = ("folder", "paths", "pool", "video")  # what --input-kind accepts (InputSpec.kind)
 
 
 def _check_input_kind(input_path: str | None, input_kind: str | None) -> None:
