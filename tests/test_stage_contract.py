@@ -243,7 +243,7 @@ def test_every_rejects_artifact_of_every_flow_has_the_one_schema() -> None:
 def test_build_secmm_is_a_list_of_stages_that_fits_together() -> None:
     from flows.build_secmm import PIPELINE
 
-    assert [s.name for s in PIPELINE.stages] == ["ingest", "measure", "denoise", "caption-pool", "caption-stats",
-                                                 "dap", "cgds", "mecf", "export", "evaluate"]
+    assert [s.name for s in PIPELINE.stages] == ["videos", "ingest", "measure", "denoise", "caption-pool",
+                                                 "caption-stats", "dap", "cgds", "mecf", "export", "evaluate"]
     assert [s.name for s in PIPELINE.upto("queries")][-1] == "dap"
     assert all(s.version and s.writes for s in PIPELINE.stages)

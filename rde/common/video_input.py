@@ -96,8 +96,9 @@ def plan_fingerprint(segments: list[Segment]) -> list[list[Any]]:
 
 def detector_for_video(spec: DetectorSpec, video: VideoSpec) -> DetectorSpec:
     """The profile's detector, run down to ByteTrack's low score (its second association needs the
-    weak boxes), in batches of ``video.detect_batch``."""
-    return spec.model_copy(update={"score_threshold": video.tracker.low_score, "batch_size": video.detect_batch})
+    weak boxes), in batches of ``video.detect_batch``, remembering nothing (a frame is seen once)."""
+    return spec.model_copy(update={"score_threshold": video.tracker.low_score, "batch_size": video.detect_batch,
+                                   "memo_items": 0})
 
 
 @dataclass
