@@ -33,7 +33,7 @@ class Videos(Stage):
 
     name = "videos"
     version = "1"
-    writes = (Write("segments", "video_segments", VIDEO_SEGMENTS),
+    writes = (Write("segments", "video_segments", VIDEO_SEGMENTS, folder="video_segments"),
               Write("crops", "pool", POOL, folder="video_crops"),
               Write("rejects", "rejects", REJECTS, folder="video_rejects", rejects=True))
     config = ("input", "video", "domains", "denoise")

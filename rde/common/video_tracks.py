@@ -18,6 +18,8 @@ such crop says why: ``too_short`` (fewer than ``video.min_track_detections`` det
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -51,7 +53,12 @@ class TrackedBoxes:
 
 
 def byte_tracker(spec: TrackerSpec, updates_per_second: float) -> Any:
-    """A fresh ultralytics ByteTrack; its buffer (in updates) is ``lost_seconds`` of sampled frames."""
+    """A fresh ultralytics ByteTrack; its buffer (in updates) is ``lost_seconds`` of sampled frames.
+    Imported offline, and quiet when nothing imported ultralytics before (its first import otherwise
+    prints a settings-file banner in the middle of a run's progress)."""
+    if "ultralytics" not in sys.modules:
+        os.environ.setdefault("YOLO_OFFLINE", "1")
+        os.environ.setdefault("YOLO_VERBOSE", "False")
     from ultralytics.trackers.byte_tracker import BYTETracker
 
     args = SimpleNamespace(track_high_thresh=spec.high_score, track_low_thresh=spec.low_score,

@@ -398,6 +398,10 @@ def print_summary(summary: dict[str, Any]) -> None:
     if summary["rejected"]:  # an empty table says nothing
         console.print(reasons)
     status = "[green]balanced[/]" if summary["balanced"] else "[red]NOT balanced[/]"
+    if summary.get("videos"):
+        videos = summary["videos"]
+        console.print(f"videos {videos['input']} = accepted {videos['accepted']} + rejected {videos['rejected']}; "
+                      f"their crops are the {videos['crops']} inputs below")
     console.print(f"{escape(accounting_line(summary))}: {status}")
     if summary.get("captioning"):
         tiers = Table(title="captioning: retention and throughput")
