@@ -21,8 +21,7 @@ from models.backends.detectors import load_detector
 from rde.common.ingest import InputRef
 from rde.common.profiles import DenoiseSpec, DomainSpec, InputSpec, VideoSpec, load_profile
 from rde.common.video_decoding import DecodeOutcome, probe, sampled_frames
-from rde.common.video_input import (Segment, detector_for_video, list_videos, plan_segments, process_segment,
-                                    video_roots)
+from rde.common.video_input import Segment, detector_for_video, list_videos, plan_segments, process_segment, video_roots
 from rde.common.video_tracks import Candidate, TrackBook, crop_quality, spread
 from storage import Artifact
 

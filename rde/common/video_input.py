@@ -36,7 +36,7 @@ from rde.common.image_decoding import DecodeError
 from rde.common.ingest import InputRef, confined_file, list_inputs, reject_row
 from rde.common.profiles import DenoiseSpec, DomainSpec, InputSpec, VideoSpec
 from rde.common.reasons import Reason
-from rde.common.video_decoding import DecodeOutcome, probe, sampled_frames
+from rde.common.video_decoding import DecodeOutcome, VideoInfo, probe, sampled_frames
 from rde.common.video_tracks import TrackBook, byte_tracker, link
 from storage.schemas import POOL, REJECTS, VIDEO_SEGMENTS
 
@@ -126,6 +126,71 @@ class SegmentResult:
                 "partial_decodes": int(self.segment["decode_error"] is not None)}
 
 
+@dataclass(frozen=True)
+class Sighting:
+    """One detection placed on a track, in one sampled frame."""
+
+    domain: str
+    track_id: int
+    box: np.ndarray
+    score: float
+    label: str
+
+
+@dataclass(frozen=True)
+class TrackedFrame:
+    """A sampled frame and the detections ByteTrack placed on tracks in it (``step``: its position
+    among the segment's sampled frames, the trackers' clock)."""
+
+    step: int
+    number: int
+    time: float
+    rgb: np.ndarray
+    sightings: list[Sighting]
+
+
+def open_segment(segment: Segment, spec: VideoSpec, roots: list[str] | None) -> tuple[str, VideoInfo]:
+    """The checked path and stream of a segment's video, or a DecodeError with the reason (listing,
+    confinement, an empty file, the probe's reasons)."""
+    ref = segment.ref
+    if ref.reject_reason is not None:
+        raise DecodeError(ref.reject_reason, ref.reject_detail or str(ref.reject_reason))
+    path = confined_file(ref, roots)
+    if os.stat(path).st_size == 0:
+        raise DecodeError(Reason.EMPTY_FILE, f"{ref.source} has zero bytes")
+    return path, probe(path, spec.max_pixels)
+
+
+def sample_step(info: VideoInfo, spec: VideoSpec) -> int:
+    """Every n-th frame is sampled: n = round(fps / sample_fps), at least 1."""
+    return max(1, round(info.fps / spec.sample_fps))
+
+
+def tracked_frames(path: str, info: VideoInfo, segment: Segment, spec: VideoSpec, domains: list[DomainSpec],
+                   detector: Detector, outcome: DecodeOutcome) -> Iterator[TrackedFrame]:
+    """The segment's sampled frames, detected in batches of ``video.detect_batch`` and linked by
+    one ByteTrack per domain (a domain's duplicate boxes under two classes merged first, as denoise
+    counts them). The trackers start with the segment: its tracks are its own."""
+    step = sample_step(info, spec)
+    trackers = {d.name: byte_tracker(spec.tracker, info.fps / step) for d in domains}
+    frames = sampled_frames(path, info, segment.start, segment.stop, step, outcome)
+    index = 0
+    for batch in _batches(frames, spec.detect_batch):
+        for (number, time, rgb), dets in zip(batch, detector.detect([rgb for _, _, rgb in batch]), strict=True):
+            sightings = []
+            for domain in domains:
+                mine = count_targets(dets, domain.target_classes)
+                sightings += [Sighting(domain.name, track_id, mine.boxes[k], float(mine.scores[k]), mine.labels[k])
+                              for track_id, k in link(trackers[domain.name], mine)]
+            yield TrackedFrame(index, number, time, rgb, sightings)
+            index += 1
+
+
+def lost_steps(spec: VideoSpec, info: VideoInfo) -> int:
+    """ByteTrack's buffer in sampled frames: after this many unseen, a track has ended."""
+    return max(1, round(spec.tracker.lost_seconds * info.fps / sample_step(info, spec)))
+
+
 def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, domains: list[DomainSpec],
                     detector: Detector, roots: list[str] | None, source_name: str) -> SegmentResult:
     """Decode, sample, detect, track and crop one segment (see the module docstring).
@@ -134,12 +199,7 @@ def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, dom
     ref = segment.ref
     row = _segment_row(segment, source_name)
     try:
-        if ref.reject_reason is not None:
-            raise DecodeError(ref.reject_reason, ref.reject_detail or str(ref.reject_reason))
-        path = confined_file(ref, roots)
-        if os.stat(path).st_size == 0:
-            raise DecodeError(Reason.EMPTY_FILE, f"{ref.source} has zero bytes")
-        info = probe(path, spec.max_pixels)
+        path, info = open_segment(segment, spec, roots)
     except DecodeError as err:
         return _rejected(segment, row, str(err.reason), err.detail)
     except Exception as exc:  # an OS error reading the file
@@ -147,13 +207,10 @@ def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, dom
     row.update(fps=info.fps, width=info.width, height=info.height, codec=info.codec,
                declared_frames=info.declared_frames)
     outcome = DecodeOutcome()
-    step = max(1, round(info.fps / spec.sample_fps))
-    frames = sampled_frames(path, info, segment.start, segment.stop, step, outcome)
     crops: list[dict[str, Any]] = []
     no_crop: dict[str, int] = {}
     counts = {"frames_sampled": 0, "detections": 0, "tracks": 0}
-    trackers = {d.name: byte_tracker(spec.tracker, info.fps / step) for d in domains}
-    book = TrackBook(spec, denoise, lost_steps=trackers[domains[0].name].max_frames_lost)
+    book = TrackBook(spec, denoise, lost_steps=lost_steps(spec, info))
     meta = {"video": source_name, "video_id": ref.input_id, "segment": segment.index, "fps": round(info.fps, 3),
             "frame_size": [info.width, info.height]}
 
@@ -166,19 +223,13 @@ def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, dom
             for candidate in chosen:
                 crops.append(_crop_row(candidate, track, meta, spec, source_name, segment.index))
 
-    step_index = 0
-    for batch in _batches(frames, spec.detect_batch):
-        detections = detector.detect([rgb for _, _, rgb in batch])
-        for (number, time, rgb), dets in zip(batch, detections, strict=True):
-            counts["frames_sampled"] += 1
-            for domain in domains:
-                mine = count_targets(dets, domain.target_classes)
-                counts["detections"] += len(mine)
-                for track_id, k in link(trackers[domain.name], mine):
-                    book.observe(step_index, number, time, rgb, domain.name, track_id, mine.boxes[k],
-                                 float(mine.scores[k]), mine.labels[k])
-            finish(book.ended(step_index))
-            step_index += 1
+    for frame in tracked_frames(path, info, segment, spec, domains, detector, outcome):
+        counts["frames_sampled"] += 1
+        counts["detections"] += len(frame.sightings)
+        for s in frame.sightings:
+            book.observe(frame.step, frame.number, frame.time, frame.rgb, s.domain, s.track_id, s.box, s.score,
+                         s.label)
+        finish(book.ended(frame.step))
     finish(book.close())
     if segment.index == 0 and outcome.frames_read == 0:
         detail = outcome.error or f"{ref.source}: the {info.codec} stream gives no frame"
