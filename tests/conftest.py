@@ -110,8 +110,8 @@ def shared_server_env(prefect_server) -> dict[str, str]:
 
 # Two sharp single-person crops of the demo pool (checked: SSD finds exactly one person in each,
 # score > 0.95, and two when they stand side by side on a canvas).
-PERSON_A = "vtest.avi:crop:00333"
-PERSON_B = "vtest.avi:crop:00516"
+PERSON_A = "vtest.avi#pedestrian-s000-0027:f0000147"
+PERSON_B = "vtest.avi#pedestrian-s000-0004:f0000016"
 
 
 @pytest.fixture(scope="session")

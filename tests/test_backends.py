@@ -43,7 +43,7 @@ def registry() -> ModelRegistry:
 
 @pytest.fixture(scope="module")
 def crops(pool_rows: dict[str, dict]) -> dict[str, list[np.ndarray]]:
-    """Real crops grouped by identity (persons with >= 3 crops, and the two parked vehicles)."""
+    """Real crops grouped by identity (identities with >= 3 crops: persons, the parked van, street vehicles)."""
     from rde.common.image_decoding import decode_rgb
 
     groups: dict[str, list[np.ndarray]] = {}
@@ -65,12 +65,16 @@ def test_mean_token_probability_is_the_mean_not_the_product() -> None:
     assert GenerationResult("r", "", [], "m").mean_token_probability is None
 
 
+VAN = "vtest.avi#vehicle-s000-0002"  # vtest.avi's parked white van
+AUTOMOBILE = "street.mp4#vehicle-s000-0206"  # the street film's open-top black automobile
+
+
 # --- offline backends, real weights ------------------------------------------------------------
 
 def test_efficientnet_embedder_on_real_crops(registry: ModelRegistry, crops: dict[str, list[np.ndarray]]) -> None:
     emb = registry.image_embedder()
     assert emb.dim == 1280 and registry.image_embedder() is emb  # loaded once per process
-    van = crops["vtest-vehicle-x17"][:2]
+    van = crops[VAN][:2]
     vecs = emb.embed(van)
     assert vecs.shape == (2, 1280) and np.allclose(_norms(vecs), 1, atol=1e-5)
     assert emb.feature_maps(van).shape == (2, 49, 1280)
@@ -97,11 +101,11 @@ def test_minilm_text_encoder(registry: ModelRegistry) -> None:
 
 def test_offline_experts_rank_matching_crops_first(registry: ModelRegistry,
                                                    crops: dict[str, list[np.ndarray]]) -> None:
-    gallery = crops["vtest-vehicle-x17"][:2] + crops["vtest-vehicle-x18"][:2]
+    gallery = crops[VAN][:2] + crops[AUTOMOBILE][:2]
     for spec in load_profile("demo").models.experts:
         expert = registry.expert(spec)
         img = expert.encode_image(gallery)
-        txt = expert.encode_text(["a white van", "a light blue car"])
+        txt = expert.encode_text(["a white van", "an old black automobile"])
         assert img.shape == (4, expert.dim) and txt.shape == (2, expert.dim)
         scores = txt @ img.T
         assert scores[0, :2].mean() > scores[0, 2:].mean(), spec.backend

@@ -165,11 +165,11 @@ def test_each_cli_flow_ref_names_the_flow_it_loads() -> None:
 # typer's range and existence checks (its usage-error box)
 BAD_PARAMETERS = [
     (["build-secmm", "--until", "bogus"], "--until 'bogus' is not a stage of build-secmm; valid names: denoise, "
-                                          "queries, gallery, candidates, benchmark, evaluate, ingest, measure"),
+                                          "queries, gallery, candidates, benchmark, evaluate, videos, ingest, measure"),
     (["build-largefine", "--until", "tier"], "--until 'tier' is not a stage of build-largefine; valid names: "
                                              "denoise, neighbours, tiers,"),
     (["build-secmm", "--input-kind", "zip", "--input", "x"], "--input-kind 'zip' is not an input kind; valid kinds: "
-                                                             "folder, paths, pool"),
+                                                             "folder, paths, pool, video"),
     (["build-secmm", "--input-kind", "folder"], "--input-kind folder needs --input"),
     (["pool", "synth", "--n", "0"], "Invalid value for '--n'"),
     (["pool", "synth", "--n", "5", "--shard-size", "0"], "Invalid value for '--shard-size'"),

@@ -55,7 +55,7 @@ def test_evaluate_expert_ranks_within_the_query_domain() -> None:
 
 def _query(qid: str = "q01", **over: object) -> dict:
     q = {"id": qid, "text": "a man in a black jacket", "domain": "pedestrian",
-         "relevant_identities": ["vtest-person-0021"], "labelled_by": "tester (by eye)", "labelled_on": "2026-12-01"}
+         "relevant_identities": ["vtest.avi#pedestrian-s000-0027"], "labelled_by": "tester (by eye)", "labelled_on": "2026-12-01"}
     q.update(over)
     return q
 
@@ -84,8 +84,8 @@ def test_check_yaml_accepts_a_valid_file(tmp_path) -> None:
     ([{k: v for k, v in _query("q05").items() if k != "labelled_by"}], None, "query q05: missing labelled_by"),
     ([{k: v for k, v in _query("q06").items() if k != "labelled_on"}], None, "query q06: missing labelled_on"),
     ([_query("q07", labelled_on="1st December")], None, "query q07: labelled_on must be an ISO date"),
-    ([_query("q08", relevant_identities=["vtest-person-0005", "vtest-person-0021"])], ["vtest-person-0005"],
-     "query q08: relevant identities listed as junk: vtest-person-0005"),
+    ([_query("q08", relevant_identities=["vtest.avi#pedestrian-s000-0001", "vtest.avi#pedestrian-s000-0027"])], ["vtest.avi#pedestrian-s000-0001"],
+     "query q08: relevant identities listed as junk: vtest.avi#pedestrian-s000-0001"),
 ])
 def test_check_yaml_rejects_bad_labels_naming_file_and_query(tmp_path, queries, junk, message) -> None:
     from rde.common.expert_check import load_check_yaml
@@ -108,7 +108,7 @@ def test_check_yaml_accepts_an_unquoted_yaml_date(tmp_path) -> None:
 def test_check_set_rejects_relevant_identities_missing_from_the_pool(tmp_path, demo_pool_url: str) -> None:
     from rde.common.expert_check import load_check_set
 
-    path = _write(tmp_path, [_query("q01"), _query("q02", relevant_identities=["vtest-person-0021", "nobody-1"]),
+    path = _write(tmp_path, [_query("q01"), _query("q02", relevant_identities=["vtest.avi#pedestrian-s000-0027", "nobody-1"]),
                              _query("q03", relevant_identities=["nobody-2"])])
     with pytest.raises(ValueError, match="no crop in the pool") as err:
         load_check_set(demo_pool_url, path)
@@ -123,9 +123,9 @@ def test_shipped_check_set_has_enough_queries_each_with_provenance(demo_pool_url
     from rde.common.expert_check import load_check_set, load_check_yaml
 
     data = load_check_yaml()
-    assert data["version"] == "4"
+    assert data["version"] == "5"
     queries = data["queries"]
-    assert len(queries) >= 24
+    assert len(queries) >= 23
     assert {q["domain"] for q in queries} == {"pedestrian", "vehicle"}
     for q in queries:
         assert q["labelled_by"].strip(), q["id"]

@@ -257,6 +257,6 @@ def test_offline_experts_beat_random_by_a_wide_margin() -> None:
     registry = ModelRegistry(load_profile("demo").models)
     experts = load_profile("demo").models.experts
     scores = {spec.backend: expert_map(registry.expert(spec), check, 10) for spec in experts}
-    assert baseline < 0.03
+    assert baseline < 0.05  # random mAP@10 of check set v5 over the demo pool: 0.039
     for backend, score in scores.items():
         assert score > 5 * baseline, (backend, score, baseline)

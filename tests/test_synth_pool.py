@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import PERSON_A
 
 from rde.entry import synth_pool
 from rde.entry.synth_pool import SynthParams, write_synth_pool
@@ -145,7 +146,7 @@ def test_memory_holds_one_shard_of_images(tmp_path: Path, pool_rows: dict[str, d
     peak does not grow with N: writing 4N images (eight 25-image shards) peaks, on Python's heap and
     in Arrow's pool each, within half a shard's image bytes of writing N (two shards). Keeping every
     row, or every table, would add about three shards' worth to one of them."""
-    source = _one_source_pool(tmp_path / "source", pool_rows["vtest.avi:crop:00333"])
+    source = _one_source_pool(tmp_path / "source", pool_rows[PERSON_A])
     alive: list[int] = []
     real = synth_pool.ArtifactWriter.write_shard
 

@@ -200,9 +200,18 @@ def test_a_track_without_a_crop_says_why() -> None:
         book.observe(step, step, step * 0.5, sharp, "pedestrian", 2, np.array([0, 0, 20, 30]), 0.9, "person")
         book.observe(step, step, step * 0.5, flat, "pedestrian", 3, np.array([0, 0, 40, 100]), 0.9, "person")
     book.observe(0, 0, 0.0, sharp, "pedestrian", 4, np.array([0, 0, 40, 100]), 0.9, "person")
-    outcome = {t.track_id: book.choose(t) for t in book.close()}
+    book.observe(0, 0, 0.0, sharp, "pedestrian", 5, np.array([0, 0, 40, 100]), 0.3, "person")  # weak boxes only
+    book.observe(1, 1, 0.5, sharp, "pedestrian", 5, np.array([0, 0, 40, 100]), 0.4, "person")
+    book.observe(2, 2, 1.0, sharp, "pedestrian", 5, np.array([0, 0, 40, 100]), 0.2, "person")
+    tracks = book.close()
+    outcome = {t.track_id: book.choose(t) for t in tracks}
     assert outcome[1][1] is None and [c.frame for c in outcome[1][0]] == [0, 2]  # bins 0 and 1 (t = 0, 0.5, 1.0)
-    assert (outcome[2][1], outcome[3][1], outcome[4][1]) == ("too_small", "blurry", "too_short")
+    assert (outcome[2][1], outcome[3][1], outcome[4][1], outcome[5][1]) == ("too_small", "blurry", "too_short",
+                                                                            "low_score")
+    track_one = next(t for t in tracks if t.track_id == 1)
+    refused = book.choose(track_one, confirm=lambda candidate, domain: candidate.frame == 2)
+    assert [c.frame for c in refused[0]] == [2] and refused[1] is None  # bin 0 has no confirmed candidate
+    assert book.choose(track_one, confirm=lambda candidate, domain: False) == ([], "unconfirmed")
 
 
 @needs_videos

@@ -89,6 +89,14 @@ class VideoSpec(Strict):
                                     "keeps its best crop (quality = score × √area × sharpness factor).")
     min_track_detections: int = Field(3, ge=1, description="Tracks detected on fewer sampled frames give no "
                                       "crop (too_short).")
+    crop_min_score: float = Field(0.5, ge=0.0, le=1.0, description="Crops are cut only from boxes scoring at "
+                                  "least this (weaker boxes only continue tracks; a track without one: low_score).")
+    confirm_crops: bool = Field(False, description="Re-detect each chosen crop (as stored: JPEG) and keep it only "
+                                "when the detector finds exactly one target of its domain scoring at least "
+                                "confirm_score on it (denoise's count, checked before a crop is spent; up to five "
+                                "candidates per bin tried, best first).")
+    confirm_score: float = Field(0.5, ge=0.0, le=1.0, description="The score a target needs on a crop for "
+                                 "confirm_crops (set it to models.detector.score_threshold, which denoise uses).")
     crop_margin: tuple[float, float] = Field((0.1, 0.1), description="Context around a box: a fraction of its "
                                              "width and height on each side.")
     window_seconds: float = Field(2.0, ge=0.0, description="A crop's source_meta holds the track's boxes within "

@@ -29,6 +29,8 @@ class Reason(StrEnum):
     NOT_A_REGULAR_FILE = "not_a_regular_file"
     INVALID_PATH = "invalid_path"
     NOT_A_VIDEO = "not_a_video"
+    LOW_SCORE = "low_score"
+    UNCONFIRMED = "unconfirmed"
     UNSUPPORTED_CODEC = "unsupported_codec"
     NO_FRAMES = "no_frames"
     VIDEO_TOO_LARGE = "video_too_large"
@@ -95,6 +97,9 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.OUTSIDE_ROOT: ("ingest, videos", "a path or link that leads outside the input's root"),
     Reason.NOT_A_REGULAR_FILE: ("ingest, videos", "a device, socket or folder where a file was listed"),
     Reason.INVALID_PATH: ("ingest, videos", "a path-list row no file path can be: it holds a NUL byte"),
+    Reason.LOW_SCORE: ("videos (tracks)", "a track whose every large enough box scored below video.crop_min_score"),
+    Reason.UNCONFIRMED: ("videos (tracks)", "video.confirm_crops: the detector finds no single target on any chosen "
+                         "crop of the track"),
     Reason.NOT_A_VIDEO: ("videos", "no video stream in the file: not a container FFmpeg knows, or audio only"),
     Reason.UNSUPPORTED_CODEC: ("videos", "a video stream whose codec this FFmpeg build cannot decode"),
     Reason.NO_FRAMES: ("videos", "a video whose first frame cannot be decoded (zero frames)"),
@@ -104,8 +109,8 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.UNKNOWN_DOMAIN: ("ingest", "a row names a domain the profile does not declare"),
     Reason.DUPLICATE: ("denoise, dap, template-gallery", "the same pixels (image) or text (query, template) as an "
                        "earlier row"),
-    Reason.TOO_SMALL: ("denoise", "below the domain's minimum width or height"),
-    Reason.BLURRY: ("denoise", "Laplacian variance below denoise.min_laplacian_variance"),
+    Reason.TOO_SMALL: ("denoise, videos (tracks)", "below the domain's minimum width or height"),
+    Reason.BLURRY: ("denoise, videos (tracks)", "Laplacian variance below denoise.min_laplacian_variance"),
     Reason.NO_TARGET: ("denoise", "the detector finds no person/vehicle of the domain"),
     Reason.MULTIPLE_TARGETS: ("denoise", "the detector finds more than one target"),
     Reason.MEASURE_ERROR: ("denoise", "the image could not be measured (decode or detector failure)"),
@@ -116,7 +121,8 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.UNGROUNDED_ATTRIBUTE: ("caption-pool", "states an attribute nothing measured (eyes, age, ...)"),
     Reason.REPEATED_SENTENCE: ("caption-pool", "the same sentence again in one caption (a generation loop)"),
     Reason.EMPTY: ("caption-pool, dap", "nothing left to keep: an empty generation or line"),
-    Reason.TOO_SHORT: ("dap, tiers, template-gallery", "fewer words than the stage's minimum"),
+    Reason.TOO_SHORT: ("dap, tiers, template-gallery, videos (tracks)", "fewer words than the stage's minimum; a "
+                       "track with fewer than video.min_track_detections detections"),
     Reason.TOO_LONG: ("dap, tiers, template-gallery", "more words than the stage's maximum"),
     Reason.NOT_A_QUERY: ("dap", "a question, a label, meta talk or first/second-person speech"),
     Reason.DEGENERATE: ("dap", "a repetition loop"),

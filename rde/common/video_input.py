@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 import pyarrow as pa
 
-from models.backends.detectors import Detector
+from models.backends.detectors import Detections, Detector
 from models.specs import DetectorSpec
 from rde.common.denoise import count_targets
 from rde.common.image_decoding import DecodeError
@@ -37,10 +37,11 @@ from rde.common.ingest import InputRef, confined_file, list_inputs, reject_row
 from rde.common.profiles import DenoiseSpec, DomainSpec, InputSpec, VideoSpec
 from rde.common.reasons import Reason
 from rde.common.video_decoding import DecodeOutcome, VideoInfo, probe, sampled_frames
-from rde.common.video_tracks import TrackBook, byte_tracker, link
+from rde.common.video_tracks import Candidate, TrackBook, byte_tracker, link
 from storage.schemas import POOL, REJECTS, VIDEO_SEGMENTS
 
-NO_CROP_REASONS = (str(Reason.TOO_SHORT), str(Reason.TOO_SMALL), str(Reason.BLURRY))
+NO_CROP_REASONS = tuple(str(r) for r in (Reason.TOO_SHORT, Reason.TOO_SMALL, Reason.LOW_SCORE, Reason.BLURRY,
+                                         Reason.UNCONFIRMED))
 
 
 @dataclass(frozen=True)
@@ -214,10 +215,20 @@ def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, dom
     meta = {"video": source_name, "video_id": ref.input_id, "segment": segment.index, "fps": round(info.fps, 3),
             "frame_size": [info.width, info.height]}
 
+    def confirmed(candidate: Candidate, domain: str) -> bool:
+        """Exactly one target of the domain scoring ≥ confirm_score on the stored crop (denoise's count)."""
+        found = detector.detect([_stored(candidate.crop, spec.jpeg_quality)])[0]  # as denoise will see it
+        keep = found.scores >= spec.confirm_score
+        strong = Detections(found.boxes[keep], [lab for lab, k in zip(found.labels, keep, strict=True) if k],
+                            found.scores[keep])
+        return len(count_targets(strong, classes[domain])) == 1
+
+    classes = {d.name: d.target_classes for d in domains}
+
     def finish(tracks: list) -> None:
         for track in tracks:
             counts["tracks"] += 1
-            chosen, why = book.choose(track)
+            chosen, why = book.choose(track, confirmed if spec.confirm_crops else None)
             if why is not None:
                 no_crop[why] = no_crop.get(why, 0) + 1
             for candidate in chosen:
@@ -272,18 +283,28 @@ def _rejected(segment: Segment, row: dict[str, Any], reason: str, detail: str) -
     return SegmentResult([], row, reject)
 
 
+def _stored(rgb: np.ndarray, quality: int) -> np.ndarray:
+    """A crop as it will be stored and read back (JPEG at ``quality``, decoded)."""
+    return cv2.cvtColor(cv2.imdecode(np.frombuffer(_jpeg(rgb, quality), np.uint8), cv2.IMREAD_COLOR),
+                        cv2.COLOR_BGR2RGB)
+
+
+def _jpeg(rgb: np.ndarray, quality: int) -> bytes:
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError("JPEG encoding of a crop failed")
+    return buf.tobytes()
+
+
 def _crop_row(candidate: Any, track: Any, meta: dict[str, Any], spec: VideoSpec, source_name: str,
               segment: int) -> dict[str, Any]:
     identity = f"{source_name}#{track.domain}-s{segment:03d}-{track.track_id:04d}"
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(candidate.crop, cv2.COLOR_RGB2BGR),
-                           [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality])
-    if not ok:
-        raise RuntimeError("JPEG encoding of a crop failed")
     source_meta = {**meta, "frame": candidate.frame, "time": round(candidate.time, 3), "box": candidate.box,
                    "score": candidate.score, "label": candidate.label, "track": track.track_id,
                    "track_window": track.window(candidate.time, spec.window_seconds)}
     return {"pool_id": f"{identity}:f{candidate.frame:07d}", "domain": track.domain, "identity": identity,
-            "variant": "crop", "source_meta": json.dumps(source_meta, sort_keys=True), "image_bytes": buf.tobytes()}
+            "variant": "crop", "source_meta": json.dumps(source_meta, sort_keys=True),
+            "image_bytes": _jpeg(candidate.crop, spec.jpeg_quality)}
 
 
 def source_name(ref: InputRef, spec: InputSpec, project_root: Path) -> str:

