@@ -10,7 +10,10 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 if [ ! -s "$out/vtest.avi" ]; then
-  (cd "$work" && apt-get download -q opencv-doc >/dev/null && dpkg -x opencv-doc_*.deb root)
+  # a fresh machine may have no package lists yet: update them (as root) and try once more
+  (cd "$work" && { apt-get download -q opencv-doc >/dev/null 2>&1 \
+     || { [ "$(id -u)" = 0 ] && apt-get update -q >/dev/null && apt-get download -q opencv-doc >/dev/null; }; } \
+   && dpkg -x opencv-doc_*.deb root)
   cp "$work/root/usr/share/doc/opencv-doc/examples/data/vtest.avi" "$out/vtest.avi.part"
   mv "$out/vtest.avi.part" "$out/vtest.avi"
 fi

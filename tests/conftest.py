@@ -108,6 +108,13 @@ def shared_server_env(prefect_server) -> dict[str, str]:
     return {**os.environ, "PREFECT_API_URL": str(url)}
 
 
+# The demo's recordings (`make videos` fetches them); a test that reads them is skipped where they
+# are missing, except in CI (CI=true), where `make test` fetched them and their absence is a failure.
+DEMO_VIDEOS = ROOT / ".rde" / "demo-videos"
+needs_demo_videos = pytest.mark.skipif(
+    not ((DEMO_VIDEOS / "vtest.avi").exists() and (DEMO_VIDEOS / "street.mp4").exists()) and not os.environ.get("CI"),
+    reason="the demo videos are missing: run `make videos`")
+
 # Two sharp single-person crops of the demo pool (checked: SSD finds exactly one person in each,
 # score > 0.95, and two when they stand side by side on a canvas).
 PERSON_A = "vtest.avi#pedestrian-s000-0027:f0000147"

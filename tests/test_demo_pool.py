@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
+from conftest import DEMO_VIDEOS, needs_demo_videos
 from PIL import Image
 
 from rde.common.expert_check import load_check_yaml
@@ -52,10 +52,10 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
         return img.size
 
 
-VTEST = Path(__file__).resolve().parent.parent / ".rde" / "demo-videos" / "vtest.avi"
+VTEST = DEMO_VIDEOS / "vtest.avi"
 
 
-@pytest.mark.skipif(not VTEST.exists(), reason="the demo videos are missing: run `make videos`")
+@needs_demo_videos
 def test_the_committed_pool_is_what_the_videos_stage_gives(demo_pool_url: str) -> None:
     """vtest.avi's last segment (frames 600-794) rebuilt by the stage: the same crops, tracks and
     frames as committed; boxes within 1 px and crop sizes within 2 px (the detector's floats may

@@ -53,9 +53,13 @@ def test_evaluate_expert_ranks_within_the_query_domain() -> None:
 
 # -- the check-set file: validation of its labels and provenance --
 
+PERSON = "vtest.avi#pedestrian-s000-0027"  # an identity of the demo pool
+JUNK = "vtest.avi#pedestrian-s000-0001"  # one the check set lists as junk (a tracker swap)
+
+
 def _query(qid: str = "q01", **over: object) -> dict:
     q = {"id": qid, "text": "a man in a black jacket", "domain": "pedestrian",
-         "relevant_identities": ["vtest.avi#pedestrian-s000-0027"], "labelled_by": "tester (by eye)", "labelled_on": "2026-12-01"}
+         "relevant_identities": [PERSON], "labelled_by": "tester (by eye)", "labelled_on": "2026-12-01"}
     q.update(over)
     return q
 
@@ -84,7 +88,7 @@ def test_check_yaml_accepts_a_valid_file(tmp_path) -> None:
     ([{k: v for k, v in _query("q05").items() if k != "labelled_by"}], None, "query q05: missing labelled_by"),
     ([{k: v for k, v in _query("q06").items() if k != "labelled_on"}], None, "query q06: missing labelled_on"),
     ([_query("q07", labelled_on="1st December")], None, "query q07: labelled_on must be an ISO date"),
-    ([_query("q08", relevant_identities=["vtest.avi#pedestrian-s000-0001", "vtest.avi#pedestrian-s000-0027"])], ["vtest.avi#pedestrian-s000-0001"],
+    ([_query("q08", relevant_identities=[JUNK, PERSON])], [JUNK],
      "query q08: relevant identities listed as junk: vtest.avi#pedestrian-s000-0001"),
 ])
 def test_check_yaml_rejects_bad_labels_naming_file_and_query(tmp_path, queries, junk, message) -> None:
@@ -108,7 +112,7 @@ def test_check_yaml_accepts_an_unquoted_yaml_date(tmp_path) -> None:
 def test_check_set_rejects_relevant_identities_missing_from_the_pool(tmp_path, demo_pool_url: str) -> None:
     from rde.common.expert_check import load_check_set
 
-    path = _write(tmp_path, [_query("q01"), _query("q02", relevant_identities=["vtest.avi#pedestrian-s000-0027", "nobody-1"]),
+    path = _write(tmp_path, [_query("q01"), _query("q02", relevant_identities=[PERSON, "nobody-1"]),
                              _query("q03", relevant_identities=["nobody-2"])])
     with pytest.raises(ValueError, match="no crop in the pool") as err:
         load_check_set(demo_pool_url, path)

@@ -15,6 +15,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from conftest import DEMO_VIDEOS, needs_demo_videos
 
 from flows.build_secmm import build_secmm
 from models.backends.detectors import load_detector
@@ -25,15 +26,13 @@ from rde.common.video_input import Segment, detector_for_video, list_videos, pla
 from rde.common.video_tracks import Candidate, TrackBook, crop_quality, spread
 from storage import Artifact
 
-VIDEOS = Path(__file__).resolve().parent.parent / ".rde" / "demo-videos"
-VTEST = VIDEOS / "vtest.avi"
-STREET = VIDEOS / "street.mp4"
+VTEST = DEMO_VIDEOS / "vtest.avi"
+STREET = DEMO_VIDEOS / "street.mp4"
 DOMAINS = [DomainSpec(name="pedestrian", target_classes=["person"]),
            DomainSpec(name="vehicle", target_classes=["car", "bus", "truck", "motorcycle"])]
 # a small frame rate: 2 sampled frames per second of the 10 fps recording
 SPEC = VideoSpec(sample_fps=2.0, min_track_detections=2, crops_per_track=2)
-needs_videos = pytest.mark.skipif(not VTEST.exists() or not STREET.exists(),
-                                  reason="the demo videos are missing: run `make videos`")
+needs_videos = needs_demo_videos
 
 
 def write_video(path: Path, frames: list[np.ndarray], fps: int = 10, codec: str = "mpeg4") -> Path:
@@ -65,7 +64,7 @@ def clip(source: Path, start: int, count: int) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def vtest_frames() -> list[np.ndarray]:
-    if not VTEST.exists():
+    if not VTEST.exists() and not os.environ.get("CI"):
         pytest.skip("the demo videos are missing: run `make videos`")
     return clip(VTEST, 100, 60)
 

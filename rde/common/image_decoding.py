@@ -149,3 +149,14 @@ def decoded_images(artifact: Artifact, image_ids: Iterable[str]) -> dict[str, np
             column = artifact.read_shard(index, ["image_bytes"]).column("image_bytes")
             found.update((ids[k], decode_rgb(column[k].as_py())) for k in hits)
     return found
+
+
+def encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
+    """An RGB array as JPEG bytes at ``quality`` (OpenCV's encoder: the video crops' and the demo
+    data's encoding, byte for byte the same on one build)."""
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError("JPEG encoding failed")
+    return buf.tobytes()

@@ -32,7 +32,7 @@ import pyarrow as pa
 from models.backends.detectors import Detections, Detector
 from models.specs import DetectorSpec
 from rde.common.denoise import count_targets
-from rde.common.image_decoding import DecodeError
+from rde.common.image_decoding import DecodeError, encode_jpeg
 from rde.common.ingest import InputRef, confined_file, list_inputs, reject_row
 from rde.common.profiles import DenoiseSpec, DomainSpec, InputSpec, VideoSpec
 from rde.common.reasons import Reason
@@ -285,15 +285,8 @@ def _rejected(segment: Segment, row: dict[str, Any], reason: str, detail: str) -
 
 def _stored(rgb: np.ndarray, quality: int) -> np.ndarray:
     """A crop as it will be stored and read back (JPEG at ``quality``, decoded)."""
-    return cv2.cvtColor(cv2.imdecode(np.frombuffer(_jpeg(rgb, quality), np.uint8), cv2.IMREAD_COLOR),
+    return cv2.cvtColor(cv2.imdecode(np.frombuffer(encode_jpeg(rgb, quality), np.uint8), cv2.IMREAD_COLOR),
                         cv2.COLOR_BGR2RGB)
-
-
-def _jpeg(rgb: np.ndarray, quality: int) -> bytes:
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise RuntimeError("JPEG encoding of a crop failed")
-    return buf.tobytes()
 
 
 def _crop_row(candidate: Any, track: Any, meta: dict[str, Any], spec: VideoSpec, source_name: str,
@@ -304,7 +297,7 @@ def _crop_row(candidate: Any, track: Any, meta: dict[str, Any], spec: VideoSpec,
                    "track_window": track.window(candidate.time, spec.window_seconds)}
     return {"pool_id": f"{identity}:f{candidate.frame:07d}", "domain": track.domain, "identity": identity,
             "variant": "crop", "source_meta": json.dumps(source_meta, sort_keys=True),
-            "image_bytes": _jpeg(candidate.crop, spec.jpeg_quality)}
+            "image_bytes": encode_jpeg(candidate.crop, spec.jpeg_quality)}
 
 
 def source_name(ref: InputRef, spec: InputSpec, project_root: Path) -> str:

@@ -29,11 +29,11 @@ import pyarrow as pa
 
 from models.backends.attributes import COLOURS, _region, colour_distribution
 from models.backends.detectors import load_detector
+from rde.common.image_decoding import encode_jpeg
 from rde.common.ingest import InputRef
 from rde.common.profiles import DomainSpec, VideoSpec, load_profile
 from rde.common.video_decoding import DecodeOutcome, probe
 from rde.common.video_input import Segment, detector_for_video, open_segment, tracked_frames
-from rde.entry.demo_pool import _jpeg
 from storage import ArtifactWriter, content_key
 
 CLIP_FRAMES = pa.schema([pa.field("frame_index", pa.int32(), nullable=False),
@@ -162,7 +162,7 @@ def build_clip_rows(video: str, params: ClipParams) -> tuple[list[dict], list[di
             h, w = rgb.shape[:2]
             small = cv2.resize(rgb, (params.frame_width, round(h * params.frame_width / w)),
                                interpolation=cv2.INTER_AREA)
-            rows.append({"frame_index": index, "image_bytes": _jpeg(small, params.jpeg_quality)})
+            rows.append({"frame_index": index, "image_bytes": encode_jpeg(small, params.jpeg_quality)})
     return rows, clips
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from models.backends.detectors import box_iou, load_detector
+from rde.common.image_decoding import encode_jpeg
 from rde.common.ingest import InputRef
 from rde.common.profiles import DomainSpec, TrackerSpec, VideoSpec, load_profile
 from rde.common.video_decoding import DecodeOutcome, probe, sampled_frames
@@ -38,7 +39,6 @@ from rde.common.video_tracks import expand_box
 from storage import ArtifactWriter, content_key
 from storage.schemas import POOL
 
-DEFAULT_VIDEO = "/usr/share/doc/opencv-doc/examples/data/vtest.avi"
 PERSONS = [DomainSpec(name="pedestrian", target_classes=["person"])]
 VEHICLES = [DomainSpec(name="vehicle", target_classes=["car", "bus", "truck", "motorcycle"])]
 # vtest.avi: every frame, persons and its two parked vehicles; a crop per 0.8 s of a track (at most 12)
@@ -64,13 +64,6 @@ class Exercises:
     n_background: int = 10
     seed: int = 7
     jpeg_quality: int = 92
-
-
-def _jpeg(rgb: np.ndarray, quality: int) -> bytes:
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise RuntimeError("JPEG encoding failed")
-    return buf.tobytes()
 
 
 def _decoded(data: bytes) -> np.ndarray:
@@ -129,7 +122,7 @@ def filter_exercises(video: str, crops: list[dict[str, Any]], params: Exercises)
     def add(identity: str | None, variant: str, rgb: np.ndarray, meta: dict[str, Any]) -> None:
         out.append({"pool_id": f"{name}:{variant}:{len(out):05d}", "domain": "pedestrian", "identity": identity,
                     "variant": variant, "source_meta": json.dumps({"video": name, **meta}, sort_keys=True),
-                    "image_bytes": _jpeg(rgb, params.jpeg_quality)})
+                    "image_bytes": encode_jpeg(rgb, params.jpeg_quality)})
 
     for i in rng.choice(len(persons), size=min(params.n_tiny, len(persons)), replace=False):
         img = _decoded(persons[i]["image_bytes"])

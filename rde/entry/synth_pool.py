@@ -21,8 +21,7 @@ import cv2
 import numpy as np
 import pyarrow as pa
 
-from rde.common.image_decoding import decode_rgb
-from rde.entry.demo_pool import _jpeg
+from rde.common.image_decoding import decode_rgb, encode_jpeg
 from storage import Artifact, ArtifactWriter, content_key
 from storage.schemas import POOL
 
@@ -101,7 +100,7 @@ def synth_row(sources: list[Source], index: int, p: SynthParams) -> dict[str, An
     rgb, ops = transform(src.rgb, src.variant, rng, p)
     return {"pool_id": f"synth:{index:08d}:{src.variant}", "domain": src.domain, "identity": src.identity,
             "variant": src.variant, "source_meta": json.dumps({"source": src.pool_id, "ops": ops}, sort_keys=True),
-            "image_bytes": _jpeg(rgb, p.jpeg_quality)}
+            "image_bytes": encode_jpeg(rgb, p.jpeg_quality)}
 
 
 def write_synth_pool(source_url: str, out: str, p: SynthParams,
