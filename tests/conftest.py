@@ -145,6 +145,7 @@ def _pool_slice(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str, na
     from storage.schemas import POOL
 
     rows = Artifact(demo_pool_url).rows()[::step][:count]
+    assert len(rows) == count, f"the demo pool gives {len(rows)} rows every {step}th, not {count}"
     url = str(tmp_path_factory.mktemp(name) / "pool")
     writer = ArtifactWriter(url, "pool", POOL, name)
     writer.begin()
@@ -156,13 +157,13 @@ def _pool_slice(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str, na
 
 @pytest.fixture(scope="session")
 def small_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) -> str:
-    """A 96-image slice of the demo pool (every 7th row: crops and filter exercises), written as a
-    pool artifact of six 16-row shards, for end-to-end tests that need a real run but not all 750."""
-    return _pool_slice(tmp_path_factory, demo_pool_url, "small-pool", 7, 96, 16)
+    """A 96-image slice of the demo pool (every 5th row: crops and filter exercises), written as a
+    pool artifact of six 16-row shards, for end-to-end tests that need a real run but not all 548."""
+    return _pool_slice(tmp_path_factory, demo_pool_url, "small-pool", 5, 96, 16)
 
 
 @pytest.fixture(scope="session")
 def tiny_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) -> str:
     """The small pool's first 24 images (two 12-row shards): for runs whose subject is the path
     (a deployment through a worker), not the pool; a quarter of the small pool's measuring."""
-    return _pool_slice(tmp_path_factory, demo_pool_url, "tiny-pool", 7, 24, 12)
+    return _pool_slice(tmp_path_factory, demo_pool_url, "tiny-pool", 5, 24, 12)

@@ -103,7 +103,8 @@ def sampled_frames(path: str, info: VideoInfo, start: int, stop: int | None, ste
             except StopIteration:
                 break
             except av.error.FFmpegError as exc:
-                outcome.error = f"decoding failed after frame {outcome.last_frame}: {exc.strerror or exc}"
+                where = f"after frame {outcome.last_frame}" if outcome.last_frame >= 0 else "at its first frame"
+                outcome.error = f"decoding failed {where}: {exc.strerror or exc}"
                 return
             if frame.time is not None:
                 number = round((float(frame.time) - start_time) * info.fps)

@@ -33,7 +33,7 @@ from models.backends.detectors import Detections, Detector
 from models.specs import DetectorSpec
 from rde.common.denoise import count_targets
 from rde.common.image_decoding import DecodeError, encode_jpeg
-from rde.common.ingest import InputRef, confined_file, list_inputs, reject_row
+from rde.common.ingest import InputRef, allowed_roots, confined_file, list_inputs, reject_row
 from rde.common.profiles import DenoiseSpec, DomainSpec, InputSpec, VideoSpec
 from rde.common.reasons import Reason
 from rde.common.video_decoding import DecodeOutcome, VideoInfo, probe, sampled_frames
@@ -62,8 +62,6 @@ def list_videos(spec: InputSpec, project_root: Path, domains: list[str]) -> tupl
 
 def video_roots(spec: InputSpec, project_root: Path) -> list[str] | None:
     """The real folders a listed video may resolve into (``allowed_roots`` of its folder or list)."""
-    from rde.common.ingest import allowed_roots
-
     kind = "folder" if _location(spec, project_root).is_dir() else "paths"
     return allowed_roots(spec.model_copy(update={"kind": kind}), project_root)
 
