@@ -39,35 +39,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from rde.entry.motion_clips import directions_of, twins_of
 from rde.vedje.training import (
     VedjeTensors,
     build_model,
+    hits_at,
     joint_scores,
+    reranked_order,
     stage1_top,
     stored_caches,
     train_config,
     train_vedje,
 )
 
-VIDEO = "/usr/share/doc/opencv-doc/examples/data/vtest.avi"
+VIDEO = ".rde/demo-videos/vtest.avi"  # `make videos` fetches it
 KS = (1, 5, 10)
 CONDITIONS = ("VEDJE", "frames shuffled at evaluation", "delta head off", "ρ hidden", "T = 1",
               "twin always a training negative")
-
-
-def twins_of(item_ids: Sequence[str]) -> dict[int, int]:
-    """Item row → its reversed twin's row (ids ``X`` and ``X:reversed``), both ways."""
-    row = {i: k for k, i in enumerate(item_ids)}
-    twins = {}
-    for k, item in enumerate(item_ids):
-        if item.endswith(":reversed"):
-            twins[k], twins[row[item.removesuffix(":reversed")]] = row[item.removesuffix(":reversed")], k
-    return twins
-
-
-def directions_of(groups: Sequence[str]) -> list[str]:
-    """Each item's direction (its group is ``track:direction``)."""
-    return [g.split(":", 1)[1] for g in groups]
 
 
 def motion_tensors(video: str, stage1_backend: str = "attributes", profile_name: str = "demo") -> VedjeTensors:
@@ -107,7 +95,8 @@ def one_frame(data: VedjeTensors) -> VedjeTensors:
     """T = 1: each clip keeps one frame, the same one for a clip and its twin (the middle of its
     frames in time order), so nothing of the order is left."""
     ordered = torch.sort(data.item_frames, dim=1).values
-    return dataclasses.replace(data, item_frames=ordered[:, ordered.shape[1] // 2:][:, :1].contiguous())
+    middle = ordered.shape[1] // 2
+    return dataclasses.replace(data, item_frames=ordered[:, middle:middle + 1].contiguous())
 
 
 def shuffled(data: VedjeTensors, seed: int) -> VedjeTensors:
@@ -139,14 +128,10 @@ def evaluate(model: Any, data: VedjeTensors, n_c: int, zero_rho: bool = False) -
     groups = items.groups
     truth = [groups[i] for i in own]
     out: dict[str, np.ndarray] = {}
+    first = [[groups[int(i)] for i in row] for row in top]
+    reranked = [reranked_order(first[qi], scores[qi], n) for qi in range(len(query_rows))]
     for k in KS:
-        out[f"stage1@{k}"] = np.array([t in [groups[int(i)] for i in row[:k]]
-                                       for row, t in zip(top, truth, strict=True)], float)
-        hits = []
-        for qi, t in enumerate(truth):
-            order = [int(top[qi, j]) for j in np.argsort(-scores[qi], kind="stable")] + [int(i) for i in top[qi, n:]]
-            hits.append(t in [groups[i] for i in order[:k]])
-        out[f"rerank@{k}"] = np.array(hits, float)
+        out[f"stage1@{k}"], out[f"rerank@{k}"] = hits_at(first, truth, k), hits_at(reranked, truth, k)
     q_emb = data.query_emb[query_rows]
     with_twin = [qi for qi, t in enumerate(twin) if t >= 0]
     pair_list = [(qi, where[r]) for qi in with_twin for r in (own[qi], twin[qi])]

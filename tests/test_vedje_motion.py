@@ -13,11 +13,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 from tiny_models import build_tiny_bert
-from vedje_motion import CONDITIONS, bootstrap, evaluate, one_frame, shuffled, twins_of
+from vedje_motion import CONDITIONS, bootstrap, evaluate, one_frame, shuffled
 from vedje_motion import main as vedje_motion_main
 
 from rde.entry.demo_clips import Sighting
-from rde.entry.motion_clips import MotionParams, crop_window, motion_set
+from rde.entry.motion_clips import REVERSE, MotionParams, crop_window, directions_of, motion_set, twins_of
 from rde.vedje.features import item_embeddings
 from rde.vedje.training import VedjeTensors
 
@@ -67,7 +67,9 @@ def test_motion_set_twins_directions_and_splits() -> None:
     assert m.rejected == {"no_motion": 7, "split_gap": 4}  # track 1 stands; track 3 spans the split
     assert it.input_rows == 14 + 11  # every window considered: kept originals and the left out
     twins = twins_of(it.item_ids)
-    assert twins == m.twins and len(twins) == 28
+    assert twins == {k: k + 1 if k % 2 == 0 else k - 1 for k in range(28)}  # each clip beside its twin
+    directions = directions_of(it.groups)
+    assert all(directions[k + 1] == REVERSE[directions[k]] for k in range(0, 28, 2))
     for k in range(0, 28, 2):
         assert it.frames[k + 1] == it.frames[k][::-1] and it.item_ids[k + 1] == it.item_ids[k] + ":reversed"
         assert it.groups[k].split(":")[0] == it.groups[k + 1].split(":")[0]

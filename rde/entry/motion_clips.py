@@ -28,6 +28,7 @@ Reproducible: the same video and parameters give the same clips (no randomness).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,9 +65,22 @@ class MotionSet:
 
     items: ItemSet
     crops: dict[str, np.ndarray]
-    twins: dict[int, int]  # item row → its reversed twin's row (both ways)
-    directions: list[str]
     rejected: Counter
+
+
+def twins_of(item_ids: Sequence[str]) -> dict[int, int]:
+    """Item row → its reversed twin's row (ids ``X`` and ``X:reversed``), both ways."""
+    row = {i: k for k, i in enumerate(item_ids)}
+    twins = {}
+    for k, item in enumerate(item_ids):
+        if item.endswith(":reversed"):
+            twins[k], twins[row[item.removesuffix(":reversed")]] = row[item.removesuffix(":reversed")], k
+    return twins
+
+
+def directions_of(groups: Sequence[str]) -> list[str]:
+    """Each item's direction (its group is ``track:direction``)."""
+    return [g.split(":", 1)[1] for g in groups]
 
 
 def crop_window(boxes: list[np.ndarray], pad: float, width: int, height: int) -> tuple[int, int, int, int]:
@@ -93,9 +107,8 @@ def motion_set(frames: dict[int, np.ndarray], tracks: dict[int, list[Sighting]],
     """The motion set of tracked ``frames`` (frame index → RGB) and ``tracks`` (track id → sightings)."""
     span = (params.frames - 1) * params.frame_step
     test_start = int(params.test_from * total_frames)
-    ids, groups, splits, frame_keys, texts, query_items, directions = [], [], [], [], [], [], []
+    ids, groups, splits, frame_keys, texts, query_items = [], [], [], [], [], []
     crops: dict[str, np.ndarray] = {}
-    twins: dict[int, int] = {}
     rejected: Counter = Counter()
     for tid in sorted(tracks):
         sightings = sorted(tracks[tid], key=lambda s: s.frame)
@@ -129,11 +142,9 @@ def motion_set(frames: dict[int, np.ndarray], tracks: dict[int, list[Sighting]],
                 frame_keys.append(order)
                 texts.append(f"a person in a {upper} top and {lower} trousers {PHRASE[move_of]}")
                 query_items.append(row)
-                directions.append(move_of)
-            twins[len(ids) - 2], twins[len(ids) - 1] = len(ids) - 1, len(ids) - 2
     items = ItemSet(ids, groups, splits, frame_keys, texts, query_items,
                     lambda keys: {k: crops[k] for k in keys}, dict(rejected), len(ids) // 2 + sum(rejected.values()))
-    return MotionSet(items, crops, twins, directions, rejected)
+    return MotionSet(items, crops, rejected)
 
 
 def build_motion_set(video: str, params: MotionParams, clip_params: ClipParams | None = None) -> MotionSet:

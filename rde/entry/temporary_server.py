@@ -63,8 +63,10 @@ def start(timeout_s: float | None = None) -> str:
     process's exit."""
     global _server, _owner, _header
     log_path = _log_path()
-    if timeout_s is None:
-        timeout_s = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
+    if timeout_s is None:  # Prefect's own setting (rde's environment raises its default to 180 s)
+        from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+        timeout_s = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     atexit.register(stop)
     header = ""
     for _ in range(STARTS):

@@ -297,9 +297,20 @@ def joint_scores(model: Vedje, texts: Sequence[str], pairs: Sequence[tuple[int, 
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
+def hits_at(ranked_groups: Sequence[Sequence[str]], truth: Sequence[str], k: int) -> np.ndarray:
+    """Per query: 1.0 when its relevant group appears in the first k of its ranking, else 0.0."""
+    return np.array([t in list(r[:k]) for r, t in zip(ranked_groups, truth, strict=True)], float)
+
+
 def recall_at(ranked_groups: Sequence[Sequence[str]], truth: Sequence[str], k: int) -> float:
     """Share of queries whose relevant group appears in the first k (percent)."""
-    return 100.0 * float(np.mean([t in list(r[:k]) for r, t in zip(ranked_groups, truth, strict=True)]))
+    return 100.0 * float(np.mean(hits_at(ranked_groups, truth, k)))
+
+
+def reranked_order(first: Sequence[Any], scores: np.ndarray, n: int) -> list[Any]:
+    """A stage-1 ranking whose first ``n`` entries are reordered by their rerank ``scores`` (highest
+    first, ties in stage-1 order); the rest keep their stage-1 order."""
+    return [first[j] for j in np.argsort(-np.asarray(scores)[:n], kind="stable")] + list(first[n:])
 
 
 def evaluate_rerank(model: Vedje, data: VedjeTensors, cache_of: Callable[[Sequence[int]], torch.Tensor],
@@ -326,10 +337,7 @@ def evaluate_rerank(model: Vedje, data: VedjeTensors, cache_of: Callable[[Sequen
     for k in ks:
         rows.append({"ranking": "stage-1", "n_candidates": 0, "metric": f"R@{k}", "value": recall_at(first, truth, k)})
     for n in sorted({min(n, len(item_rows)) for n in n_candidates}):
-        reranked = []
-        for qi in range(len(query_rows)):
-            order = np.argsort(-scores[qi, :n], kind="stable")
-            reranked.append([first[qi][j] for j in order] + first[qi][n:])
+        reranked = [reranked_order(first[qi], scores[qi], n) for qi in range(len(query_rows))]
         rows += [{"ranking": "rerank", "n_candidates": n, "metric": f"R@{k}", "value": recall_at(reranked, truth, k)}
                  for k in ks]
     for r in rows:
