@@ -32,7 +32,7 @@ class Videos(Stage):
     is accepted or rejected with a reason, each segment's counts are a row of ``video_segments``."""
 
     name = "videos"
-    version = "1"
+    version = "2"  # 2: detections counts every target found, tracked or not
     writes = (Write("segments", "video_segments", VIDEO_SEGMENTS, folder="video_segments"),
               Write("crops", "pool", POOL, folder="video_crops"),
               Write("rejects", "rejects", REJECTS, folder="video_rejects", rejects=True))

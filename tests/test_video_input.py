@@ -19,6 +19,7 @@ from conftest import DEMO_VIDEOS, needs_demo_videos
 
 from flows.build_secmm import build_secmm
 from models.backends.detectors import load_detector
+from rde.common.denoise import count_targets
 from rde.common.ingest import InputRef
 from rde.common.profiles import DenoiseSpec, DomainSpec, InputSpec, VideoSpec, load_profile
 from rde.common.video_decoding import DecodeOutcome, probe, sampled_frames
@@ -165,6 +166,10 @@ def test_segments_decode_exactly_their_frames_and_a_crossing_track_counts_twice(
 
     results = _run_folder(tmp_path, detector, spec)["walk.avi"]
     assert [r.segment["start_frame"] for r in results] == [0, 30]
+    step = round(info.fps / spec.sample_fps)  # the detections, counted apart: every target on every sampled frame
+    sampled = [rgb for _, _, rgb in sampled_frames(str(path), info, 0, None, step, DecodeOutcome())]
+    found = sum(len(count_targets(d, domain.target_classes)) for d in detector.detect(sampled) for domain in DOMAINS)
+    assert sum(r.segment["detections"] for r in results) == found > 0
     assert [r.segment["frames_read"] for r in results] == [30, 30]
     assert [r.stats()["input_rows"] for r in results] == [1, 0]  # the video is counted once
     frames = [[json.loads(c["source_meta"])["frame"] for c in r.crops] for r in results]

@@ -146,6 +146,7 @@ class TrackedFrame:
     time: float
     rgb: np.ndarray
     sightings: list[Sighting]
+    detections: int  # targets the detector found in the frame, tracked or not
 
 
 def open_segment(segment: Segment, spec: VideoSpec, roots: list[str] | None) -> tuple[str, VideoInfo]:
@@ -176,12 +177,13 @@ def tracked_frames(path: str, info: VideoInfo, segment: Segment, spec: VideoSpec
     index = 0
     for batch in _batches(frames, spec.detect_batch):
         for (number, time, rgb), dets in zip(batch, detector.detect([rgb for _, _, rgb in batch]), strict=True):
-            sightings = []
+            sightings, found = [], 0
             for domain in domains:
                 mine = count_targets(dets, domain.target_classes)
+                found += len(mine)
                 sightings += [Sighting(domain.name, track_id, mine.boxes[k], float(mine.scores[k]), mine.labels[k])
                               for track_id, k in link(trackers[domain.name], mine)]
-            yield TrackedFrame(index, number, time, rgb, sightings)
+            yield TrackedFrame(index, number, time, rgb, sightings, found)
             index += 1
 
 
@@ -234,7 +236,7 @@ def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, dom
 
     for frame in tracked_frames(path, info, segment, spec, domains, detector, outcome):
         counts["frames_sampled"] += 1
-        counts["detections"] += len(frame.sightings)
+        counts["detections"] += frame.detections
         for s in frame.sightings:
             book.observe(frame.step, frame.number, frame.time, frame.rgb, s.domain, s.track_id, s.box, s.score,
                          s.label)
