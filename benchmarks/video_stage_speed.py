@@ -30,7 +30,7 @@ from rde.common.denoise import count_targets
 from rde.common.ingest import InputRef
 from rde.common.profiles import load_profile
 from rde.common.video_decoding import probe
-from rde.common.video_input import Segment, detector_for_video, process_segment
+from rde.common.video_input import Segment, detector_for_video, lost_steps, process_segment
 from rde.common.video_tracks import byte_tracker, link
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def bare_loop(path: str, profile, detector) -> int:
     spec = profile.video
     info = probe(path, spec.max_pixels)
     step = max(1, round(info.fps / spec.sample_fps))
-    trackers = {d.name: byte_tracker(spec.tracker, info.fps / step) for d in profile.domains}
+    trackers = {d.name: byte_tracker(spec.tracker, lost_steps(spec, info)) for d in profile.domains}
     batch, sampled = [], 0
 
     def flush() -> None:

@@ -119,7 +119,7 @@ def sampled_frames(path: str, info: VideoInfo, start: int, stop: int | None, ste
             outcome.last_frame = number
             if number % step == 0:
                 yield number, number / info.fps, frame.to_ndarray(format="rgb24")
-    if info.declared_frames and (stop is None or stop > outcome.last_frame + 1) \
-            and outcome.last_frame + 1 < min(info.declared_frames, stop or info.declared_frames):
+    expected = info.declared_frames if stop is None else min(info.declared_frames, stop)
+    if info.declared_frames and outcome.last_frame + 1 < expected:
         outcome.error = (f"decoding ended after frame {outcome.last_frame}, before the {info.declared_frames} frames "
                          "the container declares (a truncated file?)")

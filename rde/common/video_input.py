@@ -54,16 +54,19 @@ class Segment:
     stop: int | None
 
 
+def _as_files(spec: InputSpec, project_root: Path) -> InputSpec:
+    """A video input as the file input it is listed and confined as: a folder, or a path list."""
+    return spec.model_copy(update={"kind": "folder" if _location(spec, project_root).is_dir() else "paths"})
+
+
 def list_videos(spec: InputSpec, project_root: Path, domains: list[str]) -> tuple[list[InputRef], str]:
     """The listed videos (a folder's entries or a path list's rows, as ``list_inputs`` lists images)."""
-    kind = "folder" if _location(spec, project_root).is_dir() else "paths"
-    return list_inputs(spec.model_copy(update={"kind": kind}), project_root, domains)
+    return list_inputs(_as_files(spec, project_root), project_root, domains)
 
 
 def video_roots(spec: InputSpec, project_root: Path) -> list[str] | None:
     """The real folders a listed video may resolve into (``allowed_roots`` of its folder or list)."""
-    kind = "folder" if _location(spec, project_root).is_dir() else "paths"
-    return allowed_roots(spec.model_copy(update={"kind": kind}), project_root)
+    return allowed_roots(_as_files(spec, project_root), project_root)
 
 
 def _location(spec: InputSpec, project_root: Path) -> Path:
@@ -172,7 +175,7 @@ def tracked_frames(path: str, info: VideoInfo, segment: Segment, spec: VideoSpec
     one ByteTrack per domain (a domain's duplicate boxes under two classes merged first, as denoise
     counts them). The trackers start with the segment: its tracks are its own."""
     step = sample_step(info, spec)
-    trackers = {d.name: byte_tracker(spec.tracker, info.fps / step) for d in domains}
+    trackers = {d.name: byte_tracker(spec.tracker, lost_steps(spec, info)) for d in domains}
     frames = sampled_frames(path, info, segment.start, segment.stop, step, outcome)
     index = 0
     for batch in _batches(frames, spec.detect_batch):

@@ -60,8 +60,8 @@ class TrackedBoxes:
         return TrackedBoxes(self.xyxy[index], self.conf[index], self.cls[index])
 
 
-def byte_tracker(spec: TrackerSpec, updates_per_second: float) -> Any:
-    """A fresh ultralytics ByteTrack; its buffer (in updates) is ``lost_seconds`` of sampled frames.
+def byte_tracker(spec: TrackerSpec, lost_updates: int) -> Any:
+    """A fresh ultralytics ByteTrack whose buffer is ``lost_updates`` updates (sampled frames).
     Imported offline, and quiet when nothing imported ultralytics before (its first import otherwise
     prints a settings-file banner in the middle of a run's progress)."""
     if "ultralytics" not in sys.modules:
@@ -71,7 +71,7 @@ def byte_tracker(spec: TrackerSpec, updates_per_second: float) -> Any:
 
     args = SimpleNamespace(track_high_thresh=spec.high_score, track_low_thresh=spec.low_score,
                            new_track_thresh=spec.new_track_score, match_thresh=spec.match_threshold,
-                           track_buffer=max(1, round(spec.lost_seconds * updates_per_second)), fuse_score=True)
+                           track_buffer=lost_updates, fuse_score=True)
     return BYTETracker(args)
 
 
