@@ -57,10 +57,28 @@ class RunContext:
 
 def run_locked(flow_name: str, stages: Sequence[str], profile: str, overrides: dict[str, Any] | None,
                output_root: str | None, until: str | None, body: Callable[[RunContext, str | None], T]) -> T:
-    """Validate ``until``, load the profile and run ``body`` holding the output folder's run lock
-    (one run per output folder at a time)."""
+    """Validate ``until``, load the profile, refuse a run resumed too often (``check_run_count``)
+    and run ``body`` holding the output folder's run lock (one run per output folder at a time)."""
     if until is not None and until not in stages:
         raise ValueError(f"until must be one of {tuple(stages)}, got {until!r}")
     ctx = RunContext(load_profile(profile, overrides), flow_name, output_root, source=profile, overrides=overrides)
+    check_run_count(ctx.profile.prefect.resume_max_runs)
     with output_lock(ctx.root, flow_name):
         return body(ctx, until)
+
+
+class ResumeLimitError(RuntimeError):
+    """A flow run was started more often than ``prefect.resume_max_runs`` allows."""
+
+
+def check_run_count(max_runs: int) -> None:
+    """Fail (a Failed state, which the server's resume automation leaves alone: it acts on Crashed
+    only) when this flow run has been started more than ``max_runs`` times: each crash and resume
+    counts one (Prefect's ``run_count``). Outside a flow run, or on its first run, nothing happens."""
+    from prefect.runtime import flow_run
+
+    runs = int(flow_run.run_count or 0)
+    if runs > max_runs:
+        raise ResumeLimitError(f"flow run {flow_run.name} has been started {runs} times (it crashed and was resumed "
+                               f"each time); prefect.resume_max_runs is {max_runs}. Find why it crashes (its logs, "
+                               "the worker's memory) and run it again by hand: the shards written so far are reused")

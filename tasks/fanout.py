@@ -15,12 +15,23 @@ child's state and heartbeats (``prefect.flow-run.heartbeat`` events, sent every
 - resubmits the range's missing shards when its run ended Failed or Crashed, or Completed
   without them (at most ``max_attempts`` runs per range, then the stage fails with the last run's
   message);
-- marks a Running or Pending run whose heartbeats stopped for ``stale_after_s`` (measured on this
-  process's clock from the last heartbeat, state change or shard it was seen to make) as Crashed
-  — its worker is presumed lost — and resubmits its missing shards;
+- leaves marking a lost run Crashed to the server: a Running or Pending run whose heartbeats stop
+  for ``stale_after_s`` is set Crashed by Prefect's zombie-detection automation
+  (``rde.common.prefect_automations``; ``rde stack up`` creates it, Prefect Cloud has it built in),
+  and the parent resubmits its missing shards as for any crash. Only on a server without such an
+  automation (checked once per stage; warned) does the parent mark a run silent that long
+  (measured on this process's clock from the last heartbeat, state change or shard it was seen to
+  make) Crashed itself: else a lost worker's run would stay Running, and the stage wait, forever;
 - never resubmits a run that is Cancelling or Cancelled: someone (the UI's Cancel, ``prefect
   flow-run cancel``) asked for it to stop, which is not a lost worker. The stage fails at once,
   saying so; the shards written so far stay for a rerun, and the other ranges' runs go on.
+
+Every shard-range run is tagged with the stage key (``rde-key:<key>``). A parent that starts on a
+stage whose key already has live runs (Scheduled, Pending or Running: the parent before it crashed,
+and the server's resume automation ran it again; or a user ran the build again) **adopts** them:
+it watches them as its own ranges, for the shards they were asked for that are not written yet,
+and submits ranges only for the shards no live run covers. No shard is computed twice, and the
+accounting is the one an undisturbed run makes.
 
 When the parent itself is stopped (its own cancel: the worker sends its flow-run process SIGTERM,
 which the engine raises as ``TerminationSignal``; Ctrl-C in the CLI), it cancels the shard-range
@@ -45,6 +56,7 @@ event (resource ``rde.shard.<stage>.<index>``), so double writes can be counted 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +100,25 @@ class Orchestrator(Protocol):
 
     def cancel(self, run_id: str, message: str) -> None: ...
 
+    def live_runs(self, key: str) -> list[LiveRun]: ...
+
+    def detects_zombies(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """A shard-range run of a stage key that has not ended (Scheduled, Pending or Running): one a
+    new parent adopts instead of submitting its shards again."""
+
+    run_id: str
+    name: str
+    indices: tuple[int, ...]
+
+
+def key_tag(key: str) -> str:
+    """The tag every shard-range run of a stage key carries (how a new parent finds them)."""
+    return f"rde-key:{key}"
+
 
 @dataclass
 class ShardRange:
@@ -103,6 +134,13 @@ class ShardRange:
     seen_at: float = 0.0  # when it (or a shard of the range) last changed, on this process's clock
     shards_seen: int = 0
     warned: bool = False  # the "no worker has started it" warning was given for its current run
+    warned_silent: bool = False  # the "no heartbeat, waiting for the server" warning was given for it
+    tries_before: int = 0  # runs of this range an earlier parent submitted before the one adopted
+
+    @property
+    def next_try(self) -> int:
+        """The number the range's next run is named with (``…-try<n>``)."""
+        return self.tries_before + len(self.runs) + 1
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -114,6 +152,26 @@ def split_ranges(indices: Sequence[int], per_run: int) -> list[ShardRange]:
     """Consecutive ranges of at most ``per_run`` of the (sorted) missing shard indices."""
     ordered = sorted(indices)
     return [ShardRange(tuple(ordered[at:at + per_run])) for at in range(0, len(ordered), per_run)]
+
+
+def plan_ranges(missing: Sequence[int], live: Sequence[LiveRun], per_run: int) -> list[ShardRange]:
+    """The ranges for the ``missing`` shards: first one per live run that was asked for some of
+    them (adopted: its run is its first try, already submitted), then new ranges of at most
+    ``per_run`` for the shards no live run covers. A live run whose shards are all written is left
+    to finish on its own; of two live runs asked for one shard (a run marked Crashed that went on),
+    the first adopts it."""
+    todo, adopted = set(missing), []
+    for run in live:
+        mine = tuple(i for i in run.indices if i in todo)
+        if not mine:
+            continue
+        todo -= set(mine)
+        first, last = run.indices[0], run.indices[-1]
+        label = f"{first}-{last}" if last != first else str(first)
+        earlier = re.search(r"-try(\d+)$", run.name)
+        adopted.append(ShardRange(mine, label=label, runs=[run.run_id], names=[run.name],
+                                  tries_before=int(earlier.group(1)) - 1 if earlier else 0))
+    return adopted + split_ranges(sorted(todo), per_run)
 
 
 def judge(view: RunView, quiet_s: float, spec: FanoutSpec) -> str:
@@ -158,22 +216,25 @@ def cancel_unfinished(ranges: Sequence[ShardRange], orchestrator: Orchestrator, 
 def watch_ranges(ranges: list[ShardRange], orchestrator: Orchestrator, spec: FanoutSpec,
                  parameters: Callable[[tuple[int, ...]], dict[str, Any]], run_name: Callable[[ShardRange], str],
                  shards_present: Callable[[], set[int]], on_progress: Callable[[int], None] = lambda n: None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Submit every range, then watch until each range's shards all exist (see the module docstring);
-    raises ``FanoutError`` when a range has used ``max_attempts`` runs without finishing."""
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 server_detects_zombies: bool = True) -> None:
+    """Submit every range that has no run yet (an adopted range has one), then watch until each
+    range's shards all exist (see the module docstring); raises ``FanoutError`` when a range has
+    used ``max_attempts`` runs without finishing. Without ``server_detects_zombies`` the parent
+    marks a silent run Crashed itself."""
 
     def submit(r: ShardRange) -> None:
         name = run_name(r)
         r.runs.append(orchestrator.submit(parameters(r.indices), name))
         r.names.append(name)
         r.seen, r.seen_at, r.shards_seen = "", clock(), len(set(r.indices) & shards_present())
-        r.warned = False
+        r.warned = r.warned_silent = False
 
     def retry(r: ShardRange, outcome: str, present: set[int]) -> None:
         r.outcomes.append(outcome)
         missing = tuple(i for i in r.indices if i not in present)
-        if len(r.runs) >= spec.max_attempts:
-            raise FanoutError(f"shards {list(missing)}: {len(r.runs)} flow runs ({', '.join(r.names)}) did not "
+        if r.next_try > spec.max_attempts:
+            raise FanoutError(f"shards {list(missing)}: {r.next_try - 1} flow runs ({', '.join(r.names)}) did not "
                               f"write them; the last {outcome} (prefect.fanout.max_attempts = {spec.max_attempts})")
         warn(f"shard range {r.label}: run {r.names[-1]} {outcome}; resubmitting shards {list(missing)}")
         r.indices = missing
@@ -181,14 +242,18 @@ def watch_ranges(ranges: list[ShardRange], orchestrator: Orchestrator, spec: Fan
 
     try:
         for r in ranges:
-            submit(r)
+            if r.runs:  # adopted: watched from now
+                r.seen_at, r.shards_seen = clock(), len(set(r.indices) & shards_present())
+            else:
+                submit(r)
         while not all(r.done for r in ranges):
             sleep(spec.poll_s)
             present = shards_present()
             on_progress(len(present))
             for r in ranges:
                 if not r.done:
-                    present = _watch_one(r, orchestrator, spec, present, shards_present, retry, clock)
+                    present = _watch_one(r, orchestrator, spec, present, shards_present, retry, clock,
+                                         server_detects_zombies)
     except Exception:
         raise  # a failed stage: the other ranges' runs finish their shards, which a rerun reuses
     except BaseException as stop:  # TerminationSignal (this run's cancel), KeyboardInterrupt: stop the children
@@ -200,7 +265,7 @@ def watch_ranges(ranges: list[ShardRange], orchestrator: Orchestrator, spec: Fan
 
 def _watch_one(r: ShardRange, orchestrator: Orchestrator, spec: FanoutSpec, present: set[int],
                shards_present: Callable[[], set[int]], retry: Callable[[ShardRange, str, set[int]], None],
-               clock: Callable[[], float]) -> set[int]:
+               clock: Callable[[], float], server_detects_zombies: bool) -> set[int]:
     """One poll of one range's latest run (``judge``); returns the shards present, listed again when
     a completed run may have written its last shard since the listing."""
     view = orchestrator.view(r.runs[-1])
@@ -226,10 +291,15 @@ def _watch_one(r: ShardRange, orchestrator: Orchestrator, spec: FanoutSpec, pres
                           "again to compute the rest")
     elif verdict == "failed":
         retry(r, f"ended {view.state_name}: {view.message[:300]}", present)
+    elif verdict == "lost" and server_detects_zombies:
+        if not r.warned_silent:  # the server's automation marks it Crashed; the parent resubmits then
+            r.warned_silent = True
+            warn(f"shard range {r.label}: run {r.names[-1]} sent no heartbeat for {quiet:.0f} s; waiting for the "
+                 "server's zombie automation to mark it Crashed")
     elif verdict == "lost":
         orchestrator.mark_crashed(r.runs[-1], f"no heartbeat for {quiet:.0f} s: its worker is presumed "
                                               "lost; the parent resubmits its missing shards")
-        retry(r, f"sent no heartbeat for {quiet:.0f} s (marked Crashed)", present)
+        retry(r, f"sent no heartbeat for {quiet:.0f} s (marked Crashed by the parent)", present)
     elif verdict == "unclaimed" and not r.warned:
         r.warned = True  # waiting for a free worker of the pool (Late, AwaitingConcurrencySlot...)
         warn(f"shard range {r.label}: no worker of the pool has started run {r.names[-1]} for "
@@ -290,6 +360,37 @@ class PrefectOrchestrator:
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(run_id, Crashed(message=message), force=True)
 
+    def live_runs(self, key: str) -> list[LiveRun]:
+        """The runs of this deployment tagged with the stage key that have not ended, oldest first."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            FlowRunFilterTags,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        alive = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name(self.deployment)
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                deployment_id={"any_": [deployment.id]}, tags=FlowRunFilterTags(all_=[key_tag(key)]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=alive))),
+                sort=FlowRunSort.START_TIME_ASC)
+        return [LiveRun(str(r.id), r.name, tuple(int(i) for i in r.parameters.get("indices", []))) for r in runs]
+
+    def detects_zombies(self) -> bool:
+        """Whether the server has an enabled zombie-detection automation (judged by its shape)."""
+        from prefect.client.orchestration import get_client
+
+        from rde.common.prefect_automations import detects_zombies
+
+        with get_client(sync_client=True) as client:
+            automations = client.read_automations()
+        return detects_zombies(a.model_dump(mode="json") for a in automations)
+
     def cancel(self, run_id: str, message: str) -> None:
         """Ask for a run to stop, as the UI's Cancel does: Cancelling, on which its worker stops the
         flow-run process and records Cancelled. A run no worker has started yet (Scheduled, Late,
@@ -330,8 +431,13 @@ def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output
     if skipped is not None:
         return skipped
     spec = ctx.profile.prefect.fanout
-    orchestrator = PrefectOrchestrator(spec.deployment, tags=["fanout", ctx.flow_name, stage])
+    orchestrator = PrefectOrchestrator(spec.deployment, tags=["fanout", ctx.flow_name, stage, key_tag(key)])
     orchestrator.check_deployment()
+    zombies = orchestrator.detects_zombies()
+    if not zombies:
+        warn("the Prefect server has no zombie-detection automation (`rde stack automations` creates it; Prefect "
+             "Cloud has it built in): this parent marks a shard-range run whose heartbeats stop Crashed itself, "
+             "and nothing marks this parent Crashed or resumes it if its own worker dies")
     with sharded.Timer() as timer:
         sharded.begin(outputs, key)
         sharded.discard_uncounted_shards(stage, outputs, key, range(n_shards))
@@ -340,15 +446,18 @@ def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output
             return set.intersection(*(Artifact(o.url).written_indices() for o in outputs)) & set(range(n_shards))
 
         before = present()
-        ranges = split_ranges([i for i in range(n_shards) if i not in before], spec.shards_per_run)
+        live = orchestrator.live_runs(key)
+        ranges = plan_ranges([i for i in range(n_shards) if i not in before], live, spec.shards_per_run)
+        adopted = sum(1 for r in ranges if r.runs)
         log(f"{stage}: {len(before)} of {n_shards} shards already written; {len(ranges)} shard-range runs of "
-            f"{spec.deployment} for the rest")
+            f"{spec.deployment} for the rest" + (f", {adopted} of them adopted (still running from an earlier "
+                                                  "parent run)" if adopted else ""))
         with Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}", stage=stage,
                       total=n_shards, unit="shards") as progress:
             try:
                 watch_ranges(ranges, orchestrator, spec, lambda idx: shard_range_parameters(ctx, stage, key, idx),
-                             lambda r: f"{ctx.flow_name}-{stage}-{r.label}-try{len(r.runs) + 1}", present,
-                             lambda n: progress.update(n))
+                             lambda r: f"{ctx.flow_name}-{stage}-{r.label}-try{r.next_try}", present,
+                             lambda n: progress.update(n), server_detects_zombies=zombies)
             finally:
                 publish_table(f"{ctx.flow_name}-{stage}-fanout".lower(), fanout_rows(ranges),
                               f"{stage}: shard-range flow runs on the pool (each try, and how it ended)")

@@ -18,7 +18,16 @@ from prefect.exceptions import TerminationSignal
 from rde.common.profiles import FanoutSpec, load_profile
 from storage import Artifact
 from tasks.context import RunContext
-from tasks.fanout import FanoutError, RunView, ShardRange, judge, split_ranges, watch_ranges
+from tasks.fanout import (
+    FanoutError,
+    LiveRun,
+    RunView,
+    ShardRange,
+    judge,
+    plan_ranges,
+    split_ranges,
+    watch_ranges,
+)
 from tasks.runner import run_pipeline, run_shard_range
 from tasks.stage import Pipeline, Resources, Stage, StageRun, Work, Write
 
@@ -85,14 +94,14 @@ class Scripted:
         self.cancelled.append(run_id)
 
 
-def _watch(script: dict[tuple[str, int], str], n: int = 4, per_run: int = 2, **spec: Any
-           ) -> tuple[list[ShardRange], Scripted, Clock]:
+def _watch(script: dict[tuple[str, int], str], n: int = 4, per_run: int = 2, server_detects_zombies: bool = True,
+           **spec: Any) -> tuple[list[ShardRange], Scripted, Clock]:
     written: set[int] = set()
     orch, clock = Scripted(script, written), Clock()
     ranges = split_ranges(range(n), per_run)
     watch_ranges(ranges, orch, FanoutSpec(**{"poll_s": 1.0, "stale_after_s": 10.0, **spec}),
-                 lambda idx: {"indices": list(idx)}, lambda r: f"{r.label}-try{len(r.runs) + 1}",
-                 lambda: set(written), clock=clock, sleep=clock.sleep)
+                 lambda idx: {"indices": list(idx)}, lambda r: f"{r.label}-try{r.next_try}",
+                 lambda: set(written), clock=clock, sleep=clock.sleep, server_detects_zombies=server_detects_zombies)
     assert written == set(range(n))
     return ranges, orch, clock
 
@@ -113,10 +122,36 @@ def test_a_crashed_or_hollow_run_is_resubmitted_for_its_missing_shards_only() ->
     assert [orch.runs[r.runs[-1]][1] for r in ranges] == [(0, 1), (2, 3)]
 
 
+def test_a_silent_run_is_left_to_the_servers_zombie_automation_and_resubmitted_once_it_is_crashed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """With zombie detection on the server the parent never marks a run Crashed itself: it warns
+    once that the run is silent, and resubmits its shards when the server's automation has set it
+    Crashed (here 25 s after the parent last saw it alive)."""
+    written: set[int] = set()
+    orch, clock = Scripted({("0-1", 1): "silent"}, written), Clock()
+    ranges = split_ranges(range(4), 2)
+
+    def server_crashes_it_at_25_s(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now > 25:
+            orch.runs[ranges[0].runs[0]] = ("crash", (0, 1))
+
+    watch_ranges(ranges, orch, FanoutSpec(poll_s=1.0, stale_after_s=10.0), lambda idx: {"indices": list(idx)},
+                 lambda r: f"{r.label}-try{r.next_try}", lambda: set(written), clock=clock,
+                 sleep=server_crashes_it_at_25_s, server_detects_zombies=True)
+    assert not orch.crashed and len(ranges[0].runs) == 2 and written == {0, 1, 2, 3}
+    assert ranges[0].outcomes[0].startswith("ended Crashed")
+    assert 25.0 < clock.now < 28.0
+    out = capsys.readouterr().out
+    assert out.count("waiting for the server's zombie automation") == 1
+
+
 def test_a_run_whose_heartbeats_stop_is_marked_crashed_and_replaced_but_a_beating_one_is_left() -> None:
-    ranges, orch, clock = _watch({("0-1", 1): "silent"}, stale_after_s=10.0)
+    """Without zombie detection on the server (the fallback) the parent marks a silent run Crashed."""
+    ranges, orch, clock = _watch({("0-1", 1): "silent"}, stale_after_s=10.0, server_detects_zombies=False)
     assert orch.crashed == [ranges[0].runs[0]] and len(ranges[0].runs) == 2
-    assert ranges[0].outcomes[0].startswith("sent no heartbeat for 1") and "(marked Crashed)" in ranges[0].outcomes[0]
+    assert ranges[0].outcomes[0].startswith("sent no heartbeat for 1")
+    assert "(marked Crashed by the parent)" in ranges[0].outcomes[0]
     assert 10.0 < clock.now < 14.0  # replaced within a poll or two after the stale limit
     # a long shard whose run keeps beating is not touched (bounded here by a hollow try later)
     beating = Scripted({("0-1", 1): "beating"}, set())
@@ -130,7 +165,7 @@ def test_a_run_whose_heartbeats_stop_is_marked_crashed_and_replaced_but_a_beatin
 
     watch_ranges(ranges, beating, FanoutSpec(poll_s=1.0, stale_after_s=10.0), lambda idx: {"indices": list(idx)},
                  lambda r: f"{r.label}-try{len(r.runs) + 1}", lambda: beating.written, clock=clock,
-                 sleep=stop_after_a_while)
+                 sleep=stop_after_a_while, server_detects_zombies=False)
     assert not beating.crashed and len(ranges[0].runs) == 1
 
 
@@ -149,6 +184,29 @@ def test_a_run_no_worker_starts_is_waited_for_with_one_warning(capsys: pytest.Ca
                  lambda: orch.written, clock=clock, sleep=claimed_later)
     assert len(ranges[0].runs) == 1 and not orch.crashed
     assert capsys.readouterr().out.count("no worker of the pool has started run 0-1-try1 for 30") == 1
+
+
+def test_a_new_parent_adopts_the_live_runs_of_its_stage_key_and_submits_only_the_shards_they_miss() -> None:
+    """Shards 0-7 of which 0 and 5 are written; live runs from the crashed parent: "1-3-try2"
+    (asked for 1, 2, 3) and "4-5-try1" (asked for 4, 5); shards 6, 7 have none. Hand-computed: the
+    first is adopted for (1, 2, 3), the second for (4,) (5 is written), and one new range (6, 7)
+    is submitted; a retry of the first range is named try3."""
+    live = [LiveRun("a", "build-largefine-qa-tiers-1-3-try2", (1, 2, 3)),
+            LiveRun("b", "build-largefine-qa-tiers-4-5-try1", (4, 5)),
+            LiveRun("c", "build-largefine-qa-tiers-0-try1", (0,))]  # all its shards written: left alone
+    ranges = plan_ranges([1, 2, 3, 4, 6, 7], live, per_run=2)
+    assert [(r.indices, r.label, r.runs, r.next_try) for r in ranges] == [
+        ((1, 2, 3), "1-3", ["a"], 3), ((4,), "4-5", ["b"], 2), ((6, 7), "6-7", [], 1)]
+    # watched: the adopted runs are not submitted again; only (6, 7) is
+    written = {0, 5}
+    orch, clock = Scripted({}, written), Clock()
+    orch.runs.update({"a": ("ok", (1, 2, 3)), "b": ("crash", (4, 5))})
+    watch_ranges(ranges, orch, FanoutSpec(poll_s=1.0), lambda idx: {"indices": list(idx)},
+                 lambda r: f"{r.label}-try{r.next_try}", lambda: set(written), clock=clock, sleep=clock.sleep)
+    assert written == set(range(8))
+    submitted = {rid: idx for rid, (_, idx) in orch.runs.items() if rid not in ("a", "b")}
+    assert sorted(submitted.values()) == [(4,), (6, 7)]  # the crashed adoptee's missing shard, the new range
+    assert ranges[1].names == ["build-largefine-qa-tiers-4-5-try1", "4-5-try2"]
 
 
 def test_a_range_that_fails_every_try_fails_the_stage_with_the_last_message() -> None:
@@ -275,6 +333,12 @@ class ThreadPool:
 
     def cancel(self, run_id: str, message: str) -> None:
         raise AssertionError("nothing is cancelled here")
+
+    def live_runs(self, key: str) -> list[LiveRun]:
+        return []  # a first run: nothing to adopt
+
+    def detects_zombies(self) -> bool:
+        return True
 
 
 @flow(name="toy-run-shards", validate_parameters=False)

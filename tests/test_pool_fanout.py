@@ -1,7 +1,9 @@
-"""Fan-out over a pool for real: `rde stack up --gpu-workers 3` on loopback, build-largefine/pool
-(the parent on the cpu worker) with its qa-tiers shards as run-shards flow runs on the three gpu
-workers, one worker lost mid-stage; then another such run cancelled mid-stage. A module of its own
-(its own stack) so pytest-xdist runs it beside the other stack modules."""
+"""Fan-out over a pool for real: `rde stack up --gpu-workers 3 --workers 2` on loopback (with its
+zombie-detection and resume-on-crash automations), build-largefine/pool (the parent on a cpu
+worker) with its qa-tiers shards as run-shards flow runs on the three gpu workers, one gpu worker
+lost mid-stage; another such run cancelled mid-stage; then a third whose parent's own worker is
+lost mid-stage and which the server resumes. A module of its own (its own stack) so pytest-xdist
+runs it beside the other stack modules."""
 
 from __future__ import annotations
 
@@ -11,20 +13,30 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from stack_checks import CHROMIUM_FLAGS, api, engine_pids, headless_chromium
 
-from rde.entry.stack import StackConfig, down, free_port, up
+from rde.common.prefect_automations import RESUME_NAME, ZOMBIE_NAME, detects_zombies
+from rde.entry.stack import StackConfig, down, ensure_automations, free_port, up
 
 pytestmark = pytest.mark.slow
 
 
+# the zombie automation's window here (the demo profile's is 90 s): longer than the 30 s between
+# heartbeats, with room for a heartbeat late by a busy machine
+STALE_S = 50.0
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    """Three workers in the `gpu` pool, one flow run each at a time; the `gpu` limit is 3."""
-    cfg = StackConfig(port=free_port(), folder=tmp_path_factory.mktemp("pool-stack"), gpu_workers=3)
+    """Three workers in the `gpu` pool, one flow run each at a time; the `gpu` limit is 3; two
+    workers in the `cpu` pool (one is left when the other is lost); the server's automations."""
+    cfg = StackConfig(port=free_port(), folder=tmp_path_factory.mktemp("pool-stack"), gpu_workers=3,
+                      workers_per_pool=2, stale_after_s=STALE_S)
     up(cfg)
     try:
         yield cfg
@@ -41,6 +53,10 @@ def test_the_gpu_pool_has_three_workers_and_three_slots(stack: StackConfig) -> N
     assert len({w["name"] for w in api(stack, "/work_pools/gpu/workers/filter", {})}) == 3
     names = {(d["name"], d["work_pool_name"]) for d in api(stack, "/deployments/filter", {})}
     assert {("gpu", "gpu"), ("pool", "cpu")} <= names  # run-shards/gpu, build-largefine/pool
+    automations = {a["name"]: a for a in api(stack, "/automations/filter", {})}
+    assert detects_zombies(automations.values()) and RESUME_NAME in automations
+    assert automations[ZOMBIE_NAME]["trigger"]["within"] == STALE_S
+    assert ensure_automations(stack) == {ZOMBIE_NAME: "unchanged", RESUME_NAME: "unchanged"}  # idempotent
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +80,7 @@ def fanout_run(stack: StackConfig, tmp_path_factory: pytest.TempPathFactory, sma
     images, shard_size = 24, 4
     with stub_server(delay_s=1.0) as stub:
         params = fanout_params(out, small_pool_url, stub.base_url, images=images, shard_size=shard_size, per_run=3,
-                               stale_after_s=45.0)
+                               stale_after_s=STALE_S)
         params.pop("until")  # the whole build: the 3-tier accounting needs the advanced tier and the export
         parent = submit(stack, params)
         victim, pids, deadline = None, [], time.monotonic() + 400
@@ -87,10 +103,10 @@ def fanout_run(stack: StackConfig, tmp_path_factory: pytest.TempPathFactory, sma
 
 def test_fanned_out_captioning_survives_a_lost_worker(stack: StackConfig, fanout_run: dict,
                                                       test_artifacts_dir: Path) -> None:
-    """After the lost worker (``fanout_run``) the parent marks the silent run Crashed, resubmits its
-    missing shards to the two workers left, and the build completes: every captioned image's
-    three tiers are a caption or a rejected text, no shard is written twice (the shard-write
-    events), and every manifest matches its files by hash."""
+    """After the lost worker (``fanout_run``) the server's zombie automation marks the silent run
+    Crashed, the parent resubmits its missing shards to the two workers left, and the build
+    completes: every captioned image's three tiers are a caption or a rejected text, no shard is
+    written twice (the shard-write events), and every manifest matches its files by hash."""
     from pool_checks import flow_run, shard_runs, shard_write_events
 
     from storage import Artifact
@@ -100,7 +116,7 @@ def test_fanned_out_captioning_survives_a_lost_worker(stack: StackConfig, fanout
     assert final["state_type"] == "COMPLETED", final["state"]
     runs = shard_runs(stack, parent)
     lost = flow_run(stack, victim["id"])
-    assert lost["state_type"] == "CRASHED" and "no heartbeat" in lost["state"]["message"]
+    assert lost["state_type"] == "CRASHED" and "by the server's zombie automation" in lost["state"]["message"]
     prefix = victim["name"].rsplit("-try", 1)[0]
     again = [r for r in runs if r["name"].startswith(prefix) and r["id"] != victim["id"]]
     assert again and again[-1]["state_type"] == "COMPLETED"
@@ -178,7 +194,7 @@ def test_cancelling_a_fanned_out_run_cancels_it_and_its_shard_runs(stack: StackC
     out = tmp_path / "out"
     with stub_server(delay_s=3.0) as stub:  # slow captions: the shard-range runs are mid-shard at the cancel
         params = fanout_params(out, small_pool_url, stub.base_url, images=24, shard_size=4, per_run=2,
-                               stale_after_s=45.0)
+                               stale_after_s=STALE_S)
         parent = submit(stack, params)
         running, deadline = [], time.monotonic() + 400
         while time.monotonic() < deadline and len(running) < 2:
@@ -251,3 +267,95 @@ TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 # interpreter that loads the flow (8 s on two busy cores) before it records Cancelled.
 PROCESS_BOUND_S = 15.0
 STATE_BOUND_S = 45.0
+
+
+def test_a_build_whose_parent_worker_dies_is_crashed_resumed_and_adopts_its_shard_runs(
+        stack: StackConfig, fanout_run: dict, small_pool_url: str, tmp_path: Path, test_artifacts_dir: Path) -> None:
+    """SIGKILL of the parent's cpu worker and its flow-run process while its qa-tiers shard-range
+    runs caption: the server's zombie automation marks the parent Crashed within the window after
+    its last heartbeat, the resume automation schedules the same flow run again, the other cpu
+    worker runs it, and it adopts the shard-range runs still going instead of submitting their
+    shards again: the build completes with each shard written once (the shard-write events),
+    every image captioned once per tier, and every manifest matching its files by hash."""
+    from pool_checks import fanout_params, flow_run, shard_runs, shard_write_events, stub_server, submit
+
+    from storage import Artifact
+
+    out = tmp_path / "out"
+    root = out / "build-largefine" / "demo"
+    images, shards = 24, 6
+    with stub_server(delay_s=2.0) as stub:
+        params = fanout_params(out, small_pool_url, stub.base_url, images=images, shard_size=4, per_run=3,
+                               stale_after_s=STALE_S)
+        parent = submit(stack, params)
+        running, deadline = [], time.monotonic() + 400
+        while time.monotonic() < deadline and (len(running) < 2 or not list((root / "tier12_captions").glob("part-*"))):
+            running = [r for r in shard_runs(stack, parent) if r["state_type"] == "RUNNING" and engine_pids(r["id"])]
+            time.sleep(0.3)
+        assert len(running) >= 2, "no two shard-range runs were seen running with a shard written"
+        pids = engine_pids(parent)
+        assert pids, "no flow-run process of the parent was found"
+        worker = _parent_pid(pids[0])
+        assert b"worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), "the parent's parent is not its worker"
+        for pid in (pids[0], worker):
+            os.kill(pid, signal.SIGKILL)
+        killed_at, killed_wall, crashed_since, adopted = time.monotonic(), time.time(), None, []
+        stub.script.delay_s = 20.0  # the ranges outlive the parent's detection and restart (<= 60 s) ...
+        while time.monotonic() < killed_at + 500:  # Crashed lasts a moment: the resume automation follows
+            final = flow_run(stack, parent)
+            if final["state_type"] in ("COMPLETED", "FAILED", "CANCELLED"):
+                break
+            if final["run_count"] == 2 and not adopted:
+                logs = api(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [parent]}}, "limit": 200})
+                adopted = [line["message"] for line in logs if "adopted" in line["message"]]
+                if adopted:
+                    stub.script.delay_s = 0.5  # ... and once adopted, finish quickly
+            crashed_since = (crashed_since or time.monotonic()) if final["state_type"] == "CRASHED" else None
+            if crashed_since and time.monotonic() - crashed_since > 60:
+                break  # not resumed
+            time.sleep(0.5)
+        completed_after = time.monotonic() - killed_at
+    states = httpx.get(f"{stack.api_url}/flow_run_states/", params={"flow_run_id": parent}, timeout=30).json()
+    crashed_at = [datetime.fromisoformat(s["timestamp"]).timestamp() for s in states if s["name"] == "Crashed"]
+    children = shard_runs(stack, parent)
+    measured = {"parent": parent, "final": final["state_type"], "run_count": final["run_count"],
+                "states": [(s["name"], (s["message"] or "")[:120]) for s in states],
+                "seconds_from_kill_to_crashed": round(crashed_at[0] - killed_wall, 1) if crashed_at else None,
+                "seconds_from_kill_to_completion": round(completed_after, 1), "adoption_log": adopted,
+                "children": [{"name": r["name"], "state": r["state_type"],
+                              "running_at_kill": r["id"] in {x["id"] for x in running}} for r in children]}
+    (test_artifacts_dir / "fanout-parent-loss.json").write_text(json.dumps(measured, indent=1))
+    print(json.dumps(measured, indent=1))
+    assert final["state_type"] == "COMPLETED", measured
+    assert final["run_count"] == 2, measured  # started once, crashed, resumed once
+    crashed = [m for name, m in measured["states"] if name == "Crashed"]
+    assert crashed and "by the server's zombie automation" in crashed[0], measured
+    assert "AwaitingRetry" in [name for name, _ in measured["states"]], measured
+    # marked within the window after its last heartbeat (which came before the kill), give or take
+    # the server's 5 s evaluation period
+    assert crashed_at and crashed_at[0] - killed_wall <= STALE_S + 10, measured
+    # the live runs were adopted: none of their ranges was submitted again, no range ran twice
+    names = [c["name"] for c in measured["children"]]
+    assert len(names) == len(set(names)) and not [n for n in names if not n.endswith("-try1")], measured
+    assert all(c["state"] == "COMPLETED" for c in measured["children"]), measured
+    assert adopted and "2 of them adopted" in adopted[-1], adopted  # both ranges were still going
+    ids = {f"prefect.flow-run.{r['id']}" for r in children}
+    deadline = time.monotonic() + 30  # the server persists events in batches
+    while True:
+        writers = {i: [w for w in ws if w in ids] for i, ws in shard_write_events(stack, "qa-tiers").items()}
+        writers = {i: w for i, w in writers.items() if w}
+        if len(writers) >= shards or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert sorted(int(i) for i in writers) == list(range(shards)) and all(len(w) == 1 for w in writers.values()), \
+        writers
+    # the same texts and rejects as the same build's run that lost only a shard-range run (the stub
+    # answers alike): nothing lost, nothing twice
+    for folder, columns in (("tier12_captions", ["image_id", "tier", "text"]),
+                            ("tier12_rejects", ["input_id", "reason"])):
+        mine = sorted(tuple(r.values()) for r in Artifact(str(root / folder)).rows(columns))
+        other = sorted(tuple(r.values()) for r in Artifact(str(fanout_run["root"] / folder)).rows(columns))
+        assert mine == other and len(set(mine)) == len(mine), folder
+    assert len({r["image_id"] for r in Artifact(str(root / "tier12_captions")).rows(["image_id"])}) == images
+    for folder in ("tier12_captions", "qa_pairs", "tier12_rejects"):
+        assert Artifact(str(root / folder)).is_complete(verify_hashes=True), folder

@@ -478,8 +478,10 @@ class FanoutSpec(Strict):
     max_attempts: int = Field(3, ge=1, description="Runs of one range before the stage fails.")
     poll_s: float = Field(2.0, gt=0, description="Interval between checks of the ranges' flow runs (seconds).")
     # PREFECT_FLOWS_HEARTBEAT_FREQUENCY is 30 s in `rde stack up`
-    stale_after_s: float = Field(90.0, ge=1, description="A running or pending range whose flow run sent no "
-                                 "heartbeat this long is marked Crashed and resubmitted (seconds).")
+    stale_after_s: float = Field(90.0, ge=1, description="A flow run that sent no heartbeat this long is marked "
+                                 "Crashed by the server's zombie automation (the window `rde stack up` and `rde "
+                                 "stack automations` give it; by the parent itself on a server without one), and "
+                                 "a shard-range run so marked is resubmitted (seconds).")
     unclaimed_warn_s: float = Field(300.0, gt=0, description="Warn when no worker has started a range's run "
                                     "this long (seconds).")
 
@@ -493,6 +495,10 @@ class PrefectSpec(Strict):
     gpu_concurrency_limit: str = Field("gpu", description="Tag of the Prefect global concurrency limit that "
                                        "GPU stages' shard tasks take a slot of.")
     fanout: FanoutSpec = Field(FanoutSpec(), description="Shard fan-out of GPU stages over a work pool.")
+    resume_max_runs: int = Field(3, ge=1, description="Runs of one deployment flow run, counting those the "
+                                 "server's resume automation starts after a crash: a run started more often "
+                                 "fails at once instead (a crash that repeats, such as running out of memory, is "
+                                 "not retried forever).")
 
 
 class Profile(Strict):

@@ -733,13 +733,18 @@ def stack_up(
     gpu_slots: Annotated[int | None, typer.Option(min=1, help="Slots of the `gpu` global concurrency limit "
                                                   "(default: one per gpu worker).")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Workers of the `cpu` pool.")] = 1,
+    profile: Annotated[str, typer.Option(help="Profile whose prefect.fanout.stale_after_s is the zombie "
+                                         "automation's window.")] = "demo",
 ) -> None:
-    """Start the server, create pools and the `gpu` limit, deploy prefect.yaml, start workers."""
+    """Start the server, create pools, the `gpu` limit and the zombie and resume automations, deploy
+    prefect.yaml, start workers."""
     from rde.entry.stack import StackConfig, StackError, up
 
+    stale = _profile_or_fail(profile).prefect.fanout.stale_after_s
     try:
         cfg = up(StackConfig(host=host, port=port, database_url=database_url, postgres=postgres,
-                             gpu_slots=gpu_slots, workers_per_pool=workers, gpu_workers=gpu_workers))
+                             gpu_slots=gpu_slots, workers_per_pool=workers, gpu_workers=gpu_workers,
+                             stale_after_s=stale))
     except StackError as exc:
         _fail(str(exc))
         return
@@ -748,7 +753,33 @@ def stack_up(
                   f"logs in {cfg.folder}")
     console.print(f"workers: {cfg.workers_per_pool} in pool cpu, {cfg.gpu_workers} in pool gpu "
                   f"(`gpu` limit {cfg.gpu_slots or cfg.gpu_workers})")
+    console.print(f"automations: a flow run silent for {stale:g} s is marked Crashed; a crashed build run is run "
+                  "again (rde stack automations)")
     console.print(f"run: PREFECT_API_URL={cfg.api_url} .venv/bin/prefect deployment run 'build-secmm/demo'")
+
+
+@stack_app.command("automations")
+def stack_automations(
+    api_url: Annotated[str | None, typer.Option(help="The Prefect API (default: PREFECT_API_URL, else the "
+                                                "stack's).")] = None,
+    profile: Annotated[str, typer.Option(help="Profile whose prefect.fanout.stale_after_s is the zombie "
+                                         "automation's window.")] = "demo",
+) -> None:
+    """Create (or bring up to date) the zombie-detection and resume-on-crash automations on a server,
+    e.g. one `rde stack up` did not start; `stack up` does it on its own server. Prefect Cloud has
+    zombie detection built in (Unresponsive run detection)."""
+    from rde.entry.stack import StackConfig, StackError, ensure_automations, recorded_port
+
+    stale = _profile_or_fail(profile).prefect.fanout.stale_after_s
+    cfg = StackConfig(port=recorded_port() or 4200, stale_after_s=stale)
+    url = api_url or os.environ.get("PREFECT_API_URL") or cfg.api_url
+    try:
+        done = ensure_automations(cfg, url)
+    except StackError as exc:
+        _fail(str(exc))
+        return
+    for name, what in done.items():
+        console.print(f"{name}: {what} on {url}")
 
 
 @stack_app.command("down")

@@ -3,8 +3,10 @@
 ``up`` starts ``prefect server`` on 127.0.0.1 (SQLite in the stack folder; with ``postgres`` a
 throwaway PostgreSQL cluster of its own in the stack folder, see ``rde.entry.local_postgres``; or any
 database URL given), creates the ``cpu`` and ``gpu`` process work pools and the ``gpu``
-global concurrency limit (one slot per gpu worker), deploys everything in ``prefect.yaml`` and
-starts one worker for the ``cpu`` pool and ``gpu_workers`` for the ``gpu`` pool (``--gpu-workers``).
+global concurrency limit (one slot per gpu worker), the zombie-detection and resume-on-crash
+automations (``rde.common.prefect_automations``; window ``stale_after_s``), deploys everything in
+``prefect.yaml`` and starts ``workers_per_pool`` workers for the ``cpu`` pool and ``gpu_workers``
+for the ``gpu`` pool (``--gpu-workers``).
 ``down`` stops the workers first (SIGINT twice, as Prefect workers expect), then the server, then
 the stack's own PostgreSQL cluster (kept on disk unless ``remove_postgres``).
 Process ids and logs live in the stack folder (``.rde/stack`` by default), so ``down`` works
@@ -58,6 +60,9 @@ class StackConfig:
     # seconds between a flow run's heartbeat events (Prefect's minimum is 30): a fanned-out stage's
     # parent replaces a shard-range run whose heartbeats stop (prefect.fanout.stale_after_s)
     heartbeat_s: int = 30
+    # the zombie automation's window: a flow run silent this long is marked Crashed by the server
+    # (the profile's prefect.fanout.stale_after_s; `rde stack up --profile`)
+    stale_after_s: float = 90.0
     worker_poll_seconds: float = 2.0
     startup_timeout_s: float = 90.0
     # Prefect's client retries a lost API with a doubling back-off (2, 4, 8, … s), each wait
@@ -162,6 +167,7 @@ def up(cfg: StackConfig | None = None) -> StackConfig:
         _stop_postgres(cfg)
         raise
     _create_pools_and_limit(cfg)
+    ensure_automations(cfg)
     _cli(cfg, "deploy", "--all")
     for pool in cfg.pools:
         for i in range(cfg.gpu_workers if pool == "gpu" else cfg.workers_per_pool):
@@ -187,6 +193,19 @@ def _create_pools_and_limit(cfg: StackConfig) -> None:
         _post(cfg, "/v2/concurrency_limits/", {"name": "gpu", "limit": cfg.gpu_slots or cfg.gpu_workers})
 
 
+def ensure_automations(cfg: StackConfig, api_url: str | None = None) -> dict[str, str]:
+    """Zombie detection (window ``cfg.stale_after_s``) and resume-on-crash on the stack's server (or
+    the server at ``api_url``, e.g. one ``rde stack`` did not start), created or brought up to
+    date; what was done per automation."""
+    from rde.common.prefect_automations import ensure
+
+    if cfg.stale_after_s <= cfg.heartbeat_s:
+        raise StackError(f"the zombie window ({cfg.stale_after_s:g} s) must be longer than the heartbeat interval "
+                         f"({cfg.heartbeat_s} s), else every running flow run is marked Crashed")
+    url = (api_url or cfg.api_url).rstrip("/")
+    return ensure(lambda method, path, body: _call(url, method, path, body), cfg.stale_after_s)
+
+
 def api_request(cfg: StackConfig, method: str, path: str, body: dict[str, Any] | None = None,
                 timeout: float = 60.0) -> Any:
     """One call of the stack server's REST API (``path`` under ``/api``): its JSON answer; an HTTP
@@ -198,10 +217,17 @@ def api_request(cfg: StackConfig, method: str, path: str, body: dict[str, Any] |
 
 def _post(cfg: StackConfig, path: str, body: dict[str, Any]) -> Any:
     """``api_request`` for ``up``: a failure is a ``StackError`` naming the call."""
+    return _call(cfg.api_url, "POST", path, body)
+
+
+def _call(api_url: str, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    """One API call of ``up``'s (a 204 answer is None); a failure is a ``StackError`` naming it."""
     try:
-        return api_request(cfg, "POST", path, body, timeout=30)
+        response = httpx.request(method, f"{api_url}{path}", json=body, timeout=30)
+        response.raise_for_status()
     except httpx.HTTPError as err:
-        raise StackError(f"POST {path} to the stack's server failed: {err}") from err
+        raise StackError(f"{method} {path} to the server at {api_url} failed: {err}") from err
+    return response.json() if response.content else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
