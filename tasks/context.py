@@ -81,4 +81,5 @@ def check_run_count(max_runs: int) -> None:
     if runs > max_runs:
         raise ResumeLimitError(f"flow run {flow_run.name} has been started {runs} times (it crashed and was resumed "
                                f"each time); prefect.resume_max_runs is {max_runs}. Find why it crashes (its logs, "
-                               "the worker's memory) and run it again by hand: the shards written so far are reused")
+                               "the worker's memory), then start a new run of the deployment (a Retry of this run "
+                               "counts as one more start): the shards written so far are reused")

@@ -57,8 +57,8 @@ class StackConfig:
     # run's models; a parent that fans out runs on the cpu pool (build-largefine/pool), else it would
     # hold the slot its shard-range runs wait for. None: no limit
     gpu_worker_limit: int | None = 1
-    # seconds between a flow run's heartbeat events (Prefect's minimum is 30): a fanned-out stage's
-    # parent replaces a shard-range run whose heartbeats stop (prefect.fanout.stale_after_s)
+    # seconds between a flow run's heartbeat events (Prefect's minimum is 30): the server's zombie
+    # automation marks a run whose heartbeats stop for stale_after_s Crashed
     heartbeat_s: int = 30
     # the zombie automation's window: a flow run silent this long is marked Crashed by the server
     # (the profile's prefect.fanout.stale_after_s; `rde stack up --profile`)
