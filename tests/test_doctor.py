@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from models.specs import DetectorSpec, ModelSpec
+from rde.common.prefect_automations import resume_automation, zombie_automation
 from rde.common.profiles import load_profile
 from rde.entry import doctor
 from rde.entry.cli import app
@@ -84,7 +85,7 @@ def test_bundled_and_offline_models_and_the_detector(tmp_path: Path) -> None:
 
 @pytest.fixture
 def loopback() -> Iterator[tuple[str, dict[str, tuple[int, Any]]]]:
-    """A loopback HTTP server answering GET paths from a dict: path -> (status, JSON body)."""
+    """A loopback HTTP server answering GET and POST paths from a dict: path -> (status, JSON body)."""
     routes: dict[str, tuple[int, Any]] = {}
 
     class Handler(BaseHTTPRequestHandler):
@@ -96,6 +97,10 @@ def loopback() -> Iterator[tuple[str, dict[str, tuple[int, Any]]]]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.do_GET()
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -149,20 +154,28 @@ def test_prefect_ephemeral_a_dead_server_and_a_reached_one(loopback: tuple[str, 
     routes["/api/health"] = (200, True)
     routes["/api/admin/version"] = (200, "3.6.0")
     routes["/api/admin/settings"] = (200, {"server": {"database": {"driver": "postgresql+asyncpg"}}})
-    api, gpu, database = doctor.prefect_checks(prof)
+    routes["/api/automations/filter"] = (200, [])
+    api, gpu, automations, database = doctor.prefect_checks(prof)
     assert (api.status, api.fact) == ("ok", f"{url}/api answers (Prefect 3.6.0)")
     assert gpu.status == "warn" and "prefect gcl create gpu" in gpu.todo  # no limit named 'gpu' there
+    assert automations.status == "warn" and "no zombie detection and no resume-on-crash" in automations.fact
+    assert "rde stack automations --profile demo" in automations.todo
     assert (database.status, database.fact) == ("ok", "PostgreSQL")
     routes["/api/v2/concurrency_limits/gpu"] = (200, {"name": "gpu", "limit": 4, "active": True})
     routes["/api/admin/settings"] = (200, {"server": {"database": {"driver": "sqlite+aiosqlite"}}})
-    api, gpu, database = doctor.prefect_checks(prof)
+    routes["/api/automations/filter"] = (200, [zombie_automation(90.0)])
+    api, gpu, automations, database = doctor.prefect_checks(prof)
+    assert automations.status == "warn" and automations.fact.startswith("no resume-on-crash on this server")
+    routes["/api/automations/filter"] = (200, [zombie_automation(90.0), resume_automation()])
+    api, gpu, automations, database = doctor.prefect_checks(prof)
+    assert automations.status == "ok" and automations.fact.startswith("zombie detection and resume-on-crash")
     assert (gpu.status, gpu.fact) == ("ok", "'gpu': 4 slots, active")
     assert database.status == "warn" and "--postgres" in database.todo
     # a real server reports no driver (its connection URL is hidden): the stack's own record says
     routes["/api/admin/settings"] = (200, {"server": {"database": {"driver": None, "connection_url": "*****"}}})
-    assert doctor.prefect_checks(prof, tmp_path)[2].fact.startswith("not reported")
+    assert doctor.prefect_checks(prof, tmp_path)[-1].fact.startswith("not reported")
     (tmp_path / "stack.json").write_text(json.dumps({"api_url": f"{url}/api", "database": "postgres (stack)"}))
-    assert doctor.prefect_checks(prof, tmp_path)[2].fact == "PostgreSQL"
+    assert doctor.prefect_checks(prof, tmp_path)[-1].fact == "PostgreSQL"
 
 
 def test_the_artifact_root_is_written_to_and_left_clean(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ where loading the production models would take minutes or fail. Checks:
 - the Prefect API: the one ``PREFECT_API_URL`` names, reached or not, or the ephemeral server;
 - the artifact root: a probe file written and removed (a local folder or an object store);
 - the GPU concurrency limit the GPU stages take slots of, on a reached server;
+- the server's automations for a dead worker: zombie detection and resume-on-crash;
 - the server's database: PostgreSQL or SQLite.
 
 A check's status is ``ok``, ``warn`` (works, with a caveat) or ``fail`` (a run would fail);
@@ -219,8 +220,32 @@ def prefect_checks(prof: Profile, stack_folder: Path | None = None) -> list[Chec
         checks.append(Check("gpu limit", "warn", f"no global concurrency limit {name!r} on this server: GPU stages "
                             "run without a cap",
                             f"`prefect gcl create {name} --limit <GPUs>` (rde stack up creates it)"))
+    checks.append(_automations_check(url, prof))
     checks.append(_database_check(url, stack_folder))
     return checks
+
+
+def _automations_check(url: str, prof: Profile) -> Check:
+    """Zombie detection and resume-on-crash on the server (``rde.common.prefect_automations``)."""
+    from rde.common.prefect_automations import RESUME_NAME, detects_zombies
+
+    try:
+        answer = httpx.post(f"{url}/automations/filter", json={}, timeout=HTTP_TIMEOUT_S)
+        found = answer.json() if answer.is_success else None
+    except (httpx.HTTPError, ValueError):
+        found = None
+    todo = f"`rde stack automations --profile {prof.name}` creates them (rde stack up does on its own server)"
+    if not isinstance(found, list):
+        return Check("automations", "warn", "the server did not list its automations", todo)
+    zombies = detects_zombies(found)
+    resume = any(a.get("name") == RESUME_NAME and a.get("enabled", True) for a in found)
+    if zombies and resume:
+        return Check("automations", "ok", "zombie detection and resume-on-crash: a run whose worker dies is marked "
+                     "Crashed, and a crashed build run is run again")
+    missing = [what for what, there in (("zombie detection", zombies), ("resume-on-crash", resume)) if not there]
+    return Check("automations", "warn", f"no {' and no '.join(missing)} on this server: "
+                 + ("a run whose worker dies shows Running until someone marks it; " if not zombies else "")
+                 + ("a crashed build run is not run again" if not resume else "").rstrip("; "), todo)
 
 
 def _get_json(url: str) -> Any:
