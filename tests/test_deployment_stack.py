@@ -42,15 +42,17 @@ def test_stack_is_up_on_loopback_with_pools_limit_and_deployments(stack: StackCo
     assert limits.get("gpu") == 1  # gpu_slots (by default one slot per gpu worker: tests/test_pool_fanout.py)
     names = {(d["name"], d["work_pool_name"]) for d in api(stack, "/deployments/filter", {})}
     assert {("demo", "cpu"), ("demo", "gpu"), ("gpu", "gpu")} <= names  # gpu/gpu: run-shards
-    # rde doctor against the real server: reached, the gpu limit found, the database from the stack's record
+    # rde doctor against the real server: reached, the gpu limit found, the automations `up` created,
+    # the database from the stack's record
     from rde.common.profiles import load_profile
     from rde.entry.doctor import prefect_checks
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PREFECT_API_URL", stack.api_url)
-        api_check, gpu, database = prefect_checks(load_profile("demo"), stack.folder)
+        api_check, gpu, automations, database = prefect_checks(load_profile("demo"), stack.folder)
     assert api_check.status == "ok" and api_check.fact.startswith(f"{stack.api_url} answers (Prefect 3.")
     assert (gpu.status, gpu.fact) == ("ok", "'gpu': 1 slots, active")
+    assert automations.status == "ok", automations
     assert database.fact.startswith("SQLite")
 
 
