@@ -18,6 +18,7 @@ from models.backends.registry import BUNDLED_LLM
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
+from rde.common.dataset_cards import configs_header, loading_snippet
 from rde.common.embedding_cache import EmbeddingCache
 from rde.common.image_decoding import decode_rgb
 from rde.common.reasons import Reason, rejected_row
@@ -348,8 +349,8 @@ CAPTIONING = ("qa-tiers", "adv-tier")  # the stages whose throughput the run sum
 
 CARD_FILES = ("README.md", "card.json")  # beside the artifact folders, never inside one
 # The card's Hugging Face header: `load_dataset(run_folder[, "caption_rejects"])` reads these folders.
-CARD_CONFIGS = ("---\nconfigs:\n- config_name: default\n  data_files: largefine/*.parquet\n"
-                "- config_name: caption_rejects\n  data_files: caption_rejects/*.parquet\n---\n\n")
+CARD_TABLES = ("largefine", "caption_rejects")
+CARD_CONFIGS = configs_header(CARD_TABLES, default="largefine")
 
 
 def write_card(run_folder: Path, card: str, stats: dict[str, Any]) -> None:
@@ -397,11 +398,7 @@ def dataset_card(ctx: RunContext) -> tuple[str, dict[str, Any]]:
              "adv (stylized template); `text` is the cleaned training text, `raw_text` the generator's output and "
              "`cleaning` what was removed (hard-negative mentions, boilerplate, repeated sentences); `q_txt` is the "
              "mean token probability (GTR+ Eq. 8).", "",
-             "```python", "import pandas as pd", "from datasets import load_dataset", "",
-             f'captions = pd.read_parquet("{ctx.artifact_url("largefine")}")',
-             f'ds = load_dataset("parquet", data_files="{ctx.artifact_url("largefine")}/*.parquet", split="train")',
-             f'ds = load_dataset("{ctx.root}", split="train")  # this card\'s configs: default, caption_rejects',
-             "```", "",
+             *loading_snippet(CARD_TABLES, default="largefine"), "",
              "| texts | #texts | #words/text | #adj./text | #noun chunks/text |", "|---|---|---|---|---|"]
     for name, s in table1.items():
         lines.append(f"| {name} | {s['texts']} | {s['words_per_text']:.2f} | {s['adjectives_per_text']:.2f} | "

@@ -18,6 +18,7 @@ from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
+from rde.common.dataset_cards import configs_header, loading_snippet
 from rde.common.embedding_cache import EmbeddingCache, ExpertImages
 from rde.common.evaluation import evaluate_expert
 from rde.common.expert_check import load_check_set, load_check_yaml
@@ -406,7 +407,7 @@ class Export(Stage):
         fs_path = Path(bench)
         if "://" not in bench:
             fs_path.mkdir(parents=True, exist_ok=True)
-            (fs_path / "README.md").write_text(card, encoding="utf-8")
+            (fs_path / "README.md").write_text(configs_header(BENCHMARK_TABLES) + card, encoding="utf-8")
             if not result.skipped or not (fs_path / "review" / "review.html").exists():
                 write_review_files(run.ctx, run.input("candidates").url, run.input("queries").url,
                                    run.input("gallery").url, fs_path / "review")
@@ -442,6 +443,9 @@ def write_review_files(ctx: RunContext, candidates_url: str, queries_url: str, g
     log(f"review: {len(candidates)} candidates → {folder / 'review.html'} and {folder / 'label_studio_tasks.json'}")
 
 
+BENCHMARK_TABLES = ("queries", "gallery", "qrels")  # the benchmark folder's tables, each a config of its card
+
+
 def dataset_card(ctx: RunContext, bench: str) -> str:
     queries = Artifact(f"{bench}/queries").to_pandas(["query_id", "domain"])
     gallery = Artifact(f"{bench}/gallery").to_pandas(["image_id", "domain"])
@@ -450,11 +454,9 @@ def dataset_card(ctx: RunContext, bench: str) -> str:
     low, mid, high = (int(per_query.min()), float(per_query.median()), int(per_query.max())) if len(per_query) \
         else (0, 0.0, 0)
     lines = [f"# SecMM-style benchmark ({ctx.profile.name} profile)", "",
-             "Text-to-image multi-match retrieval: `queries`, `gallery`, `qrels` (Parquet).", "",
-             "```python", "from datasets import load_dataset", "",
-             "# three tables with different columns: load each on its own",
-             *[f'{name} = load_dataset("parquet", data_files="{bench}/{name}/*.parquet", split="train")'
-               for name in ("queries", "gallery", "qrels")], "```", "",
+             "Text-to-image multi-match retrieval: `queries`, `gallery`, `qrels` (Parquet), three tables with "
+             "different columns, each a config of this card.", "",
+             *loading_snippet(BENCHMARK_TABLES), "",
              "| domain | queries | gallery images |", "|---|---|---|"]
     for domain in sorted(set(gallery.domain) | set(queries.domain)):
         lines.append(f"| {domain} | {(queries.domain == domain).sum()} | {(gallery.domain == domain).sum()} |")

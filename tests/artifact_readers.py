@@ -6,7 +6,10 @@ with the documented ``data_files="<folder>/*.parquet"`` pattern (``data_dir=`` w
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow.dataset as pads
@@ -40,3 +43,27 @@ def assert_every_artifact_opens(root: str | Path, hf_cache: str | Path) -> list[
             failures.append(f"{folder.relative_to(root)}: {type(exc).__name__}: {str(exc)[:300]}")
     assert not failures, "artifact folders that the standard readers cannot open:\n" + "\n".join(failures)
     return folders
+
+
+def run_card_snippet(card_folder: str | Path, copy_to: Path, hf_cache: Path) -> dict[str, Any]:
+    """Copy a dataset card's folder elsewhere (a user moving the dataset) and run the card's own
+    Python block there, as it is written, with the copy as the working directory and the original
+    folder renamed away (so a path into it would fail); returns the names the block defined."""
+    import datasets.config
+
+    source = Path(card_folder)
+    shutil.copytree(source, copy_to)
+    code = (copy_to / "README.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    hidden = source.with_name(source.name + ".moved-away")
+    source.rename(hidden)
+    cwd, cache = os.getcwd(), datasets.config.HF_DATASETS_CACHE
+    names: dict[str, Any] = {}
+    try:
+        os.chdir(copy_to)
+        datasets.config.HF_DATASETS_CACHE = hf_cache
+        exec(compile(code, str(copy_to / "README.md"), "exec"), names)  # the card's own snippet, as written
+    finally:
+        os.chdir(cwd)
+        datasets.config.HF_DATASETS_CACHE = cache
+        hidden.rename(source)
+    return names

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from artifact_readers import assert_every_artifact_opens
+from artifact_readers import assert_every_artifact_opens, run_card_snippet
 from tiny_models import build_tiny_qwen2vl
 
 from flows.build_largefine import build_largefine
@@ -129,15 +129,22 @@ def test_kept_texts_hold_no_repeated_sentence_and_say_how_they_were_cleaned(
 
 def test_every_artifact_opens_with_pandas_pyarrow_and_datasets(offline_run: tuple[str, dict, dict],
                                                                tmp_path: Path) -> None:
-    """the dataset card sits beside the artifact folders, never among the shards."""
+    """the dataset card sits beside the artifact folders, never among the shards, and its snippet
+    loads the captions from a copy of the folder on another path."""
     out, _, _ = offline_run
     run_folder = Path(out, "build-largefine", "demo")
     opened = {p.name for p in assert_every_artifact_opens(out, tmp_path / "hf")}
     assert {"largefine", "caption_rejects", "tier12_captions", "adv_captions", "select_rejects"} <= opened
-    from datasets import load_dataset  # the card's own configs: the captions by default
+    card = (run_folder / "README.md").read_text()
+    assert str(Path(out).resolve()) not in card  # no path of the machine that built it
+    # the card's own snippet, run in a copy of the folder elsewhere (the original moved away)
+    ran = run_card_snippet(run_folder, tmp_path / "elsewhere" / "demo", tmp_path / "hf-card")
+    assert len(ran["largefine"]) == ran["largefine_ds"].num_rows == Artifact(str(run_folder / "largefine")).count_rows()
+    assert len(ran["caption_rejects"]) == Artifact(str(run_folder / "caption_rejects")).count_rows()
+    from datasets import load_dataset  # the card's configs (what the Hub reads): the captions by default
 
-    ds = load_dataset(str(run_folder), split="train", cache_dir=str(tmp_path / "hf-card"))
-    assert ds.num_rows == Artifact(str(run_folder / "largefine")).count_rows()
+    ds = load_dataset(str(tmp_path / "elsewhere" / "demo"), split="train", cache_dir=str(tmp_path / "hf-configs"))
+    assert ds.num_rows == len(ran["largefine"])
 
 
 def _assert_summary_lists_rejects(root: Path, summary: dict, stages: tuple[str, ...]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artifact_readers import assert_every_artifact_opens
+from artifact_readers import assert_every_artifact_opens, run_card_snippet
 from bad_input_corpus import make_corpus
 from typer.testing import CliRunner
 
@@ -186,14 +186,19 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     bench = Path(out) / "build-secmm" / "demo" / "benchmark"
     for name in ("queries", "gallery", "qrels"):
         assert pads.dataset(str(bench / name), format="parquet").count_rows() > 0
-    assert (bench / "README.md").read_text().startswith("# SecMM-style benchmark")
-    from datasets import load_dataset  # the card's loading recipe works as written
+    card = (bench / "README.md").read_text()
+    assert "# SecMM-style benchmark" in card and str(Path(out).resolve()) not in card  # no machine's path
+    # the card's own snippet, run in a copy of the folder elsewhere (the original moved away)
+    ran = run_card_snippet(bench, tmp_path / "elsewhere" / "benchmark", tmp_path / "hf-cache")
+    assert len(ran["queries"]) == len(queries) and len(ran["qrels"]) == len(cands)
+    assert len(ran["gallery"]) == Artifact(str(bench / "gallery")).count_rows()
+    assert ran["queries_ds"].num_rows == len(queries)  # datasets, through the card's configs
+    assert {"image_id", "domain", "image_bytes"} <= set(ran["gallery"].columns)
+    from datasets import load_dataset  # the card's configs (what the Hub reads): one per table
 
-    ds = {n: load_dataset("parquet", data_files=str(bench / n / "*.parquet"), split="train",
-                          cache_dir=str(tmp_path / "hf-cache")) for n in ("queries", "gallery", "qrels")}
-    assert ds["queries"].num_rows == len(queries) and ds["qrels"].num_rows == len(cands)
-    assert set(ds["gallery"].column_names) >= {"image_id", "domain", "image_bytes"}
-    assert 'split="train")' in (bench / "README.md").read_text()
+    qrels = load_dataset(str(tmp_path / "elsewhere" / "benchmark"), "qrels", split="train",
+                         cache_dir=str(tmp_path / "hf-configs"))
+    assert qrels.num_rows == len(cands)
     assert not Artifact(str(bench / "qrels")).to_pandas().verified.any()
     # every artifact of the build opens with pandas, pyarrow and datasets as the README says
     opened = set(assert_every_artifact_opens(out, tmp_path / "hf-all"))
