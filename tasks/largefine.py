@@ -339,7 +339,9 @@ class ExportLargeFine(Stage):
         card, stats = dataset_card(run.ctx)
         if "://" not in run.ctx.root:
             write_card(Path(run.ctx.root), card, stats)
-        return Report(markdown=[("dataset-card", card, "LargeFine-style dataset card (GTR+ Table 1 statistics)")])
+        where = f"The card's folder (`here` in its snippet): `{run.ctx.root}`\n\n"
+        return Report(markdown=[("dataset-card", where + card, "LargeFine-style dataset card (GTR+ Table 1 "
+                                 "statistics)")])
 
 
 LARGEFINE_STAGES: tuple[Stage, ...] = (HardNegatives(), QaTiers(), TemplateGallery(), AdvancedTier(),

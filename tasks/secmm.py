@@ -411,7 +411,8 @@ class Export(Stage):
             if not result.skipped or not (fs_path / "review" / "review.html").exists():
                 write_review_files(run.ctx, run.input("candidates").url, run.input("queries").url,
                                    run.input("gallery").url, fs_path / "review")
-        return Report(markdown=[("dataset-card", card, "Benchmark dataset card")])
+        where = f"The card's folder (`here` in its snippet): `{bench}`\n\n"
+        return Report(markdown=[("dataset-card", where + card, "Benchmark dataset card")])
 
 
 def qrel_rows(candidates: list[dict[str, Any]], decisions: dict[tuple[str, str], dict[str, Any]]
