@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -338,7 +339,8 @@ def test_a_build_whose_parent_worker_dies_is_crashed_resumed_and_adopts_its_shar
     names = [c["name"] for c in measured["children"]]
     assert len(names) == len(set(names)) and not [n for n in names if not n.endswith("-try1")], measured
     assert all(c["state"] == "COMPLETED" for c in measured["children"]), measured
-    assert adopted and "2 of them adopted" in adopted[-1], adopted  # both ranges were still going
+    # the ranges still going were adopted (both, unless one finished its last shard meanwhile)
+    assert adopted and re.search(r"\b[12] of them adopted", adopted[-1]), adopted
     ids = {f"prefect.flow-run.{r['id']}" for r in children}
     deadline = time.monotonic() + 30  # the server persists events in batches
     while True:
