@@ -20,8 +20,6 @@ tests/test_pool_fanout.py.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 import tempfile
 import time
@@ -30,10 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the stub generator and the stack's REST helpers
 sys.path.insert(0, str(ROOT / "benchmarks"))
-
-
-def _parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def main() -> None:
@@ -45,7 +39,7 @@ def main() -> None:
     import httpx
     from pool_checks import fanout_params, flow_run, shard_runs, stub_server, submit
     from pool_scaling import _slice_pool
-    from stack_checks import api, engine_pids
+    from stack_checks import api, engine_pids, kill_with_its_worker
 
     from rde.common.prefect_automations import ZOMBIE_NAME, detects_zombies
     from rde.entry.stack import StackConfig, down, free_port, up
@@ -70,8 +64,7 @@ def main() -> None:
                     victim, pids = running[-1], engine_pids(running[-1]["id"])
                 time.sleep(0.3)
             assert victim and pids, "no shard-range run was seen running"
-            for pid in (pids[0], _parent_pid(pids[0])):
-                os.kill(pid, signal.SIGKILL)
+            kill_with_its_worker(pids[0])
             killed = time.monotonic()
             while flow_run(cfg, victim["id"])["state_type"] == "RUNNING" and time.monotonic() < killed + 600:
                 time.sleep(0.5)
@@ -80,8 +73,7 @@ def main() -> None:
                   f"{time.monotonic() - killed:.1f} s: {lost['state']['message']!r}")
             pids = engine_pids(parent)
             assert pids, "no flow-run process of the parent was found"
-            for pid in (pids[0], _parent_pid(pids[0])):
-                os.kill(pid, signal.SIGKILL)
+            kill_with_its_worker(pids[0])
             killed = time.monotonic()
             while time.monotonic() < killed + args.watch:
                 time.sleep(30)

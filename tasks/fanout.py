@@ -143,9 +143,13 @@ class ShardRange:
         return self.tries_before + len(self.runs) + 1
 
     def __post_init__(self) -> None:
-        if not self.label:
-            first, last = self.indices[0], self.indices[-1]
-            self.label = f"{first}-{last}" if last != first else str(first)
+        self.label = self.label or range_label(self.indices)
+
+
+def range_label(indices: Sequence[int]) -> str:
+    """A range as its runs are named: "4-7", or "4" for one shard."""
+    first, last = indices[0], indices[-1]
+    return f"{first}-{last}" if last != first else str(first)
 
 
 def split_ranges(indices: Sequence[int], per_run: int) -> list[ShardRange]:
@@ -166,10 +170,8 @@ def plan_ranges(missing: Sequence[int], live: Sequence[LiveRun], per_run: int) -
         if not mine:
             continue
         todo -= set(mine)
-        first, last = run.indices[0], run.indices[-1]
-        label = f"{first}-{last}" if last != first else str(first)
         earlier = re.search(r"-try(\d+)$", run.name)
-        adopted.append(ShardRange(mine, label=label, runs=[run.run_id], names=[run.name],
+        adopted.append(ShardRange(mine, label=range_label(run.indices), runs=[run.run_id], names=[run.name],
                                   tries_before=int(earlier.group(1)) - 1 if earlier else 0))
     return adopted + split_ranges(sorted(todo), per_run)
 
@@ -223,12 +225,15 @@ def watch_ranges(ranges: list[ShardRange], orchestrator: Orchestrator, spec: Fan
     used ``max_attempts`` runs without finishing. Without ``server_detects_zombies`` the parent
     marks a silent run Crashed itself."""
 
-    def submit(r: ShardRange) -> None:
+    def watch_from_now(r: ShardRange, present: set[int]) -> None:  # its latest run, just submitted or adopted
+        r.seen, r.seen_at, r.shards_seen = "", clock(), len(set(r.indices) & present)
+        r.warned = r.warned_silent = False
+
+    def submit(r: ShardRange, present: set[int]) -> None:
         name = run_name(r)
         r.runs.append(orchestrator.submit(parameters(r.indices), name))
         r.names.append(name)
-        r.seen, r.seen_at, r.shards_seen = "", clock(), len(set(r.indices) & shards_present())
-        r.warned = r.warned_silent = False
+        watch_from_now(r, present)
 
     def retry(r: ShardRange, outcome: str, present: set[int]) -> None:
         r.outcomes.append(outcome)
@@ -238,14 +243,15 @@ def watch_ranges(ranges: list[ShardRange], orchestrator: Orchestrator, spec: Fan
                               f"write them; the last {outcome} (prefect.fanout.max_attempts = {spec.max_attempts})")
         warn(f"shard range {r.label}: run {r.names[-1]} {outcome}; resubmitting shards {list(missing)}")
         r.indices = missing
-        submit(r)
+        submit(r, present)
 
     try:
+        present = shards_present()
         for r in ranges:
-            if r.runs:  # adopted: watched from now
-                r.seen_at, r.shards_seen = clock(), len(set(r.indices) & shards_present())
+            if r.runs:  # adopted: its run was submitted by an earlier parent
+                watch_from_now(r, present)
             else:
-                submit(r)
+                submit(r, present)
         while not all(r.done for r in ranges):
             sleep(spec.poll_s)
             present = shards_present()

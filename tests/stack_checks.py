@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +47,15 @@ def engine_pids(flow_run_id: str) -> list[int]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return pids
+
+
+def kill_with_its_worker(flow_run_pid: int) -> None:
+    """SIGKILL a flow-run process and the worker that started it (its parent process, checked to
+    be a ``prefect worker``): a lost machine, as far as that run and worker are concerned."""
+    worker = int(Path(f"/proc/{flow_run_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert b"worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), "the run's parent process is not its worker"
+    for pid in (flow_run_pid, worker):
+        os.kill(pid, signal.SIGKILL)
 
 
 def api(cfg: StackConfig, path: str, body: dict) -> list[dict]:

@@ -8,9 +8,7 @@ runs it beside the other stack modules."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stack_checks import CHROMIUM_FLAGS, api, engine_pids, headless_chromium
+from stack_checks import CHROMIUM_FLAGS, api, engine_pids, headless_chromium, kill_with_its_worker
 
 from rde.common.prefect_automations import RESUME_NAME, ZOMBIE_NAME, detects_zombies
 from rde.entry.stack import StackConfig, down, ensure_automations, free_port, up
@@ -92,10 +90,7 @@ def fanout_run(stack: StackConfig, tmp_path_factory: pytest.TempPathFactory, sma
                 pids = engine_pids(victim["id"])
             time.sleep(0.3)
         assert victim and pids, "no shard-range run was seen running mid-stage"
-        worker = _parent_pid(pids[0])
-        assert b"worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), "the run's parent is not its worker"
-        for pid in (pids[0], worker):
-            os.kill(pid, signal.SIGKILL)
+        kill_with_its_worker(pids[0])
         killed_at = time.monotonic()
         final = wait_final(stack, parent, 600)
     return {"parent": parent, "final": final, "victim": victim, "root": root, "images": images,
@@ -164,10 +159,6 @@ def test_the_fanned_out_parent_run_lists_its_shard_runs_in_the_ui(chromium: str,
     dom = subprocess.run([chromium, *CHROMIUM_FLAGS, "--dump-dom", url], capture_output=True, text=True,
                          timeout=120).stdout
     assert any(name in dom for name in children), "the parent run's page does not list its shard-range runs"
-
-
-def _parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _running(pid: int) -> bool:
@@ -296,10 +287,7 @@ def test_a_build_whose_parent_worker_dies_is_crashed_resumed_and_adopts_its_shar
         assert len(running) >= 2, "no two shard-range runs were seen running with a shard written"
         pids = engine_pids(parent)
         assert pids, "no flow-run process of the parent was found"
-        worker = _parent_pid(pids[0])
-        assert b"worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), "the parent's parent is not its worker"
-        for pid in (pids[0], worker):
-            os.kill(pid, signal.SIGKILL)
+        kill_with_its_worker(pids[0])
         killed_at, killed_wall, crashed_since, adopted = time.monotonic(), time.time(), None, []
         stub.script.delay_s = 20.0  # the ranges outlive the parent's detection and restart (<= 60 s) ...
         while time.monotonic() < killed_at + 500:  # Crashed lasts a moment: the resume automation follows

@@ -212,7 +212,7 @@ def prefect_checks(prof: Profile, stack_folder: Path | None = None) -> list[Chec
                       "start the server (`rde stack up`), fix PREFECT_API_URL, or unset it for an ephemeral server")]
     checks = [Check("prefect api", "ok", f"{url} answers (Prefect {version})")]
     name = prof.prefect.gpu_concurrency_limit
-    body = _get_json(f"{url}/v2/concurrency_limits/{name}")
+    body = _answer_json(f"{url}/v2/concurrency_limits/{name}")
     if isinstance(body, dict) and "limit" in body:
         checks.append(Check("gpu limit", "ok", f"{name!r}: {body.get('limit')} slots, "
                             f"{'active' if body.get('active', True) else 'inactive'}"))
@@ -229,11 +229,7 @@ def _automations_check(url: str, prof: Profile) -> Check:
     """Zombie detection and resume-on-crash on the server (``rde.common.prefect_automations``)."""
     from rde.common.prefect_automations import RESUME_NAME, detects_zombies
 
-    try:
-        answer = httpx.post(f"{url}/automations/filter", json={}, timeout=HTTP_TIMEOUT_S)
-        found = answer.json() if answer.is_success else None
-    except (httpx.HTTPError, ValueError):
-        found = None
+    found = _answer_json(f"{url}/automations/filter", post={})
     todo = f"`rde stack automations --profile {prof.name}` creates them (rde stack up does on its own server)"
     if not isinstance(found, list):
         return Check("automations", "warn", "the server did not list its automations", todo)
@@ -248,10 +244,12 @@ def _automations_check(url: str, prof: Profile) -> Check:
                  + ("a crashed build run is not run again" if not resume else "").rstrip("; "), todo)
 
 
-def _get_json(url: str) -> Any:
-    """The JSON body of a successful GET, else None (an error answer, no answer, not JSON)."""
+def _answer_json(url: str, post: dict[str, Any] | None = None) -> Any:
+    """The JSON body of a successful GET (or, with ``post``, of a POST of that body), else None (an
+    error answer, no answer, not JSON)."""
     try:
-        answer = httpx.get(url, timeout=HTTP_TIMEOUT_S)
+        answer = (httpx.get(url, timeout=HTTP_TIMEOUT_S) if post is None
+                  else httpx.post(url, json=post, timeout=HTTP_TIMEOUT_S))
         return answer.json() if answer.is_success else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -261,7 +259,7 @@ def _database_check(url: str, stack_folder: Path | None) -> Check:
     """The server's database: from the server's settings where they say (its driver), else from
     the record of the ``rde stack up`` that started the server at ``url`` (Prefect's API hides the
     connection URL, and a server configured by one reports no driver)."""
-    settings = _get_json(f"{url}/admin/settings")
+    settings = _answer_json(f"{url}/admin/settings")
     database = settings.get("server", {}).get("database", {}) if isinstance(settings, dict) else {}
     driver = str(database.get("driver") or "")
     if not driver:

@@ -210,9 +210,14 @@ def api_request(cfg: StackConfig, method: str, path: str, body: dict[str, Any] |
                 timeout: float = 60.0) -> Any:
     """One call of the stack server's REST API (``path`` under ``/api``): its JSON answer; an HTTP
     error status or a lost connection raises ``httpx``'s error, for the caller to retry or report."""
-    response = httpx.request(method, f"{cfg.api_url}{path}", json=body, timeout=timeout)
+    return _request(cfg.api_url, method, path, body, timeout)
+
+
+def _request(api_url: str, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    """One call of the REST API at ``api_url``: its JSON answer, None for an empty one (a 204)."""
+    response = httpx.request(method, f"{api_url}{path}", json=body, timeout=timeout)
     response.raise_for_status()
-    return response.json()
+    return response.json() if response.content else None
 
 
 def _post(cfg: StackConfig, path: str, body: dict[str, Any]) -> Any:
@@ -221,13 +226,11 @@ def _post(cfg: StackConfig, path: str, body: dict[str, Any]) -> Any:
 
 
 def _call(api_url: str, method: str, path: str, body: dict[str, Any] | None) -> Any:
-    """One API call of ``up``'s (a 204 answer is None); a failure is a ``StackError`` naming it."""
+    """``_request`` for ``up`` and the automations: a failure is a ``StackError`` naming the call."""
     try:
-        response = httpx.request(method, f"{api_url}{path}", json=body, timeout=30)
-        response.raise_for_status()
+        return _request(api_url, method, path, body, timeout=30)
     except httpx.HTTPError as err:
         raise StackError(f"{method} {path} to the server at {api_url} failed: {err}") from err
-    return response.json() if response.content else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
