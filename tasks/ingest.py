@@ -6,6 +6,7 @@ from rde.common.ingest import (
     InputError,
     allowed_roots,
     describe_listing,
+    ingest_container,
     ingest_shard,
     list_inputs,
     list_pool,
@@ -46,16 +47,25 @@ class Ingest(Stage):
             pool_url = resolve_location(spec.path) if spec.kind == "pool" else None
         run.prepared.update(chunks=shard_refs(refs, ingest.shard_size), domains=domains, pool_url=pool_url,
                             roots=allowed_roots(spec, project_root()))
-        log(f"ingest: {len(refs)} inputs {describe_listing(refs)} in shards of {ingest.shard_size}")
+        unit = f"{spec.kind} shards (one ingest shard each)" if spec.kind in ("webdataset", "image_parquet") else \
+            f"inputs {describe_listing(refs)} in shards of {ingest.shard_size}"
+        log(f"ingest: {len(refs)} {unit}")
         return Lineage(extra={"listing": fingerprint}, upstream=[Artifact(pool_url)] if pool_url else [])
 
     def shard_count(self, run: StageRun) -> int:
         return len(run.prepared["chunks"])
 
     def process(self, run: StageRun, index: int) -> Work:
+        """A chunk of listed inputs, or one input shard (a tar, an image Parquet) whose input count is
+        its samples as the shard itself counts them (member names, Parquet footer)."""
         refs = run.prepared["chunks"][index]
-        images, rejects = ingest_shard(refs, run.section("ingest"), run.prepared["domains"], run.prepared["pool_url"],
-                                       roots=run.prepared["roots"])
+        if refs and refs[0].container is not None:
+            images, rejects, inputs = ingest_container(refs[0], run.section("ingest"), run.prepared["domains"],
+                                                       roots=run.prepared["roots"])
+        else:
+            images, rejects = ingest_shard(refs, run.section("ingest"), run.prepared["domains"],
+                                           run.prepared["pool_url"], roots=run.prepared["roots"])
+            inputs = len(refs)
         return Work.one({"images": images, "rejects": rejects},
-                        {"input_rows": len(refs), "accepted": images.num_rows,
+                        {"input_rows": inputs, "accepted": images.num_rows,
                          "rejected": sharded.reason_counts(rejects)})

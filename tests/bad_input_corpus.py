@@ -68,9 +68,11 @@ def make_corpus(folder: Path, person: np.ndarray) -> dict[str, tuple[str, str | 
 BAD_PATH_ROWS: dict[str, str] = {
     "root/ok_person.jpg\x00.png": "invalid_path",
     "\x00": "invalid_path",
-    "s3://bucket/root/ok_person.jpg": "unsupported_url",
-    "http://example.com/ok_person.jpg": "unsupported_url",
-    "HTTPS://example.com/ok_person.jpg": "unsupported_url",
+    # URLs fsspec reads, but outside the list's own (local) folder: never requested
+    "s3://bucket/root/ok_person.jpg": "outside_root",
+    "http://example.com/ok_person.jpg": "outside_root",
+    "HTTPS://example.com/ok_person.jpg": "outside_root",
+    "nosuchstore://bucket/ok_person.jpg": "unsupported_url",  # no fsspec implementation
     "file:///etc/hostname": "unsupported_url",
     "file://root/ok_person.jpg": "unsupported_url",
     "s3:/bucket/ok_person.jpg": "missing_file",  # one slash: a relative local path, not a URL

@@ -64,7 +64,7 @@ def test_paths_file_missing_paths_directories_and_roots(tmp_path: Path, person: 
                       "domain": ["pedestrian", "pedestrian", None, "pedestrian", "pedestrian", "boats"]})
     pq.write_table(table, tmp_path / "paths.parquet")
     spec = InputSpec(kind="paths", path=str(tmp_path / "paths.parquet"))
-    refs, _ = _list_paths_file(tmp_path / "paths.parquet", spec, tmp_path)
+    refs, _ = _list_paths_file(str(tmp_path / "paths.parquet"), spec)
     images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=[str(tmp_path / "root")])
     assert images.column("source").to_pylist() == [str(tmp_path / "root" / "ok_person.jpg")]
     assert rejects.column("reason").to_pylist() == ["missing_file", "not_a_regular_file", "missing_file",
@@ -231,8 +231,10 @@ def test_run_parameters_cannot_widen_confinement() -> None:
 
 def test_path_list_rows_that_name_no_local_file_are_rejected_and_the_other_rows_go_on(
         tmp_path: Path, person: np.ndarray) -> None:
-    """A NUL byte or a URL in a path list is one rejected row with its reason (the URL's scheme named),
-    rejected as listed (never joined to the list's folder); every good row before and after it becomes an image."""
+    """A NUL byte, a file:// URL or a URL no store reads in a path list is one rejected row with its
+    reason (the URL's scheme named), rejected as listed (never joined to the list's folder); a URL
+    outside the list's roots is outside_root, never requested; every good row before and after it
+    becomes an image."""
     from bad_input_corpus import BAD_PATH_ROWS
 
     expected = make_corpus(tmp_path / "root", person)
@@ -256,5 +258,7 @@ def test_path_list_rows_that_name_no_local_file_are_rejected_and_the_other_rows_
         detail = by_source[shown[raw]]["detail"]
         if reason == "unsupported_url":
             assert f"is a {raw.split('://')[0]}:// URL" in detail, detail
+        elif reason == "outside_root":
+            assert "outside the allowed roots" in detail, detail
         elif reason == "invalid_path":
             assert "NUL byte" in detail and "\\x00" in detail, detail

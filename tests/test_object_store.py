@@ -11,18 +11,16 @@ and the next run of the same key reuses those shards, of another key deletes the
 from __future__ import annotations
 
 import json
-import os
 import select
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from s3_server import moto_s3
 
 from storage import Artifact, ArtifactWriter
 from storage.artifact import shard_name
@@ -33,52 +31,12 @@ SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("value
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3_env() -> Iterator[dict[str, str]]:
     """A moto S3 server on loopback with one bucket; the environment a subprocess needs to reach
-    it, and fsspec configured for it in this process (its env vars are read when fsspec loads)."""
-    import fsspec
-
-    moto = Path(sys.executable).with_name("moto_server")
-    port = _free_port()
-    proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "FSSPEC_S3_ENDPOINT_URL": endpoint}
-    saved_env = {k: os.environ.get(k) for k in env}
-    saved_conf = fsspec.config.conf.get("s3")
-    os.environ.update(env)
-    fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        fs, _ = fsspec.core.url_to_fs("s3://rde-test")
-        fs.mkdir("rde-test")
-        yield {**os.environ, **env}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if saved_conf is None:
-            fsspec.config.conf.pop("s3", None)
-        else:
-            fsspec.config.conf["s3"] = saved_conf
+    it, and fsspec configured for it in this process."""
+    with moto_s3(("rde-test",)) as env:
+        yield env
 
 
 def _objects(prefix: str) -> list[str]:

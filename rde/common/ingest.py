@@ -1,18 +1,23 @@
 """Ingest: list inputs, then turn each shard of inputs into image rows or rejected rows.
 
 Inputs are the bundled demo pool (an artifact), a folder (every entry that is not a folder,
-recursively: files, links, FIFOs, sockets, devices) or a Parquet file with a ``path`` column
-(optional ``domain`` and ``identity``). Each input gets a stable ``input_id``; each one ends as
-exactly one images row or one rejects row.
+recursively: files, links, FIFOs, sockets, devices), a Parquet file with a ``path`` column
+(optional ``domain`` and ``identity``), or sharded image datasets (WebDataset tars, image-bytes
+Parquet: ``rde.common.shard_inputs``). A folder, a path list, a path-list row and a shard may be an
+fsspec URL (``s3://bucket/prefix/``: ``rde.common.url_inputs``). Each input gets a stable
+``input_id``; each one ends as exactly one images row or one rejects row (a shard: one per sample).
 
 Confinement (secure by default): a file is read only when its real path (after every symbolic
 link and ``..``) lies inside the input's root — the folder itself, or for a path list the
-profile's ``input.roots`` or, when none are set, the list file's own folder. ``input.confine:
-false`` turns this off explicitly. A path outside is the rejected row ``outside_root``.
+profile's ``input.roots`` or, when none are set, the list file's own folder. A URL is read only
+under the root URL or a URL in ``input.roots`` (its key normalised: ``..`` resolved; another bucket
+is outside). ``input.confine: false`` turns this off explicitly. Outside is the rejected row
+``outside_root``.
 
-A path-list row that cannot name a local file is rejected without touching the filesystem: one
-holding a NUL byte (``invalid_path``: no OS path can contain one) and a URL such as ``s3://...`` or
-``file://...`` (``unsupported_url``: a path list names local files only). The other rows go on.
+A path-list row that cannot name an input is rejected without touching any store: one holding a
+NUL byte (``invalid_path``: no OS path can contain one), and a URL whose protocol no installed
+fsspec store reads, a ``file://`` URL, or any URL in a video list (``unsupported_url``). The other
+rows go on.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rde.common import shard_inputs, url_inputs
 from rde.common.image_decoding import DecodeError, decode_rgb, read_header
 from rde.common.profiles import IngestSpec, InputSpec
 from rde.common.reasons import Reason, rejected_row
+from rde.common.url_inputs import ReadPolicy, is_url
 from storage import Artifact
 from storage.hashing import sha256_bytes, sha256_json
 from storage.schemas import IMAGES, REJECTS
@@ -55,6 +62,8 @@ class InputRef:
     # rejects it with this reason and detail without reading anything
     reject_reason: Reason | None = None
     reject_detail: str | None = None
+    size: int | None = None  # bytes, where the listing tells (an object store's listing does)
+    container: str | None = None  # 'webdataset' or 'image_parquet': the input is a shard of samples
 
 
 # a URL's scheme, as RFC 3986 spells it, followed by '://' (a local path never holds '://')
@@ -65,41 +74,104 @@ def _input_id(source: str, position: int) -> str:
     return sha256_json([source, position])[:16]
 
 
-def list_inputs(spec: InputSpec, project_root: Path, known_domains: list[str]) -> tuple[list[InputRef], str]:
-    """All inputs in a deterministic order, plus a fingerprint of the listing (for stage keys)."""
+def list_inputs(spec: InputSpec, project_root: Path, known_domains: list[str],
+                allow_urls: bool = True) -> tuple[list[InputRef], str]:
+    """All inputs in a deterministic order, plus a fingerprint of the listing (for stage keys).
+    ``allow_urls`` False (video lists) rejects a path list's URL rows as ``unsupported_url``."""
     check_input(spec, project_root)
-    path = _input_location(spec, project_root)
+    location = input_location(spec, project_root)
     if spec.kind == "pool":
-        return list_pool(str(path))
+        return list_pool(location)
+    if spec.kind in shard_inputs.SHARD_SUFFIXES:
+        return _list_shards(location, spec)
     if spec.kind == "folder":
-        return _list_folder(path, spec.default_domain, known_domains)
-    return _list_paths_file(path, spec, project_root)
+        if is_url(location):
+            return _list_url_folder(location, spec.default_domain, known_domains)
+        return _list_folder(Path(location), spec.default_domain, known_domains)
+    return _list_paths_file(location, spec, allow_urls)
+
+
+def input_location(spec: InputSpec, project_root: Path) -> str:
+    """``input.path`` as a URL, or as an absolute local path (relative ones: to the project root)."""
+    if is_url(spec.path):
+        return spec.path
+    path = Path(spec.path)
+    return str(path if path.is_absolute() else project_root / path)
 
 
 def _input_location(spec: InputSpec, project_root: Path) -> Path:
-    path = Path(spec.path)
-    return path if path.is_absolute() or "://" in spec.path else project_root / path
+    return Path(input_location(spec, project_root))
 
 
 def check_input(spec: InputSpec, project_root: Path) -> None:
     """Fail fast, with a user message, when the input as a whole is unusable (before any run starts)."""
-    path = _input_location(spec, project_root)
-    location = spec.path if "://" in spec.path else str(path)
+    location = input_location(spec, project_root)
+    if is_url(location):
+        _check_url_input(spec, location)
+        return
+    path = Path(location)
     if spec.kind == "folder" and not path.is_dir():
         raise InputError(f"input folder {path} does not exist or is not a folder")
     if spec.kind == "video" and not path.is_dir() and path.suffix != ".parquet":
         raise InputError(f"video input {path} is neither a folder of videos nor a Parquet path list (.parquet)")
+    if spec.kind in shard_inputs.SHARD_SUFFIXES and not path.exists():
+        raise InputError(f"{spec.kind} input {path} does not exist")
     if spec.kind == "paths" or (spec.kind == "video" and not path.is_dir()):
         if not path.is_file():
             raise InputError(f"input Parquet file {path} does not exist")
-        try:
-            names = pq.read_schema(path).names
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"input {path} is not a readable Parquet file: {exc}") from None
-        if "path" not in names:
-            raise InputError(f"input {path} has no 'path' column (columns: {names})")
+        _check_path_list_schema(location)
     if spec.kind == "pool" and not Artifact(location).is_complete():
         raise InputError(f"input pool {location} is not a complete artifact (no _manifest.json or missing shards)")
+
+
+def _check_url_input(spec: InputSpec, url: str) -> None:
+    if spec.kind == "video":
+        raise InputError(f"video input {url}: videos are read from local files (copy the recordings to a folder)")
+    if spec.kind == "pool" and not Artifact(url).is_complete():
+        raise InputError(f"input pool {url} is not a complete artifact (no _manifest.json or missing shards)")
+    if spec.kind == "paths":
+        _check_path_list_schema(url)
+    if spec.kind == "folder" or (spec.kind in shard_inputs.SHARD_SUFFIXES and not _names_shard(url, spec.kind)):
+        problem = url_inputs.url_folder_problem(url)
+        if problem:
+            raise InputError(problem)
+
+
+def _check_path_list_schema(location: str) -> None:
+    try:
+        names = _read_schema(location).names
+    except FileNotFoundError:
+        raise InputError(f"input Parquet file {location} does not exist") from None
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"input {location} is not a readable Parquet file: {exc}") from None
+    if "path" not in names:
+        raise InputError(f"input {location} has no 'path' column (columns: {names})")
+
+
+def _read_schema(location: str) -> pa.Schema:
+    if not is_url(location):
+        return pq.read_schema(location)
+    import fsspec
+
+    with fsspec.open(location, "rb") as handle:
+        return pq.read_schema(handle)
+
+
+def parquet_input_kind(location: str) -> str:
+    """``paths`` for a Parquet with a ``path`` column (or one that cannot be read: check_input says
+    why), ``image_parquet`` for one with an image-bytes column and no ``path``."""
+    try:
+        schema = _read_schema(location)
+    except (pa.ArrowInvalid, OSError):
+        return "paths"
+    if "path" not in schema.names and shard_inputs.image_parquet_problem(schema) is None:
+        return "image_parquet"
+    return "paths"
+
+
+def _names_shard(location: str, kind: str) -> bool:
+    """Whether the input path names one shard file (else a folder or prefix of shards)."""
+    return location.rstrip("/").lower().endswith(shard_inputs.SHARD_SUFFIXES[kind])
 
 
 def list_pool(url: str) -> tuple[list[InputRef], str]:
@@ -137,28 +209,82 @@ def _walk_entries(folder: Path) -> list[Path]:
     return sorted(found)
 
 
+def _folder_domain(parts: tuple[str, ...] | list[str], default_domain: str, known_domains: list[str]) -> str:
+    """A first subfolder named after a domain gives its files that domain."""
+    return parts[0] if len(parts) > 1 and parts[0] in known_domains else default_domain
+
+
 def _list_folder(folder: Path, default_domain: str, known_domains: list[str]) -> tuple[list[InputRef], str]:
     files = _walk_entries(folder)
     refs = []
     for path in files:
-        first = path.relative_to(folder).parts[0]
-        domain = first if first in known_domains and len(path.relative_to(folder).parts) > 1 else default_domain
+        domain = _folder_domain(path.relative_to(folder).parts, default_domain, known_domains)
         refs.append(InputRef(_input_id(str(path), len(refs)), str(path), domain))
     return refs, sha256_json([_file_signature(p) for p in files])
 
 
-def path_problem(raw: str) -> tuple[Reason, str] | None:
-    """Why a path-list row cannot name a local file (reason, detail), or None when it may.
+def _list_url_folder(root_url: str, default_domain: str, known_domains: list[str]) -> tuple[list[InputRef], str]:
+    """Every object under the prefix, listed page by page; the fingerprint hashes (URL, size, ETag)."""
+    prefix = url_inputs.parse_url(root_url.rstrip("/") + "/x").key[:-1]  # the key prefix, ending in '/'
+    refs: list[InputRef] = []
+    fingerprint = url_inputs.ListingFingerprint()
+    for obj in url_inputs.iter_objects(root_url):
+        parts = url_inputs.parse_url(obj.url).key[len(prefix):].split("/")
+        refs.append(InputRef(_input_id(obj.url, len(refs)), obj.url,
+                             _folder_domain(parts, default_domain, known_domains), size=obj.size))
+        fingerprint.add(obj.url, obj.size, obj.version)
+    return refs, fingerprint.hexdigest()
+
+
+def _list_shards(location: str, spec: InputSpec) -> tuple[list[InputRef], str]:
+    """The shard files of a sharded input: the one named, or every one under the folder or prefix
+    (sorted); one ref per shard, its samples read at ingest."""
+    suffixes = shard_inputs.SHARD_SUFFIXES[spec.kind]
+    fingerprint = url_inputs.ListingFingerprint()
+    found: list[tuple[str, int | None]] = []
+    if is_url(location):
+        if _names_shard(location, spec.kind):
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(location)
+            try:
+                info = fs.info(path)
+            except FileNotFoundError:
+                raise InputError(f"{spec.kind} input {location} does not exist") from None
+            found.append((location, int(info.get("size") or 0)))
+            fingerprint.add(location, info.get("size"), info.get("ETag") or info.get("mtime"))
+        else:
+            for obj in url_inputs.iter_objects(location, suffixes):
+                found.append((obj.url, obj.size))
+                fingerprint.add(obj.url, obj.size, obj.version)
+    else:
+        root = Path(location)
+        files = [root] if root.is_file() else [p for p in _walk_entries(root) if p.name.lower().endswith(suffixes)]
+        for path in files:
+            found.append((str(path), None))
+            fingerprint.add(*_file_signature(path))
+    if not found:
+        raise InputError(f"{spec.kind} input {location} holds no {' or '.join(suffixes)} files")
+    refs = [InputRef(_input_id(source, i), source, spec.default_domain, size=size, container=spec.kind)
+            for i, (source, size) in enumerate(found)]
+    return refs, fingerprint.hexdigest()
+
+
+def path_problem(raw: str, allow_urls: bool = True) -> tuple[Reason, str] | None:
+    """Why a path-list row cannot name an input (reason, detail), or None when it may.
 
     Checked before any ``stat``: a NUL byte makes every OS call raise ``ValueError``, and a URL
     joined to the list's folder would become a mangled local path reported as ``missing_file``.
+    A URL is fine when ``allow_urls`` and an installed fsspec store reads its protocol (not ``file``).
     """
     if "\x00" in raw:
         return Reason.INVALID_PATH, f"{raw!r} holds a NUL byte, which no file path can contain"
     url = _URL_SCHEME.match(raw)
-    if url:
-        return Reason.UNSUPPORTED_URL, (f"{raw} is a {url.group(1)}:// URL; a path list names local files "
-                                        "(absolute, or relative to the list's folder)")
+    if url and not (allow_urls and url_inputs.protocol_known(raw)):
+        why = ("video lists name local files" if not allow_urls else
+               "file:// is not read: name local files by their path" if url.group(1).lower() == "file" else
+               "no installed fsspec store reads that protocol")
+        return Reason.UNSUPPORTED_URL, f"{raw} is a {url.group(1)}:// URL: {why}"
     return None
 
 
@@ -167,50 +293,79 @@ def _printable(raw: str) -> str:
     return raw.replace("\x00", "\\x00")
 
 
-def _list_paths_file(table_path: Path, spec: InputSpec, project_root: Path) -> tuple[list[InputRef], str]:
-    table = pq.read_table(table_path)  # check_input has made sure it is readable and has 'path'
+def _list_paths_file(location: str, spec: InputSpec, allow_urls: bool = True) -> tuple[list[InputRef], str]:
+    """A path list's rows: local paths (relative ones to the list's folder) and, when allowed, URLs
+    (relative rows of a list on a store: to the list's prefix). Rows are read a batch at a time."""
     refs, signature = [], []
-    for rec in table.to_pylist():
+    base = location.rsplit("/", 1)[0] if is_url(location) else str(Path(location).parent)
+    for rec in _path_rows(location):
         raw = rec.get("path")
         raw = "" if raw is None else str(raw)
         domain = str(rec.get("domain") or spec.default_domain)
         input_id = _input_id(raw, len(refs))
-        problem = path_problem(raw)
+        problem = path_problem(raw, allow_urls)
         if problem is not None:  # rejected as listed: never joined to the folder, never stat'ed
             source = _printable(raw)
             refs.append(InputRef(input_id, source, domain, rec.get("identity"), reject_reason=problem[0],
                                  reject_detail=problem[1]))
             signature.append([source, str(problem[0])])
             continue
+        if raw and (is_url(raw) or is_url(base)):
+            url = raw if is_url(raw) else f"{base}/{raw.lstrip('/')}"
+            refs.append(InputRef(input_id, url, domain, rec.get("identity")))
+            signature.append([url])  # no request per row: a changed object is caught by its image_id downstream
+            continue
         path = Path(raw)
         if raw and not path.is_absolute():
-            path = table_path.parent / path
+            path = Path(base) / path
         refs.append(InputRef(input_id, str(path) if raw else "", domain, rec.get("identity")))
         signature.append(_file_signature(path))
     return refs, sha256_json(signature)
 
 
+def _path_rows(location: str) -> list[dict[str, Any]]:
+    wanted = ["path", "domain", "identity"]
+    names = _read_schema(location).names  # check_input has made sure it is readable and has 'path'
+    columns = [c for c in wanted if c in names]
+    if is_url(location):
+        import fsspec
+
+        with fsspec.open(location, "rb") as handle:
+            return pq.read_table(handle, columns=columns).to_pylist()
+    return pq.read_table(location, columns=columns).to_pylist()
+
+
 def shard_refs(refs: list[InputRef], shard_size: int) -> list[list[InputRef]]:
-    """Consecutive chunks of at most ``shard_size`` inputs (at least one shard, maybe empty)."""
+    """Consecutive chunks of at most ``shard_size`` inputs (at least one shard, maybe empty); an
+    input shard (a tar, an image Parquet) is a chunk of its own: one ingest shard per input shard."""
+    if refs and refs[0].container is not None:
+        return [[ref] for ref in refs]
     return [refs[i : i + shard_size] for i in range(0, len(refs), shard_size)] or [[]]
 
 
 def allowed_roots(spec: InputSpec, project_root: Path) -> list[str] | None:
-    """The real folders a file input may resolve into, or None when ``input.confine`` is off.
+    """The real folders and URL prefixes an input may resolve into, or None when ``input.confine``
+    is off.
 
-    A folder input is confined to itself; a path list to ``input.roots`` or, when none are set,
-    to the list file's own folder; a pool reads no files (no roots).
+    A folder input (or a sharded one's folder or prefix) is confined to itself, a single shard file
+    to its folder; a path list to ``input.roots`` or, when none are set, to the list file's own
+    folder or prefix; a pool reads no files (no roots).
     """
     if not spec.confine:
         return None
     if spec.kind in ("pool", "video"):  # a video input's images are the videos stage's crops (an artifact)
         return []
-    if spec.kind == "folder":
-        return [os.path.realpath(_input_location(spec, project_root))]
-    if spec.roots:
-        return [os.path.realpath(_input_location(spec.model_copy(update={"path": r}), project_root))
-                for r in spec.roots]
-    return [os.path.realpath(_input_location(spec, project_root).parent)]
+    location = input_location(spec, project_root)
+    if spec.kind == "folder" or (spec.kind in shard_inputs.SHARD_SUFFIXES and not _names_shard(location, spec.kind)):
+        return [_root(location)]
+    if spec.kind == "paths" and spec.roots:
+        return [_root(input_location(spec.model_copy(update={"path": r}), project_root)) for r in spec.roots]
+    return [_root(location.rstrip("/").rsplit("/", 1)[0] if is_url(location) else str(Path(location).parent))]
+
+
+def _root(location: str) -> str:
+    """A root as compared: a URL normalised (``..`` resolved), a local folder's real path."""
+    return url_inputs.parse_url(location).url if is_url(location) else os.path.realpath(location)
 
 
 def _inside(real: str, roots: list[str]) -> bool:
@@ -221,9 +376,13 @@ def confined_file(ref: InputRef, roots: list[str] | None) -> str:
     """The real path of a listed input that is a regular file inside the allowed roots (checked with
     ``stat`` on the real path, after every link; ``roots`` None: anywhere), else a DecodeError with
     the reason: outside_root (whether a path outside exists is not told), missing_file,
-    not_a_regular_file."""
+    not_a_regular_file. A URL is checked against the root URLs only (a read tells the rest)."""
     if not ref.source:
         raise DecodeError(Reason.MISSING_FILE, "empty path")
+    if is_url(ref.source):
+        if roots is not None and not url_inputs.url_inside(ref.source, roots):
+            raise DecodeError(Reason.OUTSIDE_ROOT, f"{ref.source} is outside the allowed roots {roots}")
+        return ref.source
     path = Path(ref.source)
     real = os.path.realpath(path)  # confinement first: whether a path outside exists is not told
     if roots is not None and not _inside(real, roots):
@@ -282,12 +441,14 @@ def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str
                  pool_url: str | None = None, *, roots: list[str] | None) -> tuple[pa.Table, pa.Table]:
     """Read, verify and describe one shard of inputs → (images table, rejects table).
 
-    ``roots`` are real folder paths a file may resolve into (``allowed_roots``); None reads any
-    path and must be asked for explicitly. Each input is decoded fully once so truncated files
-    are caught here, not downstream; the stored size is the displayed one (EXIF orientation
-    applied), with the orientation tag kept in ``exif_orientation``.
+    ``roots`` are real folder paths and URL prefixes an input may resolve into (``allowed_roots``);
+    None reads anything and must be asked for explicitly. The shard's URLs are read first, together
+    (concurrent ranged GETs, retried: ``url_inputs.read_objects``). Each input is decoded fully once
+    so truncated files are caught here, not downstream; the stored size is the displayed one (EXIF
+    orientation applied), with the orientation tag kept in ``exif_orientation``.
     """
     pool_tables: dict[int, pa.Table] = {}
+    fetched = _read_urls(refs, spec, roots, known_domains)
     images, rejects = [], []
     for ref in refs:
         try:
@@ -299,22 +460,114 @@ def ingest_shard(refs: list[InputRef], spec: IngestSpec, known_domains: list[str
                 if ref.pool_shard not in pool_tables:
                     pool_tables[ref.pool_shard] = Artifact(pool_url or "").read_shard(ref.pool_shard, ["image_bytes"])
                 data = pool_tables[ref.pool_shard].column("image_bytes")[ref.pool_row].as_py()
+            elif ref.input_id in fetched:
+                got = fetched[ref.input_id]
+                if isinstance(got, DecodeError):
+                    raise got
+                data = got
             else:
                 data = _read_file(ref, spec, roots)
-            header = read_header(data, spec.max_pixels)
-            decode_rgb(data, spec.max_pixels)
+            images.append(_image_row(ref.input_id, ref.source, ref.domain, ref.identity, ref.source_meta, data, spec))
         except DecodeError as err:
             rejects.append(reject_row(ref, "ingest", [str(err.reason)], err.detail))
-            continue
         except Exception as exc:
             rejects.append(reject_row(ref, "ingest", [str(Reason.READ_ERROR)], f"{type(exc).__name__}: {exc}"))
-            continue
-        images.append({"input_id": ref.input_id, "image_id": sha256_bytes(data), "source": ref.source,
-                       "domain": ref.domain, "identity": ref.identity, "width": header.width,
-                       "height": header.height, "source_mode": header.mode, "image_format": header.format,
-                       "exif_orientation": header.orientation,
-                       "source_meta": ref.source_meta, "image_bytes": data})
     return pa.Table.from_pylist(images, schema=IMAGES), pa.Table.from_pylist(rejects, schema=REJECTS)
+
+
+def _image_row(input_id: str, source: str, domain: str, identity: str | None, source_meta: str | None,
+               data: bytes, spec: IngestSpec) -> dict[str, Any]:
+    """The images row of verified bytes (header read, fully decoded once), or a DecodeError."""
+    if len(data) > spec.max_file_bytes:
+        raise DecodeError(Reason.FILE_TOO_LARGE, f"{len(data)} bytes exceeds limit {spec.max_file_bytes}")
+    header = read_header(data, spec.max_pixels)
+    decode_rgb(data, spec.max_pixels)
+    return {"input_id": input_id, "image_id": sha256_bytes(data), "source": source, "domain": domain,
+            "identity": identity, "width": header.width, "height": header.height, "source_mode": header.mode,
+            "image_format": header.format, "exif_orientation": header.orientation, "source_meta": source_meta,
+            "image_bytes": data}
+
+
+def _read_urls(refs: list[InputRef], spec: IngestSpec, roots: list[str] | None,
+               known_domains: list[str]) -> dict[str, bytes | DecodeError]:
+    """The bytes (or the rejecting error) of the shard's URL inputs that pass the listing's checks
+    and confinement, read together; an input outside the roots is never requested."""
+    wanted: list[InputRef] = []
+    out: dict[str, bytes | DecodeError] = {}
+    for ref in refs:
+        if ref.reject_reason is not None or not is_url(ref.source) or ref.domain not in known_domains:
+            continue
+        try:
+            confined_file(ref, roots)
+        except DecodeError as err:
+            out[ref.input_id] = err
+            continue
+        wanted.append(ref)
+    if wanted:
+        policy = ReadPolicy(spec.max_file_bytes, spec.read_attempts, spec.retry_backoff_s)
+        results = url_inputs.read_objects([r.source for r in wanted], [r.size for r in wanted], policy)
+        out.update({r.input_id: got for r, got in zip(wanted, results, strict=True)})
+    return out
+
+
+def ingest_container(ref: InputRef, spec: IngestSpec, known_domains: list[str], *,
+                     roots: list[str] | None) -> tuple[pa.Table, pa.Table, int]:
+    """One input shard (a WebDataset tar, an image Parquet) → (images, rejects, samples counted from
+    the shard's own structure). Each sample's source is ``<shard>#<key>``; a rejected sample's
+    detail names the shard and key."""
+    images, rejects = [], []
+    try:
+        if ref.reject_reason is not None:
+            raise DecodeError(ref.reject_reason, ref.reject_detail or str(ref.reject_reason))
+        confined_file(ref, roots)
+        read = shard_inputs.read_shard(ref.source, ref.container or "webdataset", spec.read_attempts,
+                                       spec.retry_backoff_s)
+    except DecodeError as err:
+        return _empty_images(), _rejects([reject_row(ref, "ingest", [str(err.reason)], err.detail, kind="shard")]), 1
+    except FileNotFoundError:
+        return _empty_images(), _rejects([reject_row(ref, "ingest", [str(Reason.MISSING_FILE)],
+                                                     f"{ref.source} does not exist (any more)", kind="shard")]), 1
+    except PermissionError as exc:
+        return _empty_images(), _rejects([reject_row(ref, "ingest", [str(Reason.ACCESS_DENIED)],
+                                                     f"{ref.source}: {exc}", kind="shard")]), 1
+    for position, sample in enumerate(read.samples):
+        source = f"{ref.source}#{sample.key}"
+        sample_ref = InputRef(_input_id(source, position), source, _sample_field(sample, "domain") or ref.domain,
+                              _sample_field(sample, "identity"))
+        where = f"shard {ref.source}, key {sample.key}"
+        try:
+            if sample_ref.domain not in known_domains:
+                raise DecodeError(Reason.UNKNOWN_DOMAIN, f"{where}: domain {sample_ref.domain!r} is not one of "
+                                                         f"{known_domains}")
+            if sample.image is None:
+                raise DecodeError(Reason.MISSING_IMAGE, f"{where}: no image member or column (has {sample.members})")
+            meta = json.dumps({"shard": ref.source, "key": sample.key, **sample.meta}, sort_keys=True, default=str)
+            images.append(_image_row(sample_ref.input_id, source, sample_ref.domain, sample_ref.identity, meta,
+                                     sample.image, spec))
+        except DecodeError as err:
+            detail = err.detail if err.detail.startswith(where) else f"{where}: {err.detail}"
+            rejects.append(reject_row(sample_ref, "ingest", [str(err.reason)], detail))
+    if read.broken is not None:
+        rest = InputRef(_input_id(f"{ref.source}#rest", len(read.samples)), f"{ref.source}#rest", ref.domain)
+        rejects.append(reject_row(rest, "ingest", [str(Reason.UNREADABLE_SHARD)],
+                                  f"shard {ref.source} unreadable after {len(read.samples)} samples: {read.broken}",
+                                  kind="shard"))
+    return pa.Table.from_pylist(images, schema=IMAGES), _rejects(rejects), read.counted
+
+
+def _sample_field(sample: shard_inputs.Sample, name: str) -> str | None:
+    """A sample's own ``domain`` or ``identity``: its json member's field, or its Parquet column."""
+    value = sample.meta.get("json", {}).get(name) if isinstance(sample.meta.get("json"), dict) else None
+    value = sample.meta.get(name) if value is None else value
+    return None if value is None else str(value)
+
+
+def _empty_images() -> pa.Table:
+    return IMAGES.empty_table()
+
+
+def _rejects(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=REJECTS)
 
 
 def describe_listing(refs: list[InputRef]) -> str:

@@ -35,16 +35,20 @@ class InputSpec(Strict):
     videos (a folder of recordings, or a Parquet file of their paths) that the ``videos`` stage
     detects, tracks and crops before ingest."""
 
-    kind: Literal["pool", "folder", "paths", "video"] = Field(
+    kind: Literal["pool", "folder", "paths", "video", "webdataset", "image_parquet"] = Field(
         "pool", description="What input.path is: a pool artifact, a folder of images, a Parquet file with a "
-        "'path' column, or (video) a folder of video files or a Parquet file of their paths.")
-    path: str = Field("data/demo_pool", description="The pool, folder or Parquet path list (relative to the "
-                      "project root, or absolute).")
+        "'path' column, (video) a folder of video files or a Parquet file of their paths, (webdataset) a "
+        "WebDataset tar shard or a folder of them, or (image_parquet) a Parquet file with an image-bytes column "
+        "(img2dataset's, Hugging Face datasets') or a folder of them.")
+    path: str = Field("data/demo_pool", description="The pool, folder, Parquet file or shard(s): a path (relative "
+                      "to the project root, or absolute) or, except for video, an fsspec URL such as "
+                      "s3://bucket/prefix/.")
     default_domain: str = Field("pedestrian", description="The domain of an image whose subfolder or row names "
                                 "none (must be one of domains).")
     # A folder input is confined to itself; real paths (after links and '..') outside are rejected as outside_root.
-    roots: list[str] = Field(default_factory=list, description="Folders a 'paths' list may point into; empty: "
-                             "the list file's own folder (profile file only, not a run parameter).")
+    roots: list[str] = Field(default_factory=list, description="Folders or URL prefixes (s3://bucket/prefix/) a "
+                             "'paths' list may point into; empty: the list file's own folder (profile file only, "
+                             "not a run parameter).")
     confine: bool = Field(True, description="Reject files whose real path leads outside the allowed roots; false "
                           "reads any path the worker can read, for trusted inputs only (profile file only).")
 
@@ -57,6 +61,10 @@ class IngestSpec(Strict):
                                 "file_too_large (bytes; default 64 MiB).")
     max_pixels: int = Field(50_000_000, ge=1, description="Images with more pixels are rejected as "
                             "decompression_bomb (width × height).")
+    read_attempts: int = Field(4, ge=1, description="Tries of one object-store read that fails for a reason "
+                               "that may pass (dropped connection, timeout, throttling) before it is read_error.")
+    retry_backoff_s: float = Field(0.5, ge=0.0, description="Wait before the second try of an object-store read; "
+                                   "doubled before each further one (at most 8 s).")
 
 
 class TrackerSpec(Strict):
@@ -333,6 +341,8 @@ class LargeFineSpec(Strict):
                                "reason.")
     templates: TemplateGallerySpec = Field(TemplateGallerySpec(), description="The template gallery of the "
                                            "advanced tier.")
+    webdataset: bool = Field(False, description="Also write the captions as WebDataset tar shards "
+                             "(largefine_wds/): one sample per image, its image and a json of its tiers' texts.")
 
     @model_validator(mode="after")
     def _lengths(self) -> LargeFineSpec:

@@ -35,6 +35,9 @@ class Reason(StrEnum):
     NO_FRAMES = "no_frames"
     VIDEO_TOO_LARGE = "video_too_large"
     UNSUPPORTED_URL = "unsupported_url"
+    ACCESS_DENIED = "access_denied"
+    MISSING_IMAGE = "missing_image"
+    UNREADABLE_SHARD = "unreadable_shard"
     UNKNOWN_DOMAIN = "unknown_domain"
     DUPLICATE = "duplicate"
     TOO_SMALL = "too_small"
@@ -104,8 +107,12 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.UNSUPPORTED_CODEC: ("videos", "a video stream whose codec this FFmpeg build cannot decode"),
     Reason.NO_FRAMES: ("videos", "a video whose first frame cannot be decoded (zero frames)"),
     Reason.VIDEO_TOO_LARGE: ("videos", "frames with more pixels than video.max_pixels (checked before decoding)"),
-    Reason.UNSUPPORTED_URL: ("ingest, videos", "a path-list row that is a URL (s3://, http://, file://...): local "
-                             "paths only"),
+    Reason.UNSUPPORTED_URL: ("ingest, videos", "a path-list row that is a URL no installed fsspec store reads, "
+                             "a file:// URL, or any URL in a video path list (videos are local files)"),
+    Reason.ACCESS_DENIED: ("ingest", "the object store refused to read the object (HTTP 403)"),
+    Reason.MISSING_IMAGE: ("ingest", "a WebDataset sample or image-Parquet row that holds no image bytes"),
+    Reason.UNREADABLE_SHARD: ("ingest", "an input shard (tar, Parquet) that stops being readable: the rest of it, "
+                              "after the samples read before the damage"),
     Reason.UNKNOWN_DOMAIN: ("ingest", "a row names a domain the profile does not declare"),
     Reason.DUPLICATE: ("denoise, dap, template-gallery", "the same pixels (image) or text (query, template) as an "
                        "earlier row"),
@@ -158,7 +165,8 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
 }
 
 
-KINDS = ("image", "video", "caption", "sentence", "query", "template", "item")  # what a rejected row stands for
+# what a rejected row stands for
+KINDS = ("image", "video", "shard", "caption", "sentence", "query", "template", "item")
 
 
 def rejected_row(input_id: str, stage: str, reason: str, *, kind: str, domain: str | None = None,

@@ -61,7 +61,7 @@ def _as_files(spec: InputSpec, project_root: Path) -> InputSpec:
 
 def list_videos(spec: InputSpec, project_root: Path, domains: list[str]) -> tuple[list[InputRef], str]:
     """The listed videos (a folder's entries or a path list's rows, as ``list_inputs`` lists images)."""
-    return list_inputs(_as_files(spec, project_root), project_root, domains)
+    return list_inputs(_as_files(spec, project_root), project_root, domains, allow_urls=False)
 
 
 def video_roots(spec: InputSpec, project_root: Path) -> list[str] | None:

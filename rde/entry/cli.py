@@ -98,12 +98,18 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             PermissionError, ValueError, AccountingError, ServerStartError)
 
 
+InputOpt = Annotated[str | None, typer.Option("--input", help="Images: a folder, a Parquet file with a 'path' "
+                                             "column, a pool artifact folder, WebDataset .tar shard(s), an image "
+                                             "Parquet, or videos; a path or a URL such as s3://bucket/prefix/.")]
+InputKindOpt = Annotated[str | None, typer.Option(help="folder | paths | pool | video | webdataset | image_parquet "
+                                                  "(guessed from --input).")]
+
+
 @app.command("build-secmm")
 def build_secmm_cmd(
     profile: ProfileOpt = "demo",
-    input_path: Annotated[str | None, typer.Option("--input", help="Images: a folder, a Parquet file with a "
-                                                   "'path' column, or a pool artifact folder.")] = None,
-    input_kind: Annotated[str | None, typer.Option(help="folder | paths | pool (guessed from --input).")] = None,
+    input_path: InputOpt = None,
+    input_kind: InputKindOpt = None,
     output: Annotated[str | None, typer.Option(help="Artifacts root (path or fsspec URL).")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
                                                   "--set denoise.min_laplacian_variance=100")] = None,
@@ -124,9 +130,8 @@ def build_secmm_cmd(
 @app.command("build-largefine")
 def build_largefine_cmd(
     profile: ProfileOpt = "demo",
-    input_path: Annotated[str | None, typer.Option("--input", help="Person images: a folder, a Parquet file "
-                                                   "with a 'path' column, or a pool artifact folder.")] = None,
-    input_kind: Annotated[str | None, typer.Option(help="folder | paths | pool (guessed from --input).")] = None,
+    input_path: InputOpt = None,
+    input_kind: InputKindOpt = None,
     output: Annotated[str | None, typer.Option(help="Artifacts root (path or fsspec URL).")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
                                                   "--set largefine.max_images=40")] = None,
@@ -243,7 +248,7 @@ class FlowRef:
         return tuple(importlib.import_module(f"flows.{self.module}").STAGES)
 
 
-INPUT_KINDS = ("folder", "paths", "pool", "video")  # what --input-kind accepts (InputSpec.kind)
+INPUT_KINDS = ("folder", "paths", "pool", "video", "webdataset", "image_parquet")  # InputSpec.kind
 
 
 def _check_input_kind(input_path: str | None, input_kind: str | None) -> None:
@@ -276,7 +281,8 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
     _check_input_kind(input_path, input_kind)
     if input_path:
         kind = input_kind or _guess_kind(input_path)
-        overrides.setdefault("input", {}).update({"kind": kind, "path": str(Path(input_path).resolve())})
+        location = input_path if "://" in input_path else str(Path(input_path).resolve())
+        overrides.setdefault("input", {}).update({"kind": kind, "path": location})
     try:
         from rde.common.ingest import check_input
         from rde.common.profiles import load_profile
@@ -366,10 +372,16 @@ def _guarded(root: str) -> Any:
 
 
 def _guess_kind(path: str) -> str:
-    p = Path(path)
-    if p.suffix == ".parquet":
-        return "paths"
-    if (p / "_manifest.json").exists():
+    """A ``.tar`` is WebDataset; a ``.parquet`` a path list, or an image Parquet when it has an
+    image-bytes column and no ``path``; a folder with a manifest a pool; anything else a folder."""
+    name = path.rstrip("/").lower()
+    if name.endswith(".tar"):
+        return "webdataset"
+    if name.endswith(".parquet"):
+        from rde.common.ingest import parquet_input_kind
+
+        return parquet_input_kind(path)
+    if "://" not in path and (Path(path) / "_manifest.json").exists():
         return "pool"
     return "folder"
 
