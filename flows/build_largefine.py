@@ -23,7 +23,7 @@ from tasks.summary import publish_summary, run_summary
 FLOW_NAME = "build-largefine"
 PIPELINE = Pipeline(FLOW_NAME, CLEAN_POOL + largefine.LARGEFINE_STAGES,
                     until={"denoise": "denoise", "neighbours": "hard-negatives", "tiers": "qa-tiers",
-                           "gallery": "template-gallery", "advanced": "adv-tier", "export": "export-largefine"})
+                           "gallery": "template-gallery", "advanced": "adv-tier", "export": "export-webdataset"})
 STAGES = PIPELINE.stop_names
 
 

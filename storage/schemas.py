@@ -244,6 +244,18 @@ TIER_CAPTIONS = pa.schema(
     ]
 )
 
+# The WebDataset export's index: one row per sample of its tars (largefine.webdataset).
+WDS_INDEX = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("tar", pa.string(), nullable=False),  # file name beside the index shards
+        pa.field("key", pa.string(), nullable=False),  # the sample's key in the tar
+        pa.field("members", pa.list_(pa.string()), nullable=False),
+        pa.field("tiers", pa.list_(pa.string()), nullable=False),  # the tiers whose texts the json holds
+        pa.field("tar_sha256", pa.string(), nullable=False),
+    ]
+)
+
 # The self-asked questions and answers behind base and intermediate captions.
 QA_PAIRS = pa.schema(
     [

@@ -5,6 +5,7 @@ LargeFine-style caption shards with a dataset card (GTR+ Table 1 statistics)."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from itertools import count
@@ -23,11 +24,14 @@ from rde.common.embedding_cache import EmbeddingCache
 from rde.common.image_decoding import decode_rgb
 from rde.common.reasons import Reason, rejected_row
 from rde.common.seeds import draw_seed
+from rde.largefine import webdataset_export
 from rde.largefine.hard_negatives import hard_negative_neighbours_streamed
 from rde.largefine.template_gallery import Gallery, Template, build_gallery
 from rde.largefine.tiered_captions import TIERS, TierCaptioner, TierImage, TierOutputs, assign_generator
 from storage import Artifact
-from storage.schemas import NEIGHBOURS, QA_PAIRS, REJECTS, TEMPLATES, TIER_CAPTIONS
+from storage.filesystem import atomic_write_bytes, join, resolve
+from storage.hashing import sha256_bytes
+from storage.schemas import NEIGHBOURS, QA_PAIRS, REJECTS, TEMPLATES, TIER_CAPTIONS, WDS_INDEX
 from tasks import sharded
 from tasks.context import RunContext
 from tasks.sharded import StageResult
@@ -344,8 +348,75 @@ class ExportLargeFine(Stage):
                                  "statistics)")])
 
 
+WDS_FOLDER = "largefine_wds"
+
+
+class ExportWebDataset(Stage):
+    """With ``largefine.webdataset`` on, the same captions as WebDataset tars in ``largefine_wds/``:
+    one tar per captioning shard, one sample per image with a text (its image and a json of its
+    tiers' texts, ``q_txt``, hard negative and lineage), and an index shard beside each tar."""
+
+    name = "export-webdataset"
+    version = "1"
+    reads = ("largefine", "neighbours", "accepted")
+    writes = (Write("index", "wds_index", WDS_INDEX, folder=WDS_FOLDER),)
+    config = ("largefine.webdataset",)
+    title = "WebDataset export: the caption shards as tars (one sample per captioned image)"
+    row_unit = "images"
+
+    def applies(self, profile: Any) -> bool:
+        return bool(profile.largefine.webdataset)
+
+    def shard_count(self, run: StageRun) -> int:
+        return len(run.input("largefine").manifest().shards)
+
+    def process(self, run: StageRun, index: int) -> Work:
+        """The tar is stored first (one atomic write), then its index rows; a run stopped between the
+        two writes this shard's tar again (the same bytes)."""
+        captions = run.input("largefine").read_shard(index).to_pylist()
+        chosen = run.input("neighbours").read_shard(index, ["image_id", "accepted_shard"]).to_pylist()
+        wanted: dict[int, set[str]] = defaultdict(set)
+        for row in chosen:
+            wanted[row["accepted_shard"]].add(row["image_id"])
+        columns = ["image_id", "input_id", "source", "domain", "identity", "image_format", "image_bytes"]
+        found: dict[str, dict[str, Any]] = {}
+        for shard, ids in wanted.items():
+            for rec in run.input("accepted").read_matching(shard, "image_id", ids, columns).to_pylist():
+                found.setdefault(rec["image_id"], rec)
+        images = [found[row["image_id"]] for row in chosen]
+        data, rows = webdataset_export.write_tar(images, captions)
+        fs, folder = resolve(run.output_url(WDS_FOLDER))
+        name = webdataset_export.tar_name(index)
+        atomic_write_bytes(fs, join(folder, name), data, uuid.uuid4().hex[:8])
+        digest = sha256_bytes(data)
+        table = pa.Table.from_pylist([{**r, "tar": name, "tar_sha256": digest} for r in rows], schema=WDS_INDEX)
+        return Work.one({"index": table}, {"input_rows": len(chosen), "accepted": len(rows), "tar_bytes": len(data),
+                                           "images_without_text": len(chosen) - len(rows)})
+
+    def report(self, run: StageRun, result: StageResult) -> Report:
+        """Tars no index shard names (left by an earlier run with more shards) are removed."""
+        fs, folder = resolve(run.output_url(WDS_FOLDER))
+        listed = {webdataset_export.tar_name(i) for i in range(self.shard_count(run))}
+        for path in fs.ls(folder, detail=False, refresh=True):
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if name.endswith(".tar") and name not in listed:
+                fs.rm(path)
+        snippet = "\n".join(WDS_SNIPPET)
+        return Report(markdown=[("webdataset", f"The card's folder (`here`): `{run.ctx.root}`\n\n{snippet}",
+                                 "LargeFine captions as WebDataset tars")])
+
+
+WDS_SNIPPET = ("WebDataset tars in `largefine_wds/` (one sample per captioned image: the image and a json of its "
+               "tiers' texts), read with the `webdataset` library:", "", "```python",
+               "import glob, webdataset as wds", "here = \".\"  # this card's folder",
+               "tars = sorted(glob.glob(f\"{here}/largefine_wds/*.tar\"))",
+               "for sample in wds.WebDataset(tars, shardshuffle=False).decode(\"pil\"):",
+               "    image, texts = sample.get(\"jpg\") or sample.get(\"png\"), sample[\"json\"][\"texts\"]",
+               "    break", "```")
+
+
 LARGEFINE_STAGES: tuple[Stage, ...] = (HardNegatives(), QaTiers(), TemplateGallery(), AdvancedTier(),
-                                       ExportLargeFine())
+                                       ExportLargeFine(), ExportWebDataset())
 CAPTIONING = ("qa-tiers", "adv-tier")  # the stages whose throughput the run summary reports
 
 
@@ -401,6 +472,7 @@ def dataset_card(ctx: RunContext) -> tuple[str, dict[str, Any]]:
              "`cleaning` what was removed (hard-negative mentions, boilerplate, repeated sentences); `q_txt` is the "
              "mean token probability (GTR+ Eq. 8).", "",
              *loading_snippet(CARD_TABLES, default="largefine"), "",
+             *([*WDS_SNIPPET, ""] if ctx.profile.largefine.webdataset else []),
              "| texts | #texts | #words/text | #adj./text | #noun chunks/text |", "|---|---|---|---|---|"]
     for name, s in table1.items():
         lines.append(f"| {name} | {s['texts']} | {s['words_per_text']:.2f} | {s['adjectives_per_text']:.2f} | "

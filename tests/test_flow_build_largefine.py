@@ -225,3 +225,45 @@ def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path, small_po
     assert {r["generator_index"] for r in neighbours} == {0, 1}
     generators = Artifact(str(root / "tier12_captions")).manifest().models["generators"]
     assert [(g["model_id"], g["batch_size"]) for g in generators] == [(tiny, 4), (tiny, 2)]
+
+
+def test_webdataset_export_reads_back_with_the_webdataset_loader(offline_run: tuple[str, dict, dict],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``largefine.webdataset`` on: only the export stage runs (the rest is reused), and the
+    ``webdataset`` library's own pipeline reads back every captioned image with its texts."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    out, _, overrides = offline_run
+    summary = build_largefine(profile="demo", output_root=out,
+                              overrides={**overrides, "largefine": {**LARGEFINE, "webdataset": True}})
+    stages = _stages(summary)
+    assert not stages["export-webdataset"]["skipped"] and stages["export-largefine"]["skipped"]
+    captions = Artifact(summary["artifacts"]["export-largefine.captions"]["url"]).to_pandas()
+    expected = {image_id: dict(zip(rows.tier, rows.text, strict=True))
+                for image_id, rows in captions.groupby("image_id")}
+    accepted = Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas().set_index("image_id")
+    tars = sorted(str(p) for p in (Path(out) / "build-largefine" / "demo" / "largefine_wds").glob("*.tar"))
+    assert len(tars) == len(Artifact(summary["artifacts"]["export-largefine.captions"]["url"]).manifest().shards)
+    seen = {}
+    for sample in wds.WebDataset(tars, shardshuffle=False).decode("pil"):
+        meta = sample["json"]
+        image = sample.get("jpg") or sample.get("png")
+        source = Image.open(io.BytesIO(accepted.loc[meta["image_id"], "image_bytes"]))
+        assert image.size == source.size and meta["lineage"]["source"] == accepted.loc[meta["image_id"], "source"]
+        seen[meta["image_id"]] = meta["texts"]
+    assert seen == expected  # every captioned image once, with each of its tiers' texts
+    index = Artifact(summary["artifacts"]["export-webdataset.index"]["url"]).to_pandas()
+    assert sorted(index.image_id) == sorted(expected) and stages["export-webdataset"]["accepted"] == len(expected)
+    again = build_largefine(profile="demo", output_root=out,
+                            overrides={**overrides, "largefine": {**LARGEFINE, "webdataset": True}})
+    assert all(s["skipped"] for s in again["stages"])
+    root = Path(out, "build-largefine", "demo")
+    card = (root / "README.md").read_text()
+    code = card.split("largefine_wds/` (one sample", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(root)  # the card's snippet reads relative to its own folder
+    scope: dict = {}
+    exec(code, scope)
+    assert scope["texts"] in expected.values() and scope["image"].size[0] > 0
