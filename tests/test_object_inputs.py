@@ -8,6 +8,7 @@ become one image row or one rejected row per sample, locally and on S3.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import tarfile
@@ -230,11 +231,15 @@ def test_webdataset_shards_give_one_row_per_sample_locally_and_on_s3(store: dict
     shards = tmp_path / "wds"
     shards.mkdir()
     write_tar(shards / "shard-000.tar", TAR_SAMPLES)
-    write_tar(shards / "shard-001.tar", [{"__key__": f"t{i}", "jpg": jpeg(20 + i)} for i in range(3)])
+    buffer = io.BytesIO()
+    write_tar(buffer, [{"__key__": f"t{i}", "jpg": jpeg(20 + i)} for i in range(3)])
+    (shards / "shard-001.tar.gz").write_bytes(gzip.compress(buffer.getvalue()))
     spec = InputSpec(kind="webdataset", path=str(shards))
     refs, _ = list_inputs(spec, tmp_path, DOMAINS)
-    assert [Path(r.source).name for r in refs] == ["shard-000.tar", "shard-001.tar"]
+    assert [Path(r.source).name for r in refs] == ["shard-000.tar", "shard-001.tar.gz"]
     assert shard_refs(refs, 256) == [[refs[0]], [refs[1]]]  # one ingest shard per input shard
+    gz_images, _, gz_counted = ingest_container(refs[1], IngestSpec(), DOMAINS, roots=allowed_roots(spec, tmp_path))
+    assert gz_counted == 3 == gz_images.num_rows
     images, rejects, counted = ingest_container(refs[0], IngestSpec(), DOMAINS, roots=allowed_roots(spec, tmp_path))
     assert counted == 4 == images.num_rows + rejects.num_rows
     rows = {r["source"].rsplit("#", 1)[1]: r for r in images.to_pylist()}
@@ -255,6 +260,22 @@ def test_webdataset_shards_give_one_row_per_sample_locally_and_on_s3(store: dict
                                                          roots=allowed_roots(remote, tmp_path))
     assert s3_counted == 4 and s3_images.column("image_id").to_pylist() == images.column("image_id").to_pylist()
     assert s3_rejects.column("reason").to_pylist() == rejects.column("reason").to_pylist()
+
+
+def test_a_key_split_by_another_is_two_samples_as_webdataset_reads_it(tmp_path: Path) -> None:
+    """Members k1.jpg, k2.jpg, k1.json: webdataset groups runs of a key, so three samples; the count
+    from the member names agrees, and the json-only run is missing_image."""
+    path = tmp_path / "split.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, data in (("k1.jpg", jpeg(60)), ("k2.jpg", jpeg(61)), ("k1.json", b'{"caption": "late"}')):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    spec = InputSpec(kind="webdataset", path=str(path))
+    refs, _ = list_inputs(spec, tmp_path, DOMAINS)
+    images, rejects, counted = ingest_container(refs[0], IngestSpec(), DOMAINS, roots=allowed_roots(spec, tmp_path))
+    assert counted == 3 == images.num_rows + rejects.num_rows
+    assert images.num_rows == 2 and rejects.column("reason").to_pylist() == ["missing_image"]
 
 
 def test_a_truncated_tar_keeps_the_samples_before_the_damage_and_rejects_the_rest(tmp_path: Path) -> None:
@@ -321,3 +342,15 @@ def test_build_secmm_ingests_an_s3_prefix_and_webdataset_shards_with_balanced_ac
                           overrides={"input": {"kind": "webdataset", "path": str(shards)}})
     (ingest,) = summary["stages"]
     assert summary["balanced"] and ingest["input"] == 9 and ingest["accepted"] == 7 and ingest["shards"] == 2
+
+
+def test_the_cli_guesses_sharded_kinds_from_the_input(tmp_path: Path) -> None:
+    from rde.entry.cli import _guess_kind
+
+    pq.write_table(pa.table({"path": ["a.jpg"]}), tmp_path / "list.parquet")
+    pq.write_table(pa.table({"key": ["0"], "jpg": [jpeg(1)]}), tmp_path / "images.parquet")
+    write_tar(tmp_path / "s.tar", [{"__key__": "k", "jpg": jpeg(2)}])
+    assert _guess_kind(str(tmp_path / "list.parquet")) == "paths"
+    assert _guess_kind(str(tmp_path / "images.parquet")) == "image_parquet"
+    assert _guess_kind(str(tmp_path / "s.tar")) == "webdataset" == _guess_kind("s3://b/shards/000.tar")
+    assert _guess_kind("s3://b/crops/") == "folder"

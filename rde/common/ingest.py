@@ -99,10 +99,6 @@ def input_location(spec: InputSpec, project_root: Path) -> str:
     return str(path if path.is_absolute() else project_root / path)
 
 
-def _input_location(spec: InputSpec, project_root: Path) -> Path:
-    return Path(input_location(spec, project_root))
-
-
 def check_input(spec: InputSpec, project_root: Path) -> None:
     """Fail fast, with a user message, when the input as a whole is unusable (before any run starts)."""
     location = input_location(spec, project_root)
@@ -295,7 +291,7 @@ def _printable(raw: str) -> str:
 
 def _list_paths_file(location: str, spec: InputSpec, allow_urls: bool = True) -> tuple[list[InputRef], str]:
     """A path list's rows: local paths (relative ones to the list's folder) and, when allowed, URLs
-    (relative rows of a list on a store: to the list's prefix). Rows are read a batch at a time."""
+    (relative rows of a list on a store: to the list's prefix)."""
     refs, signature = [], []
     base = location.rsplit("/", 1)[0] if is_url(location) else str(Path(location).parent)
     for rec in _path_rows(location):
@@ -313,7 +309,7 @@ def _list_paths_file(location: str, spec: InputSpec, allow_urls: bool = True) ->
         if raw and (is_url(raw) or is_url(base)):
             url = raw if is_url(raw) else f"{base}/{raw.lstrip('/')}"
             refs.append(InputRef(input_id, url, domain, rec.get("identity")))
-            signature.append([url])  # no request per row: a changed object is caught by its image_id downstream
+            signature.append([url])  # no request per row: an object replaced under its name is not noticed
             continue
         path = Path(raw)
         if raw and not path.is_absolute():
@@ -522,14 +518,13 @@ def ingest_container(ref: InputRef, spec: IngestSpec, known_domains: list[str], 
         confined_file(ref, roots)
         read = shard_inputs.read_shard(ref.source, ref.container or "webdataset", spec.read_attempts,
                                        spec.retry_backoff_s)
-    except DecodeError as err:
-        return _empty_images(), _rejects([reject_row(ref, "ingest", [str(err.reason)], err.detail, kind="shard")]), 1
-    except FileNotFoundError:
-        return _empty_images(), _rejects([reject_row(ref, "ingest", [str(Reason.MISSING_FILE)],
-                                                     f"{ref.source} does not exist (any more)", kind="shard")]), 1
-    except PermissionError as exc:
-        return _empty_images(), _rejects([reject_row(ref, "ingest", [str(Reason.ACCESS_DENIED)],
-                                                     f"{ref.source}: {exc}", kind="shard")]), 1
+    except Exception as exc:  # the shard as a whole: one rejected row
+        reason, detail = ((exc.reason, exc.detail) if isinstance(exc, DecodeError) else
+                          (Reason.MISSING_FILE, f"{ref.source} does not exist (any more)")
+                          if isinstance(exc, FileNotFoundError) else
+                          (Reason.ACCESS_DENIED, f"{ref.source}: {exc}") if isinstance(exc, PermissionError) else
+                          (Reason.READ_ERROR, f"{ref.source}: {type(exc).__name__}: {exc}"))
+        return IMAGES.empty_table(), _rejects([reject_row(ref, "ingest", [str(reason)], detail, kind="shard")]), 1
     for position, sample in enumerate(read.samples):
         source = f"{ref.source}#{sample.key}"
         sample_ref = InputRef(_input_id(source, position), source, _sample_field(sample, "domain") or ref.domain,
@@ -547,6 +542,9 @@ def ingest_container(ref: InputRef, spec: IngestSpec, known_domains: list[str], 
         except DecodeError as err:
             detail = err.detail if err.detail.startswith(where) else f"{where}: {err.detail}"
             rejects.append(reject_row(sample_ref, "ingest", [str(err.reason)], detail))
+        except Exception as exc:
+            rejects.append(reject_row(sample_ref, "ingest", [str(Reason.READ_ERROR)],
+                                      f"{where}: {type(exc).__name__}: {exc}"))
     if read.broken is not None:
         rest = InputRef(_input_id(f"{ref.source}#rest", len(read.samples)), f"{ref.source}#rest", ref.domain)
         rejects.append(reject_row(rest, "ingest", [str(Reason.UNREADABLE_SHARD)],
@@ -560,10 +558,6 @@ def _sample_field(sample: shard_inputs.Sample, name: str) -> str | None:
     value = sample.meta.get("json", {}).get(name) if isinstance(sample.meta.get("json"), dict) else None
     value = sample.meta.get(name) if value is None else value
     return None if value is None else str(value)
-
-
-def _empty_images() -> pa.Table:
-    return IMAGES.empty_table()
 
 
 def _rejects(rows: list[dict[str, Any]]) -> pa.Table:

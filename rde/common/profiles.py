@@ -31,7 +31,8 @@ class DomainSpec(Strict):
 
 
 class InputSpec(Strict):
-    """Where the images come from: the bundled demo pool, a folder, a Parquet file of paths, or
+    """Where the images come from: the bundled demo pool, a folder, a Parquet file of paths,
+    sharded image datasets (WebDataset tars, image-bytes Parquet), locally or on object storage, or
     videos (a folder of recordings, or a Parquet file of their paths) that the ``videos`` stage
     detects, tracks and crops before ingest."""
 

@@ -1,6 +1,7 @@
 """Sharded image datasets as inputs: WebDataset tars and Parquet files with an image-bytes column.
 
-- **WebDataset** (``input.kind: webdataset``): a ``.tar`` shard, or a folder or URL prefix of them.
+- **WebDataset** (``input.kind: webdataset``): a ``.tar`` shard (or ``.tar.gz``, ``.tgz``), or a
+  folder or URL prefix of them.
   Members are grouped into samples by the ``webdataset`` library's own reader (``tar_file_iterator``,
   ``group_by_keys``: a sample is the members sharing a key, the name before the first dot). A
   sample's image is its first member with an image extension (``jpg``, ``png``...); its ``json``,
@@ -14,8 +15,9 @@
 One input shard is one ingest shard (one task), read as a stream: a tar member or a Parquet batch
 at a time. Each sample ends as one image row or one rejected row whose ``detail`` names the shard
 and the key (``missing_image`` when it holds no image). The number of samples (the stage's input)
-is counted apart from the rows: the distinct keys among the tar's member names, the row count in
-the Parquet footer. A shard that becomes unreadable part way (a truncated tar) gives the samples
+is counted apart from the rows: the runs of member names sharing a key in the tar (a key whose
+members are split by another's is two samples, as webdataset reads it), the row count in the
+Parquet footer. A shard that becomes unreadable part way (a truncated tar) gives the samples
 whose members were read whole before the damage (the last of them with the members it had by
 then), and one ``unreadable_shard`` row for the rest: how many samples the rest held cannot be
 known. A read that fails for a reason that may pass is retried from the shard's start
@@ -42,7 +44,7 @@ from rde.common.url_inputs import MAX_BACKOFF_S, is_url
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
 META_SUFFIXES = ("json", "txt", "cls")
-SHARD_SUFFIXES = {"webdataset": (".tar",), "image_parquet": (".parquet",)}
+SHARD_SUFFIXES = {"webdataset": (".tar", ".tar.gz", ".tgz"), "image_parquet": (".parquet",)}
 # the image-bytes column of an image Parquet, in the order looked for
 IMAGE_COLUMNS = ("jpg", "jpeg", "png", "webp", "image", "img", "image_bytes")
 BATCH_ROWS = 256  # Parquet rows decoded at a time
@@ -74,18 +76,19 @@ def _open(source: str) -> BinaryIO:
     return open(source, "rb")
 
 
-def _tar_samples(handle: BinaryIO, source: str, keys: set[str]) -> Iterator[Sample]:
-    """The webdataset library's grouping of a tar stream into samples; every member name's key is
-    added to ``keys`` as it streams past (the independent count). When the stream breaks, the
-    members read whole before the break still form their sample, then the error is raised."""
+def _tar_samples(handle: BinaryIO, source: str, keys: list[str]) -> Iterator[Sample]:
+    """The webdataset library's grouping of a tar stream into samples. ``keys`` gets each run of
+    member names sharing a key as the names stream past (a sample is such a run, for webdataset
+    too): the independent count. When the stream breaks, the members read whole before the break
+    still form their sample, then the error is raised."""
     failure: list[BaseException] = []
 
     def members() -> Iterator[dict[str, Any]]:
         try:
             for member in tar_file_iterator(handle):
                 key, _ = base_plus_ext(member["fname"])
-                if key is not None:
-                    keys.add(key)
+                if key is not None and (not keys or keys[-1] != key):
+                    keys.append(key)
                 yield {**member, "__url__": source}
         except Exception as exc:  # ends the stream here: group_by_keys yields the group in progress
             failure.append(exc)
@@ -159,7 +162,7 @@ def read_shard(source: str, kind: str, attempts: int = 1, backoff_s: float = 0.0
         if attempt:
             sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
         samples: list[Sample] = []
-        keys: set[str] = set()
+        keys: list[str] = []
         counted: list[int] = []
         try:
             with _open(source) as handle:

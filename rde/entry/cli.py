@@ -372,10 +372,10 @@ def _guarded(root: str) -> Any:
 
 
 def _guess_kind(path: str) -> str:
-    """A ``.tar`` is WebDataset; a ``.parquet`` a path list, or an image Parquet when it has an
+    """A ``.tar`` (``.tar.gz``, ``.tgz``) is WebDataset; a ``.parquet`` a path list, or an image Parquet when it has an
     image-bytes column and no ``path``; a folder with a manifest a pool; anything else a folder."""
     name = path.rstrip("/").lower()
-    if name.endswith(".tar"):
+    if name.endswith((".tar", ".tar.gz", ".tgz")):
         return "webdataset"
     if name.endswith(".parquet"):
         from rde.common.ingest import parquet_input_kind
