@@ -36,7 +36,6 @@ from typing import Any, BinaryIO
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_iterator
 
 from rde.common.image_decoding import DecodeError
 from rde.common.reasons import Reason
@@ -81,6 +80,10 @@ def _tar_samples(handle: BinaryIO, source: str, keys: list[str]) -> Iterator[Sam
     member names sharing a key as the names stream past (a sample is such a run, for webdataset
     too): the independent count. When the stream breaks, the members read whole before the break
     still form their sample, then the error is raised."""
+    # imported here: the webdataset package imports torch (seconds of CPU), which the other inputs'
+    # ingest processes never need
+    from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_iterator
+
     failure: list[BaseException] = []
 
     def members() -> Iterator[dict[str, Any]]:

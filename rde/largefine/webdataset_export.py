@@ -16,8 +16,6 @@ import json
 from collections import defaultdict
 from typing import Any
 
-import webdataset as wds
-
 # image format (as ingest records it) → the member extension webdataset's decoders know
 EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff", "GIF": "gif",
               "PPM": "ppm", "MPO": "jpg"}
@@ -44,6 +42,8 @@ def sample_json(image: dict[str, Any], captions: list[dict[str, Any]]) -> dict[s
 def write_tar(images: list[dict[str, Any]], captions: list[dict[str, Any]]) -> tuple[bytes, list[dict[str, Any]]]:
     """The tar bytes of the images that have at least one text, in the images' order, and one index
     row per sample (image_id, key, members, tiers)."""
+    import webdataset as wds  # here: the package imports torch, which a run without this export never needs
+
     by_image: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in captions:
         by_image[row["image_id"]].append(row)
