@@ -20,7 +20,8 @@ per-image time of every per-shard stage within ±25 % across N; the growth expon
 bounded by the draw, so it should not grow).
 
 The time outside the stages is reported too; for build-largefine it includes the dataset card
-(spaCy over every caption, after the export stage), timed from the run's log.
+(after the export stage; it adds up the tier shards' Table 1 counts, which the tier stages take
+with spaCy as they write), timed from the run's log.
 
     .venv/bin/python benchmarks/scale.py [--sizes 500 1000 2000] [--flows secmm largefine]
                                          [--workdir /tmp/rde-scale] [--project]
@@ -109,8 +110,8 @@ def load() -> str:
 
 
 def card_seconds(log: Path) -> float | None:
-    """Seconds from the export stage's last log line to the flow run's end: the dataset card (spaCy
-    statistics over every caption), which the stage's own seconds do not include."""
+    """Seconds from the export stage's last log line to the flow run's end: the dataset card, which
+    the stage's own seconds do not include."""
     stamps = {}
     for line in log.read_text(errors="replace").splitlines():
         found = re.match(r"(\d\d):(\d\d):(\d\d\.\d+) \| INFO .*?"
@@ -224,7 +225,7 @@ def print_table(flow: str, results: list[dict]) -> None:
           + (f"{exponent(ns, outside):.2f}" if grows else "-") + " |")
     if flow == "largefine" and all(r.get("card_s") is not None for r in results):
         cards = [r["card_s"] for r in results]
-        print("| *of which the dataset card (spaCy over every caption)* | " + " | ".join(f"{c:.1f}" for c in cards)
+        print("| *of which the dataset card (after the export stage)* | " + " | ".join(f"{c:.1f}" for c in cards)
               + " | " + " | ".join(f"{1000 * c / (3 * r['captioned']):.2f} per caption" for c, r in
                                    zip(cards, results, strict=True)) + " | "
               + (f"{exponent(ns, cards):.2f}" if grows else "-") + " |")
@@ -343,9 +344,9 @@ def print_projection(r: dict, work: Path) -> None:
               ("hard-negatives: kNN at 1.2M (faiss IVF)", knn / PROJECT_IMAGES, "extrapolated from ann_recall"),
               ("template gallery", st["template-gallery"]["seconds"] / PROJECT_IMAGES, "measured (fixed)"),
               ("export", st["export-largefine"]["seconds"] / cap, "measured"),
-              ("dataset card (spaCy, 3 captions/image)", (r.get("card_s") or 0.0) / cap, "measured")]
+              ("dataset card (after the export stage)", (r.get("card_s") or 0.0) / cap, "measured")]
     fanned = [("measure: detector on GPU (YOLOv8x)", DETECTOR_GPU_S, "ASSUMED (Ultralytics A100 TRT x2)"),
-              ("captioning pipeline (decode, requests, gates, writes)",
+              ("captioning pipeline (decode, requests, gates, Table 1 counts, writes)",
                (st["qa-tiers"]["seconds"] + st["adv-tier"]["seconds"]) / cap, "measured (scripted generator)"),
               ("generation: prefill (7 image encodes, 5 prompts)", prefill, "ASSUMED (roofline, H100)"),
               ("generation: decode (435 tokens at batch 64)", decode, "ASSUMED (roofline, H100)")]

@@ -186,7 +186,34 @@ def _tier_images(accepted_url: str, rows: list[dict[str, Any]], with_negatives: 
 def _tables(out: TierOutputs, images: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     return ({"captions": pa.Table.from_pylist(out.captions, schema=TIER_CAPTIONS),
              "qa": pa.Table.from_pylist(out.qa, schema=QA_PAIRS),
-             "rejects": pa.Table.from_pylist(out.rejects, schema=REJECTS)}, out.stats(images))
+             "rejects": pa.Table.from_pylist(out.rejects, schema=REJECTS)},
+            {**out.stats(images), **table1_counts(out.captions)})
+
+
+def table1_counts(captions: list[dict[str, Any]]) -> dict[str, int]:
+    """The shard's GTR+ Table 1 sums per tier (spaCy, where the shard is written: on the pool's
+    worker), as flat ``table1.<tier>.<count>`` stats; the manifest sums them over the shards and the
+    dataset card divides (``table1_from_stats``), so no process reads every caption for it."""
+    out: dict[str, int] = {}
+    for tier in TIERS:
+        texts = [c["text"] for c in captions if c["tier"] == tier]
+        if texts:
+            counts = caption_stats.text_counts(texts, caption_stats.load_tagger())
+            out.update({f"table1.{tier}.{name}": value for name, value in counts.items()})
+    return out
+
+
+def table1_from_stats(manifests: list[dict[str, Any]]) -> dict[str, dict[str, float]] | None:
+    """Table 1 per tier and overall from the tier stages' summed ``table1.*`` stats; None when a
+    manifest has none (written before the counts were kept: the card then counts the texts itself)."""
+    if not all(any(k.startswith("table1.") for k in stats) for stats in manifests):
+        return None
+    sums = {tier: {name: sum(int(m.get(f"table1.{tier}.{name}", 0)) for m in manifests)
+                   for name in caption_stats.TABLE1_COUNTS} for tier in TIERS}
+    out = {tier: caption_stats.means_from_counts(c) for tier, c in sums.items() if c["texts"]}
+    out["all"] = caption_stats.means_from_counts({name: sum(c[name] for c in sums.values())
+                                                  for name in caption_stats.TABLE1_COUNTS})
+    return out
 
 
 # -- base + intermediate tiers ----------------------------------------------------------------------
@@ -448,10 +475,14 @@ def corpus_statistics(texts_by_tier: dict[str, list[str]]) -> dict[str, dict[str
 def dataset_card(ctx: RunContext) -> tuple[str, dict[str, Any]]:
     """Markdown card and its numbers: Table 1 statistics, multi-granularity, retention per stage,
     per-source counts and generator throughput."""
-    captions = Artifact(ctx.artifact_url("largefine")).rows(["image_id", "source", "tier", "text", "generator"])
-    by_tier: dict[str, list[str]] = {tier: [r["text"] for r in captions if r["tier"] == tier] for tier in TIERS}
-    table1 = corpus_statistics(by_tier)
-    multi = sum(bool(v) for v in by_tier.values()) > 1
+    captions = Artifact(ctx.artifact_url("largefine")).rows(["source", "generator"])
+    table1 = table1_from_stats([Artifact(ctx.artifact_url(name)).manifest().stats
+                                for name in ("tier12_captions", "adv_captions")])
+    if table1 is None:  # tier shards written before their counts were kept
+        texts = Artifact(ctx.artifact_url("largefine")).rows(["tier", "text"])
+        table1 = corpus_statistics({tier: [r["text"] for r in texts if r["tier"] == tier] for tier in TIERS})
+    tiers_with_texts = sum(1 for tier in TIERS if table1.get(tier, {}).get("texts"))
+    multi = tiers_with_texts > 1
     manifests = {name: Artifact(ctx.artifact_url(name)).manifest().stats for name in
                  ("images", "accepted", "neighbours", "tier12_captions", "adv_captions", "largefine")}
     per_source: dict[str, Counter[str]] = defaultdict(Counter)
@@ -477,8 +508,8 @@ def dataset_card(ctx: RunContext) -> tuple[str, dict[str, Any]]:
     for name, s in table1.items():
         lines.append(f"| {name} | {s['texts']} | {s['words_per_text']:.2f} | {s['adjectives_per_text']:.2f} | "
                      f"{s['noun_chunks_per_text']:.2f} |")
-    lines += ["", f"Multi-granularity: {'yes' if multi else 'no'} (texts of {sum(bool(v) for v in by_tier.values())} "
-              "tiers of detail).", "", "| source | ingested | after denoise | texts |", "|---|---|---|---|"]
+    lines += ["", f"Multi-granularity: {'yes' if multi else 'no'} (texts of {tiers_with_texts} tiers of detail).",
+              "", "| source | ingested | after denoise | texts |", "|---|---|---|---|"]
     for source, c in sorted(per_source.items()):
         lines.append(f"| {source} | {c['ingested']} | {c['denoised']} | {c['texts']} |")
     lines += ["", "Rejected texts with reasons: `caption_rejects`; rejected images: `ingest_rejects`, "

@@ -17,6 +17,7 @@ from rde.common.profiles import load_profile
 from rde.largefine.caption_quality import gate_caption, repeated_sentence_share
 from storage import Artifact
 from storage.schemas import TIER_CAPTIONS
+from tasks.largefine import corpus_statistics
 from tasks.summary import summary_markdown
 
 pytestmark = pytest.mark.slow
@@ -104,6 +105,15 @@ def test_dataset_card_has_table1_statistics(offline_run: tuple[str, dict, dict])
     assert card["table1"]["all"]["texts"] == Artifact(str(folder)).count_rows()
     assert card["table1"]["all"]["words_per_text"] >= 10 and card["table1"]["all"]["noun_chunks_per_text"] > 0
     assert "multi_granularity" in card and "#noun chunks/text" in (run_folder / "README.md").read_text()
+    # the card adds up the tier shards' own counts (made where each shard was written): they equal
+    # spaCy over every kept text at once (the same integer sums, divided once; 1e-12 for the division)
+    texts = Artifact(str(folder)).to_pandas()
+    whole = corpus_statistics({tier: list(texts[texts.tier == tier].text) for tier in texts.tier.unique()})
+    assert card["table1"].keys() == whole.keys()
+    for name, columns in whole.items():
+        assert card["table1"][name] == pytest.approx(columns, rel=1e-12)
+    tier12 = Artifact(str(run_folder / "tier12_captions")).manifest().stats
+    assert tier12["table1.base.texts"] + tier12.get("table1.inter.texts", 0) == tier12["accepted"]
     manifest = Artifact(str(Path(out, "build-largefine", "demo", "tier12_captions"))).manifest()
     assert any(name.startswith("gtr_tiers_small") for name in manifest.prompt_versions)
     gallery = Artifact(str(Path(out, "build-largefine", "demo", "template_gallery"))).manifest()

@@ -46,17 +46,31 @@ def pos_frequencies(texts: Iterable[str], nlp=None, batch_size: int = 64) -> dic
     return counts
 
 
-def text_statistics(texts: list[str], nlp=None) -> dict[str, float]:
-    """GTR+ Table 1 style statistics: words/text, adjectives/text, noun chunks/text."""
+# the sums behind GTR+ Table 1's per-text means: they add up across shards
+TABLE1_COUNTS = ("texts", "words", "adjectives", "noun_chunks")
+
+
+def text_counts(texts: list[str], nlp=None) -> dict[str, int]:
+    """The texts and their alphabetic words, adjectives and noun chunks, summed (spaCy)."""
     nlp = nlp or load_tagger()
     words = adjs = chunks = 0
     for doc in nlp.pipe(texts, batch_size=64):
         words += sum(1 for t in doc if t.is_alpha)
         adjs += sum(1 for t in doc if t.pos_ == "ADJ")
         chunks += sum(1 for _ in doc.noun_chunks)
-    n = max(len(texts), 1)
-    return {"texts": len(texts), "words_per_text": words / n, "adjectives_per_text": adjs / n,
-            "noun_chunks_per_text": chunks / n}
+    return {"texts": len(texts), "words": words, "adjectives": adjs, "noun_chunks": chunks}
+
+
+def means_from_counts(counts: dict[str, int]) -> dict[str, float]:
+    """GTR+ Table 1 columns (words/text, adjectives/text, noun chunks/text) from summed counts."""
+    n = max(counts["texts"], 1)
+    return {"texts": counts["texts"], "words_per_text": counts["words"] / n,
+            "adjectives_per_text": counts["adjectives"] / n, "noun_chunks_per_text": counts["noun_chunks"] / n}
+
+
+def text_statistics(texts: list[str], nlp=None) -> dict[str, float]:
+    """GTR+ Table 1 style statistics: words/text, adjectives/text, noun chunks/text."""
+    return means_from_counts(text_counts(texts, nlp))
 
 
 def vocabulary(texts: Iterable[str], nlp=None) -> set[str]:
