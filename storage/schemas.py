@@ -190,6 +190,7 @@ QRELS = pa.schema(
         pa.field("verified", pa.bool_(), nullable=False),  # False: an unreviewed MECF candidate
         pa.field("annotator", pa.string()),
         pa.field("decided_at", pa.string()),
+        pa.field("tool", pa.string()),  # where the decision was made: review-page | label-studio
     ]
 )
 

@@ -366,7 +366,7 @@ class Export(Stage):
     the others stay ``verified = false`` (the "unverified" benchmark)."""
 
     name = "export"
-    version = "3"
+    version = "4"  # 4: qrels say which tool each decision came from
     reads = ("queries", "gallery", "candidates")
     optional_reads = ("decisions",)
     writes = (Write("queries", "queries", QUERIES, folder="benchmark/queries"),
@@ -382,8 +382,8 @@ class Export(Stage):
         queries = pa.concat_tables([t for _, t in run.input("queries").iter_shards()])
         gallery = run.input("gallery")
         candidates = run.input("candidates")
-        made = {(d["query_id"], d["image_id"]): d for d in decisions.rows(list(QRELS.names))} \
-            if decisions.is_complete() else {}
+        # every column the decisions have (one imported before decisions kept their tool has no 'tool')
+        made = {(d["query_id"], d["image_id"]): d for d in decisions.rows()} if decisions.is_complete() else {}
         qrels = pa.Table.from_pylist(qrel_rows(candidates.rows(["query_id", "image_id"]), made), schema=QRELS)
         verified = sum(qrels.column("verified").to_pylist())
         stats = {"input_rows": candidates.count_rows(), "accepted": qrels.num_rows, "verified": verified,
@@ -423,7 +423,8 @@ def qrel_rows(candidates: list[dict[str, Any]], decisions: dict[tuple[str, str],
         d = decisions.get((c["query_id"], c["image_id"]))
         rows.append({"query_id": c["query_id"], "image_id": c["image_id"],
                      "relevant": bool(d["relevant"]) if d else True, "verified": d is not None,
-                     "annotator": d["annotator"] if d else None, "decided_at": d["decided_at"] if d else None})
+                     "annotator": d["annotator"] if d else None, "decided_at": d["decided_at"] if d else None,
+                     "tool": d.get("tool") if d else None})
     return rows
 
 

@@ -235,7 +235,7 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     assert rebuilt["mecf"]["skipped"] and not rebuilt["export"]["skipped"] and not rebuilt["evaluate"]["skipped"]
     qrels = Artifact(str(bench / "qrels")).to_pandas()
     assert qrels.verified.sum() == 5 and qrels[qrels.verified].relevant.sum() == 3
-    assert set(qrels[qrels.verified].annotator) == {"tester"}
+    assert set(qrels[qrels.verified].annotator) == {"tester"} and set(qrels[qrels.verified].tool) == {"review-page"}
     ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
     assert (ev.benchmark == "build-secmm/demo").any() and set(ev.labels) == {"verified"}
     # the re-evaluation read every gallery and check-set vector from the experts' caches; MECF had

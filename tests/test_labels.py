@@ -10,10 +10,20 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from PIL import Image
 
-from rde.secmm.labels import DecisionError, import_decisions, label_studio_tasks, review_page
+from rde.secmm.label_import import merge_decisions
+from rde.secmm.labels import (
+    DecisionError,
+    import_decisions,
+    label_studio_tasks,
+    latest_per_pair,
+    read_decisions,
+    review_page,
+)
+from storage import Artifact, ArtifactWriter, content_key
 
 QUERIES = {"q1": {"query_id": "q1", "domain": "pedestrian", "text": "a man in a red jacket"},
            "q2": {"query_id": "q2", "domain": "vehicle", "text": "a white van"}}
@@ -76,6 +86,60 @@ def test_unknown_ids_and_bad_files_are_rejected_with_a_message(tmp_path: Path) -
     path.write_text(json.dumps({"something": 1}))
     with pytest.raises(DecisionError, match="expected the review page's export"):
         import_decisions(path, PAIRS)
+
+
+def test_conflicting_decisions_keep_the_latest_and_are_counted(tmp_path: Path) -> None:
+    """The latest decided_at wins whatever the file order ('Z' and '+00:00' alike); equal times go to
+    the one read last; pairs that disagree are counted, agreeing repeats are not."""
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"annotator": "ana", "decisions": [
+        {"query_id": "q1", "image_id": "img0", "decision": "accept", "decided_at": "2026-12-01T10:00:00Z"},
+        {"query_id": "q1", "image_id": "img0", "decision": "reject", "annotator": "bo",
+         "decided_at": "2026-12-01T09:00:00+00:00"},  # later in the file, earlier in time
+        {"query_id": "q1", "image_id": "img1", "decision": "reject", "decided_at": "2026-12-01T08:00:00"},
+        {"query_id": "q1", "image_id": "img1", "decision": "reject", "decided_at": "2026-12-01T08:30:00"},
+        {"query_id": "q1", "image_id": "img2", "decision": "accept", "decided_at": "2026-12-01T07:00:00Z"},
+        {"query_id": "q1", "image_id": "img2", "decision": "reject", "annotator": "cy",
+         "decided_at": "2026-12-01T07:00:00+00:00"},  # the same time: the one read last
+    ]}))
+    kept, conflicts = latest_per_pair(read_decisions(path, PAIRS))
+    got = {(d.query_id, d.image_id): d for d in kept}
+    assert got[("q1", "img0")].relevant and got[("q1", "img0")].annotator == "ana"
+    assert got[("q1", "img2")].annotator == "cy" and not got[("q1", "img2")].relevant
+    assert conflicts == 2 and {d.tool for d in kept} == {"review-page"}
+
+
+def test_imports_merge_by_time_and_keep_their_tool(tmp_path: Path) -> None:
+    """A Label Studio decision at 12:00, then a review-page file with an older and a newer decision:
+    the older one loses to what was imported (counted), the newer one replaces it; each kept row
+    says which tool it came from."""
+    schema = pa.schema([pa.field("query_id", pa.string()), pa.field("image_id", pa.string())])
+    candidates = str(tmp_path / "candidates")
+    writer = ArtifactWriter(candidates, "candidates", schema, content_key(kind="test-candidates"))
+    writer.begin()
+    writer.finalize([writer.write_shard(0, pa.Table.from_pylist(
+        [{"query_id": q, "image_id": i} for q, i in PAIRS], schema=schema))], code_version="test")
+    tasks = label_studio_tasks(CANDIDATES, QUERIES, {k: f"https://store/{k}.png" for k in IMAGES})
+    for task in tasks[:2]:
+        task["annotations"] = [{"result": [{"value": {"choices": ["relevant"]}}], "completed_by": {"email": "ls@x"},
+                                "updated_at": "2026-12-01T12:00:00Z"}]
+    studio = tmp_path / "ls.json"
+    studio.write_text(json.dumps(tasks))
+    decisions = str(tmp_path / "decisions")
+    first = merge_decisions(decisions, candidates, studio, "test")
+    assert first == {"imported": 2, "new_pairs": 2, "conflicts": 0, "older_than_kept": 0, "total": 2, "relevant": 2}
+    page = tmp_path / "page.json"
+    page.write_text(json.dumps({"annotator": "ana", "decisions": [
+        {"query_id": "q1", "image_id": "img0", "decision": "reject", "decided_at": "2026-12-01T11:00:00Z"},
+        {"query_id": "q1", "image_id": "img1", "decision": "reject", "decided_at": "2026-12-01T13:00:00Z"},
+        {"query_id": "q2", "image_id": "img3", "decision": "accept", "decided_at": "2026-12-01T13:00:00Z"}]}))
+    second = merge_decisions(decisions, candidates, page, "test")
+    assert second == {"imported": 3, "new_pairs": 1, "conflicts": 2, "older_than_kept": 1, "total": 3,
+                      "relevant": 2}
+    rows = {(r["query_id"], r["image_id"]): r for r in Artifact(decisions).rows()}
+    assert rows[("q1", "img0")]["relevant"] and rows[("q1", "img0")]["tool"] == "label-studio"
+    assert not rows[("q1", "img1")]["relevant"] and rows[("q1", "img1")]["tool"] == "review-page"
+    assert rows[("q2", "img3")]["annotator"] == "ana" and rows[("q1", "img0")]["annotator"] == "ls@x"
 
 
 def _chromium():

@@ -569,6 +569,9 @@ def labels_import_cmd(
         raise
     console.print(f"imported {counts['imported']} decisions ({counts['new_pairs']} new pairs); "
                   f"{counts['total']} decided in all, {counts['relevant']} relevant")
+    if counts["conflicts"]:
+        console.print(f"{counts['conflicts']} pairs had decisions that disagree: the latest decided_at kept "
+                      f"({counts['older_than_kept']} of the new decisions were older than one already imported)")
     if rebuild:
         from flows.build_secmm import build_secmm
 

@@ -7,7 +7,13 @@ Two export forms, one import:
 * a self-contained HTML review page: thumbnails grouped per query, click or keyboard to accept or
   reject, "Export" downloads a decisions JSON file;
 * ``import_decisions`` reads either export (the page's JSON or Label Studio's JSON export),
-  validates every (query, image) against the candidates, and returns decisions with who and when.
+  validates every (query, image) against the candidates, and returns decisions with who, when and
+  from which tool.
+
+Conflicting decisions on one pair (two reviewers, or one who changed their mind) are resolved by
+one rule, ``latest_per_pair``: the latest ``decided_at`` wins; on equal times, the one read last
+(later in the file, or from the later import). A decision without a time is stamped with the time
+of its import. Pairs whose decisions disagree are counted, so an import says how many it settled.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ class DecisionError(ValueError):
     """A decisions file cannot be imported; the message lists what is wrong."""
 
 
+REVIEW_PAGE, LABEL_STUDIO = "review-page", "label-studio"  # a decision's tool
+
+
 @dataclass(frozen=True)
 class Decision:
     query_id: str
@@ -44,6 +53,28 @@ class Decision:
     relevant: bool
     annotator: str
     decided_at: str
+    tool: str = REVIEW_PAGE
+
+
+def decided_time(decision: Decision) -> _dt.datetime:
+    """``decided_at`` as an aware time (no zone: UTC; ``Z`` accepted); an unreadable one is the
+    earliest time, so any dated decision on the pair wins over it."""
+    try:
+        when = _dt.datetime.fromisoformat(decision.decided_at.strip())
+    except ValueError:
+        return _dt.datetime.min.replace(tzinfo=_dt.UTC)
+    return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
+
+
+def latest_per_pair(decisions: Iterable[Decision]) -> tuple[list[Decision], int]:
+    """One decision per (query, image): the latest ``decided_at``, ties to the one read last; and
+    how many pairs had decisions that disagree (relevant and not relevant)."""
+    by_pair: dict[tuple[str, str], list[tuple[_dt.datetime, int, Decision]]] = {}
+    for order, d in enumerate(decisions):
+        by_pair.setdefault((d.query_id, d.image_id), []).append((decided_time(d), order, d))
+    kept = [max(found, key=lambda entry: (entry[0], entry[1]))[2] for found in by_pair.values()]
+    conflicts = sum(1 for found in by_pair.values() if len({entry[2].relevant for entry in found}) > 1)
+    return kept, conflicts
 
 
 def write_review_images(gallery: Iterable[dict[str, Any]], folder: Path) -> dict[str, Path]:
@@ -106,9 +137,14 @@ def _now() -> str:
 
 
 def import_decisions(path: Path, candidates: Iterable[tuple[str, str]]) -> list[Decision]:
-    """Decisions from the review page's JSON or a Label Studio JSON export, validated against the
-    candidate (query_id, image_id) pairs. Unknown pairs, unknown decision values and files of
-    neither form are errors naming the offending entries."""
+    """One decision per pair (``latest_per_pair``) of ``read_decisions``."""
+    return latest_per_pair(read_decisions(path, candidates))[0]
+
+
+def read_decisions(path: Path, candidates: Iterable[tuple[str, str]]) -> list[Decision]:
+    """Every decision of the review page's JSON or a Label Studio JSON export, in file order,
+    validated against the candidate (query_id, image_id) pairs. Unknown pairs, unknown decision
+    values and files of neither form are errors naming the offending entries."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
@@ -126,10 +162,7 @@ def import_decisions(path: Path, candidates: Iterable[tuple[str, str]]) -> list[
         shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         raise DecisionError(f"decisions file {path}: {len(unknown)} decisions name pairs that are not candidates "
                             f"of this benchmark: {shown}")
-    latest: dict[tuple[str, str], Decision] = {}
-    for d in decisions:  # the last decision on a pair wins (a reviewer changed their mind)
-        latest[(d.query_id, d.image_id)] = d
-    return list(latest.values())
+    return decisions
 
 
 def _parse_value(value: Any, where: str) -> bool:
@@ -147,7 +180,8 @@ def _from_review_page(data: dict[str, Any]) -> list[Decision]:
     for i, d in enumerate(data["decisions"]):
         try:
             out.append(Decision(str(d["query_id"]), str(d["image_id"]), _parse_value(d["decision"], f"decision {i}"),
-                                str(d.get("annotator") or annotator), str(d.get("decided_at") or _now())))
+                                str(d.get("annotator") or annotator), str(d.get("decided_at") or _now()),
+                                REVIEW_PAGE))
         except KeyError as exc:
             raise DecisionError(f"decision {i} lacks {exc}") from None
     return out
@@ -169,5 +203,5 @@ def _from_label_studio(tasks: list[Any]) -> list[Decision]:
             who = who.get("email") if isinstance(who, dict) else who
             out.append(Decision(str(data["query_id"]), str(data["image_id"]),
                                 _parse_value(choices[0], f"task {i}"), str(who or "label-studio"),
-                                str(ann.get("updated_at") or ann.get("created_at") or _now())))
+                                str(ann.get("updated_at") or ann.get("created_at") or _now()), LABEL_STUDIO))
     return out
