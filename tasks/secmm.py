@@ -430,8 +430,10 @@ def qrel_rows(candidates: list[dict[str, Any]], decisions: dict[tuple[str, str],
 
 def write_review_files(ctx: RunContext, candidates_url: str, queries_url: str, gallery_url: str,
                        folder: Path) -> None:
-    """Label Studio import (tasks + config + image files) and the HTML review page."""
-    candidates = Artifact(candidates_url).rows(["query_id", "image_id", "domain", "experts", "best_rank"])
+    """Label Studio import (tasks + config + image files) and the HTML review page, the candidates of
+    each query in review order (``labels.review_order``: more experts, then better rank, first)."""
+    candidates = labels.review_order(Artifact(candidates_url).rows(["query_id", "image_id", "domain", "experts",
+                                                                    "best_rank"]))
     queries = {q["query_id"]: q for q in Artifact(queries_url).rows(["query_id", "domain", "text"])}
     gallery = Artifact(gallery_url).rows(["image_id", "image_bytes"])
     paths = labels.write_review_images(gallery, folder / "images")

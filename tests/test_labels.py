@@ -21,6 +21,7 @@ from rde.secmm.labels import (
     label_studio_tasks,
     latest_per_pair,
     read_decisions,
+    review_order,
     review_page,
 )
 from storage import Artifact, ArtifactWriter, content_key
@@ -140,6 +141,15 @@ def test_imports_merge_by_time_and_keep_their_tool(tmp_path: Path) -> None:
     assert rows[("q1", "img0")]["relevant"] and rows[("q1", "img0")]["tool"] == "label-studio"
     assert not rows[("q1", "img1")]["relevant"] and rows[("q1", "img1")]["tool"] == "review-page"
     assert rows[("q2", "img3")]["annotator"] == "ana" and rows[("q1", "img0")]["annotator"] == "ls@x"
+
+
+def test_likely_matches_come_first_within_each_query() -> None:
+    mixed = [{"query_id": "q2", "image_id": "a", "experts": ["x"], "best_rank": 1},
+             {"query_id": "q1", "image_id": "b", "experts": ["x"], "best_rank": 3},
+             {"query_id": "q1", "image_id": "c", "experts": ["x", "y"], "best_rank": 9},
+             {"query_id": "q2", "image_id": "d", "experts": ["x", "y", "z"], "best_rank": 40},
+             {"query_id": "q1", "image_id": "e", "experts": ["y"], "best_rank": 2}]
+    assert [c["image_id"] for c in review_order(mixed)] == ["d", "a", "c", "e", "b"]
 
 
 def _chromium():

@@ -77,6 +77,16 @@ def latest_per_pair(decisions: Iterable[Decision]) -> tuple[list[Decision], int]
     return kept, conflicts
 
 
+def review_order(candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The candidates in the order a reviewer sees them: queries as they come, and within a query
+    the likely matches first: retrieved by more experts, then by a better (smaller) best rank."""
+    first_seen: dict[str, int] = {}
+    for c in candidates:
+        first_seen.setdefault(c["query_id"], len(first_seen))
+    return sorted(candidates, key=lambda c: (first_seen[c["query_id"]], -len(c["experts"]), int(c["best_rank"]),
+                                             c["image_id"]))
+
+
 def write_review_images(gallery: Iterable[dict[str, Any]], folder: Path) -> dict[str, Path]:
     """Gallery images as JPEG/PNG files named by image id (Label Studio serves files, not bytes)."""
     folder.mkdir(parents=True, exist_ok=True)
