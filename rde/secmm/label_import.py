@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rde.secmm.labels import REVIEW_PAGE, Decision, latest_per_pair, read_decisions
+from rde.secmm.labels import Decision, latest_per_pair, read_decisions
 from storage import Artifact, ArtifactWriter, content_key
 from storage.schemas import QRELS
 
@@ -25,8 +25,9 @@ def merge_decisions(decisions_url: str, candidates_url: str, decisions_file: Pat
     if existing.is_complete():
         for _, t in existing.iter_shards():
             for r in t.to_pylist():
+                # imported before decisions kept their tool: which one made it is not known
                 before.append(Decision(r["query_id"], r["image_id"], r["relevant"], r.get("annotator") or "unknown",
-                                       r.get("decided_at") or "", r.get("tool") or REVIEW_PAGE))
+                                       r.get("decided_at") or "", r.get("tool") or "unknown"))
     kept, conflicts = latest_per_pair([*before, *new])
     kept_new = {(d.query_id, d.image_id): d for d in latest_per_pair(new)[0]}
     rows = sorted(({"query_id": d.query_id, "image_id": d.image_id, "relevant": d.relevant, "verified": True,
