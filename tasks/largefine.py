@@ -19,7 +19,7 @@ from models.backends.registry import BUNDLED_LLM
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
-from rde.common.dataset_cards import configs_header, loading_snippet
+from rde.common.dataset_cards import card_folder_note, configs_header, loading_snippet
 from rde.common.embedding_cache import EmbeddingCache
 from rde.common.image_decoding import decode_rgb
 from rde.common.reasons import Reason, rejected_row
@@ -154,19 +154,22 @@ def _at_positions(positions: list[int]) -> Callable[[dict[str, Any]], bool]:
     return lambda _row: next(place) in wanted
 
 
-def _images(accepted_url: str, wanted: dict[int, set[str]], order: list[str]) -> list[np.ndarray]:
-    """Decoded images of ``order`` (ids), reading only the row groups of the accepted shards that hold
-    them (a caption shard's hard negatives are spread over the pool: whole shards would be read for one
-    image each)."""
-    found: dict[str, np.ndarray] = {}
+def _accepted_rows(accepted_url: str, wanted: dict[int, set[str]], columns: list[str]) -> dict[str, dict[str, Any]]:
+    """The accepted rows of the ``wanted`` ids (by accepted shard), ``columns`` of each, reading only the
+    row groups that hold them (a caption shard's hard negatives are spread over the pool: whole shards
+    would be read for one image each); a duplicate image once."""
+    found: dict[str, dict[str, Any]] = {}
     accepted = Artifact(accepted_url)
     for shard, ids in wanted.items():
-        table = accepted.read_matching(shard, "image_id", ids, ["image_id", "image_bytes"])
-        for image_id, data in zip(table.column("image_id").to_pylist(), table.column("image_bytes").to_pylist(),
-                                  strict=True):
-            if image_id not in found:  # read_matching returns only the wanted ids; a duplicate image once
-                found[image_id] = decode_rgb(data)
-    return [found[i] for i in order]
+        for rec in accepted.read_matching(shard, "image_id", ids, ["image_id", *columns]).to_pylist():
+            found.setdefault(rec["image_id"], rec)
+    return found
+
+
+def _images(accepted_url: str, wanted: dict[int, set[str]], order: list[str]) -> list[np.ndarray]:
+    """Decoded images of ``order`` (ids), from the accepted shards that hold them."""
+    found = _accepted_rows(accepted_url, wanted, ["image_bytes"])
+    return [decode_rgb(found[i]["image_bytes"]) for i in order]
 
 
 def _tier_images(accepted_url: str, rows: list[dict[str, Any]], with_negatives: bool) -> list[TierImage]:
@@ -370,9 +373,8 @@ class ExportLargeFine(Stage):
         card, stats = dataset_card(run.ctx)
         if "://" not in run.ctx.root:
             write_card(Path(run.ctx.root), card, stats)
-        where = f"The card's folder (`here` in its snippet): `{run.ctx.root}`\n\n"
-        return Report(markdown=[("dataset-card", where + card, "LargeFine-style dataset card (GTR+ Table 1 "
-                                 "statistics)")])
+        return Report(markdown=[("dataset-card", card_folder_note(run.ctx.root) + card,
+                                 "LargeFine-style dataset card (GTR+ Table 1 statistics)")])
 
 
 WDS_FOLDER = "largefine_wds"
@@ -405,11 +407,8 @@ class ExportWebDataset(Stage):
         wanted: dict[int, set[str]] = defaultdict(set)
         for row in chosen:
             wanted[row["accepted_shard"]].add(row["image_id"])
-        columns = ["image_id", "input_id", "source", "domain", "identity", "image_format", "image_bytes"]
-        found: dict[str, dict[str, Any]] = {}
-        for shard, ids in wanted.items():
-            for rec in run.input("accepted").read_matching(shard, "image_id", ids, columns).to_pylist():
-                found.setdefault(rec["image_id"], rec)
+        found = _accepted_rows(run.input("accepted").url, wanted,
+                               ["input_id", "source", "domain", "identity", "image_format", "image_bytes"])
         images = [found[row["image_id"]] for row in chosen]
         data, rows = webdataset_export.write_tar(images, captions)
         fs, folder = resolve(run.output_url(WDS_FOLDER))
@@ -429,7 +428,7 @@ class ExportWebDataset(Stage):
             if name.endswith(".tar") and name not in listed:
                 fs.rm(path)
         snippet = "\n".join(WDS_SNIPPET)
-        return Report(markdown=[("webdataset", f"The card's folder (`here`): `{run.ctx.root}`\n\n{snippet}",
+        return Report(markdown=[("webdataset", card_folder_note(run.ctx.root) + snippet,
                                  "LargeFine captions as WebDataset tars")])
 
 

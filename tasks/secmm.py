@@ -18,7 +18,7 @@ from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
-from rde.common.dataset_cards import configs_header, loading_snippet
+from rde.common.dataset_cards import card_folder_note, configs_header, loading_snippet
 from rde.common.embedding_cache import EmbeddingCache, ExpertImages
 from rde.common.evaluation import evaluate_expert
 from rde.common.expert_check import load_check_set, load_check_yaml
@@ -411,8 +411,7 @@ class Export(Stage):
             if not result.skipped or not (fs_path / "review" / "review.html").exists():
                 write_review_files(run.ctx, run.input("candidates").url, run.input("queries").url,
                                    run.input("gallery").url, fs_path / "review")
-        where = f"The card's folder (`here` in its snippet): `{bench}`\n\n"
-        return Report(markdown=[("dataset-card", where + card, "Benchmark dataset card")])
+        return Report(markdown=[("dataset-card", card_folder_note(bench) + card, "Benchmark dataset card")])
 
 
 def qrel_rows(candidates: list[dict[str, Any]], decisions: dict[tuple[str, str], dict[str, Any]]

@@ -36,5 +36,10 @@ def loading_snippet(tables: Sequence[str], default: str | None = None) -> list[s
             f'# on the Hub, by this card\'s configs: load_dataset("<user>/<repo>"{config}, split="train")', "```"]
 
 
+def card_folder_note(folder: str) -> str:
+    """The line a card's copy in the Prefect UI starts with: which folder its ``here`` is."""
+    return f"The card's folder (`here` in its snippet): `{folder}`\n\n"
+
+
 def _name(table: str) -> str:
     return table.replace("-", "_")

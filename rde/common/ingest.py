@@ -145,11 +145,7 @@ def _check_path_list_schema(location: str) -> None:
 
 
 def _read_schema(location: str) -> pa.Schema:
-    if not is_url(location):
-        return pq.read_schema(location)
-    import fsspec
-
-    with fsspec.open(location, "rb") as handle:
+    with url_inputs.open_input(location) as handle:
         return pq.read_schema(handle)
 
 
@@ -293,7 +289,7 @@ def _list_paths_file(location: str, spec: InputSpec, allow_urls: bool = True) ->
     """A path list's rows: local paths (relative ones to the list's folder) and, when allowed, URLs
     (relative rows of a list on a store: to the list's prefix)."""
     refs, signature = [], []
-    base = location.rsplit("/", 1)[0] if is_url(location) else str(Path(location).parent)
+    base = url_inputs.parent_location(location)
     for rec in _path_rows(location):
         raw = rec.get("path")
         raw = "" if raw is None else str(raw)
@@ -320,15 +316,12 @@ def _list_paths_file(location: str, spec: InputSpec, allow_urls: bool = True) ->
 
 
 def _path_rows(location: str) -> list[dict[str, Any]]:
-    wanted = ["path", "domain", "identity"]
-    names = _read_schema(location).names  # check_input has made sure it is readable and has 'path'
-    columns = [c for c in wanted if c in names]
-    if is_url(location):
-        import fsspec
-
-        with fsspec.open(location, "rb") as handle:
-            return pq.read_table(handle, columns=columns).to_pylist()
-    return pq.read_table(location, columns=columns).to_pylist()
+    """The list's ``path`` column and, where present, ``domain`` and ``identity`` (check_input has
+    made sure it is readable and has ``path``): one open, one footer read."""
+    with url_inputs.open_input(location) as handle:
+        table = pq.ParquetFile(handle)
+        names = table.schema_arrow.names
+        return table.read(columns=[c for c in ("path", "domain", "identity") if c in names]).to_pylist()
 
 
 def shard_refs(refs: list[InputRef], shard_size: int) -> list[list[InputRef]]:
@@ -356,7 +349,7 @@ def allowed_roots(spec: InputSpec, project_root: Path) -> list[str] | None:
         return [_root(location)]
     if spec.kind == "paths" and spec.roots:
         return [_root(input_location(spec.model_copy(update={"path": r}), project_root)) for r in spec.roots]
-    return [_root(location.rstrip("/").rsplit("/", 1)[0] if is_url(location) else str(Path(location).parent))]
+    return [_root(url_inputs.parent_location(location))]
 
 
 def _root(location: str) -> str:
@@ -519,12 +512,10 @@ def ingest_container(ref: InputRef, spec: IngestSpec, known_domains: list[str], 
         read = shard_inputs.read_shard(ref.source, ref.container or "webdataset", spec.read_attempts,
                                        spec.retry_backoff_s)
     except Exception as exc:  # the shard as a whole: one rejected row
-        reason, detail = ((exc.reason, exc.detail) if isinstance(exc, DecodeError) else
-                          (Reason.MISSING_FILE, f"{ref.source} does not exist (any more)")
-                          if isinstance(exc, FileNotFoundError) else
-                          (Reason.ACCESS_DENIED, f"{ref.source}: {exc}") if isinstance(exc, PermissionError) else
-                          (Reason.READ_ERROR, f"{ref.source}: {type(exc).__name__}: {exc}"))
-        return IMAGES.empty_table(), _rejects([reject_row(ref, "ingest", [str(reason)], detail, kind="shard")]), 1
+        err = exc if isinstance(exc, DecodeError) else url_inputs.permanent_error(exc) or \
+            DecodeError(Reason.READ_ERROR, f"{type(exc).__name__}: {exc}")
+        row = reject_row(ref, "ingest", [str(err.reason)], f"{ref.source}: {err.detail}", kind="shard")
+        return IMAGES.empty_table(), _rejects([row]), 1
     for position, sample in enumerate(read.samples):
         source = f"{ref.source}#{sample.key}"
         sample_ref = InputRef(_input_id(source, position), source, _sample_field(sample, "domain") or ref.domain,

@@ -33,13 +33,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rde.common.image_decoding import DecodeError
 from rde.common.reasons import Reason
-from rde.common.url_inputs import MAX_BACKOFF_S, is_url
+from rde.common.url_inputs import MAX_BACKOFF_S, open_input
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
 META_SUFFIXES = ("json", "txt", "cls")
@@ -67,12 +66,6 @@ class ShardRead:
     samples: list[Sample]
     counted: int
     broken: str | None = None
-
-
-def _open(source: str) -> BinaryIO:
-    if is_url(source):
-        return fsspec.open(source, "rb").open()  # type: ignore[no-any-return]
-    return open(source, "rb")
 
 
 def _tar_samples(handle: BinaryIO, source: str, keys: list[str]) -> Iterator[Sample]:
@@ -168,14 +161,12 @@ def read_shard(source: str, kind: str, attempts: int = 1, backoff_s: float = 0.0
         keys: list[str] = []
         counted: list[int] = []
         try:
-            with _open(source) as handle:
+            with open_input(source) as handle:
                 if kind == "webdataset":
                     samples.extend(_tar_samples(handle, source, keys))
                 else:
                     samples.extend(_parquet_samples(handle, counted))
-        except DecodeError:
-            raise
-        except (FileNotFoundError, PermissionError, IsADirectoryError):
+        except (DecodeError, FileNotFoundError, PermissionError, IsADirectoryError):  # not the bytes: the caller's
             raise
         except (tarfile.TarError, pa.ArrowInvalid, ValueError, EOFError) as exc:  # the bytes are damaged
             return ShardRead(samples, len(samples) + 1, f"{type(exc).__name__}: {exc}")

@@ -26,6 +26,8 @@ import posixpath
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 import fsspec
 from fsspec import AbstractFileSystem
@@ -179,14 +181,25 @@ class ReadPolicy:
     backoff_s: float = 0.5
 
 
-def _permanent(exc: BaseException) -> DecodeError | None:
-    """The rejected row for an error no retry can fix, or None for one that may pass."""
+def open_input(location: str) -> BinaryIO:
+    """A local path or a URL opened for reading (fsspec's ``open`` serves both); close it after."""
+    return fsspec.open(location, "rb").open()  # type: ignore[no-any-return]
+
+
+def parent_location(location: str) -> str:
+    """The folder (or prefix) holding a local file or an object."""
+    return location.rstrip("/").rsplit("/", 1)[0] if is_url(location) else str(Path(location).parent)
+
+
+def permanent_error(exc: BaseException) -> DecodeError | None:
+    """The rejected row for an error no retry can fix, or None for one that may pass (for objects
+    and, from a sharded input, local files alike)."""
     if isinstance(exc, FileNotFoundError):
-        return DecodeError(Reason.MISSING_FILE, "the object does not exist (any more)")
+        return DecodeError(Reason.MISSING_FILE, "it does not exist (any more)")
     if isinstance(exc, PermissionError):
-        return DecodeError(Reason.ACCESS_DENIED, f"the store refused the read (HTTP 403): {exc}")
+        return DecodeError(Reason.ACCESS_DENIED, f"reading it was refused (an object store: HTTP 403): {exc}")
     if isinstance(exc, IsADirectoryError):
-        return DecodeError(Reason.NOT_A_REGULAR_FILE, "a prefix (folder), not an object")
+        return DecodeError(Reason.NOT_A_REGULAR_FILE, "a folder or prefix, not a file or object")
     return None
 
 
@@ -216,7 +229,7 @@ def read_objects(urls: list[str], sizes: list[int | None], policy: ReadPolicy,
             results = _cat_ranges(fs, [p for p, _ in group], policy.max_bytes + 1)
             for (_, i), result in zip(group, results, strict=True):
                 if isinstance(result, BaseException):
-                    permanent = _permanent(result)
+                    permanent = permanent_error(result)
                     if permanent is not None:
                         out[i] = permanent
                     else:
