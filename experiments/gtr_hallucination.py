@@ -102,7 +102,7 @@ def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest],
     ``row`` (their index there), which is also their row among the run's non-check-set captions."""
     from models.backends.registry import ModelRegistry
     from models.prompt_files import load_prompt
-    from rde.common.expert_check import load_check_yaml
+    from rde.common.expert_check import held_out_identities, load_check_yaml
     from rde.common.image_decoding import decode_rgb
     from rde.common.profiles import load_profile
     from rde.largefine.qa_pairs import QAPair, format_qa_pairs
@@ -112,7 +112,7 @@ def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest],
     profile = load_profile("demo")
     prompt = load_prompt(profile.largefine.tier_prompt)
     # the same rows in the same order as training_captions (its filter: no check-set identity)
-    held_out = {i for q in load_check_yaml()["queries"] for i in q["relevant_identities"]}
+    held_out = held_out_identities(load_check_yaml())
     ident = {r["image_id"]: r["identity"] for r in Artifact(f"{root}/neighbours").rows(["image_id", "identity"])}
     all_rows = [r for r in Artifact(f"{root}/largefine").rows(
         ["image_id", "text", "raw_text", "tier", "hard_negative_id", "template_id", "generator", "prompt"])

@@ -26,7 +26,7 @@ import torch
 
 from models.backends.registry import ModelRegistry
 from models.retrieval.dual_encoder import FeatureDualEncoder
-from rde.common.expert_check import load_check_set, load_check_yaml, relevance_lists
+from rde.common.expert_check import held_out_identities, load_check_set, load_check_yaml, relevance_lists
 from rde.common.image_decoding import decode_rgb
 from rde.common.metrics import ap_per_query, bootstrap_interval, mean_ap_at_k
 from rde.common.profiles import load_profile
@@ -46,7 +46,7 @@ def largefine_root(output_root: str | None = None) -> str:
 
 def training_captions(root: str) -> list[dict]:
     """The demo build-largefine captions (with identity) whose identity no check-set query uses."""
-    held_out = {i for q in load_check_yaml()["queries"] for i in q["relevant_identities"]}
+    held_out = held_out_identities(load_check_yaml())
     ident = {r["image_id"]: r["identity"] for r in Artifact(f"{root}/neighbours").rows(["image_id", "identity"])}
     return [{**r, "identity": ident[r["image_id"]]} for r in Artifact(f"{root}/largefine").rows(
         ["image_id", "text", "q_txt"]) if ident[r["image_id"]] not in held_out]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from models.backends.registry import ModelRegistry
-from rde.common.expert_check import load_check_set, random_map, relevance_lists
+from rde.common.expert_check import expert_vectors, load_check_set, random_map, relevance_lists
 from rde.common.metrics import ap_per_query, bootstrap_interval
 from rde.common.profiles import load_profile
 from rde.common.topk import topk_exact
@@ -25,13 +25,12 @@ from rde.common.topk import topk_exact
 def main() -> None:
     check = load_check_set()
     ids = np.array(check.gallery_identities)
-    relevant = [set(np.flatnonzero(np.isin(ids, list(rel))).tolist()) for rel in check.relevant]
+    relevant = [check.relevant_positions(q) for q in range(len(check.relevant))]
     registry = ModelRegistry(load_profile("demo").models)
     ranked: dict[str, np.ndarray] = {}
     for spec in load_profile("demo").models.experts:
         expert = registry.expert(spec)
-        idx, _ = topk_exact(expert.encode_text(check.queries), expert.encode_image(check.gallery_images),
-                            len(check.gallery_images))
+        idx, _ = topk_exact(*expert_vectors(expert, check), len(check.gallery_images))
         ranked[spec.backend] = idx
 
     def recall(sets: list[set[int]]) -> float:

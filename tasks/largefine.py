@@ -16,14 +16,17 @@ import numpy as np
 import pyarrow as pa
 
 from models.backends.registry import BUNDLED_LLM
+from models.backends.track_facts import motion_facts
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
 from rde.common.dataset_cards import card_folder_note, configs_header, loading_snippet
 from rde.common.embedding_cache import EmbeddingCache
 from rde.common.image_decoding import decode_rgb
+from rde.common.profiles import TrackFactsSpec
 from rde.common.reasons import Reason, rejected_row
 from rde.common.seeds import draw_seed
+from rde.common.track_context import motion_options
 from rde.largefine import webdataset_export
 from rde.largefine.hard_negatives import hard_negative_neighbours_streamed
 from rde.largefine.template_gallery import Gallery, Template, build_gallery
@@ -39,10 +42,10 @@ from tasks.stage import Lineage, Report, Resources, Stage, StageRun, Work, Write
 
 GALLERY_PROMPT = "gtr_template_gallery"
 # what the tier stages' texts depend on (the ``largefine`` fields in their keys)
-GENERATION = tuple(f"largefine.{name}" for name in (
+GENERATION = (*(f"largefine.{name}" for name in (
     "temperature", "qa_max_tokens", "summary_max_tokens", "min_qa_pairs", "min_words", "max_words",
     "max_repeated_sentence_share", "drop_repeated_sentences", "boilerplate", "negative_mentions", "seed",
-    "tier_prompt"))
+    "tier_prompt")), "track_facts")  # the images' video-track facts go into the requests
 
 
 def _generator_lineage(run: StageRun) -> dict[str, Any]:
@@ -166,24 +169,22 @@ def _accepted_rows(accepted_url: str, wanted: dict[int, set[str]], columns: list
     return found
 
 
-def _images(accepted_url: str, wanted: dict[int, set[str]], order: list[str]) -> list[np.ndarray]:
-    """Decoded images of ``order`` (ids), from the accepted shards that hold them."""
-    found = _accepted_rows(accepted_url, wanted, ["image_bytes"])
-    return [decode_rgb(found[i]["image_bytes"]) for i in order]
-
-
-def _tier_images(accepted_url: str, rows: list[dict[str, Any]], with_negatives: bool) -> list[TierImage]:
+def _tier_images(accepted_url: str, rows: list[dict[str, Any]], with_negatives: bool,
+                 track: TrackFactsSpec) -> list[TierImage]:
+    """The shard's images (and hard negatives), decoded, each with its video-track facts."""
     wanted: dict[int, set[str]] = defaultdict(set)
     for r in rows:
         wanted[r["accepted_shard"]].add(r["image_id"])
         if with_negatives and r["hard_negative_id"]:
             wanted[r["hard_negative_shard"]].add(r["hard_negative_id"])
-    ids = sorted({i for s in wanted.values() for i in s})
-    images = dict(zip(ids, _images(accepted_url, wanted, ids), strict=True))
+    found = _accepted_rows(accepted_url, wanted, ["image_bytes", "domain", "source_meta"])
+    options = motion_options(track)
+    images = {i: decode_rgb(rec["image_bytes"]) for i, rec in found.items()}
+    facts = {i: motion_facts(rec["source_meta"], rec["domain"], options) for i, rec in found.items()}
+    negative = [r["hard_negative_id"] if with_negatives and r["hard_negative_id"] else None for r in rows]
     return [TierImage(r["image_id"], r["source"], r["domain"], images[r["image_id"]], r["generator_index"],
-                      r["hard_negative_id"] if with_negatives else None,
-                      images.get(r["hard_negative_id"]) if with_negatives and r["hard_negative_id"] else None)
-            for r in rows]
+                      neg, images.get(neg) if neg else None, facts[r["image_id"]], facts.get(neg, {}) if neg else {})
+            for r, neg in zip(rows, negative, strict=True)]
 
 
 def _tables(out: TierOutputs, images: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
@@ -242,7 +243,7 @@ class QaTiers(_TierStage):
     """Base and intermediate tiers, one task per neighbours shard holding a GPU slot."""
 
     name = "qa-tiers"
-    version = "2"
+    version = "3"  # 3: each image's video-track facts go with it into the requests
     reads = ("neighbours", "accepted")
     writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="tier12_captions"),
               Write("qa", "qa_pairs", QA_PAIRS, folder="qa_pairs"),
@@ -251,7 +252,7 @@ class QaTiers(_TierStage):
     def process(self, run: StageRun, index: int) -> Work:
         rows = run.input("neighbours").read_shard(index).to_pylist()
         captioner = TierCaptioner(run.registry().generators(), run.prepared["prompt"], run.section("largefine"))
-        items = _tier_images(run.input("accepted").url, rows, with_negatives=True)
+        items = _tier_images(run.input("accepted").url, rows, True, run.section("track_facts"))
         out = TierOutputs()
         captioner.qa_tier(items, "base", out)
         captioner.qa_tier(items, "inter", out)
@@ -265,7 +266,7 @@ class TemplateGallery(Stage):
     captions with the profile's text generator; rejected candidates kept with reasons."""
 
     name = "template-gallery"
-    version = "2"
+    version = "3"  # 3: measurable_slots
     reads = ("tier12_captions",)
     writes = (Write("templates", "templates", TEMPLATES, folder="template_gallery"),
               Write("rejects", "rejects", REJECTS, folder="template_rejects", rejects=True))
@@ -289,7 +290,8 @@ class TemplateGallery(Stage):
         gallery = build_gallery(generator.generate, sample, run.prepared["prompt"],
                                 captions_per_request=spec.captions_per_request, rounds=spec.rounds,
                                 max_templates=spec.max_templates, min_words=spec.min_words, max_words=spec.max_words,
-                                max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed)
+                                max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed,
+                                measurable_slots=spec.measurable_slots)
         rows = [{"template_id": t.template_id, "text": t.text, "slots": list(t.slots), "origin": t.origin,
                  "round": t.round} for t in gallery.templates]
         rejects = [rejected_row(f"round-{r.round}", f"template-{r.origin}", r.reason, kind="template",
@@ -319,7 +321,7 @@ class AdvancedTier(_TierStage):
     """T_adv per image from a drawn template and its T_base + T_inter; one task per shard."""
 
     name = "adv-tier"
-    version = "2"
+    version = "3"  # 3: each image's video-track facts go with it into the requests
     reads = ("neighbours", "tier12_captions", "template_gallery", "accepted")
     writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="adv_captions"),
               Write("rejects", "rejects", REJECTS, folder="adv_rejects", rejects=True))
@@ -329,7 +331,7 @@ class AdvancedTier(_TierStage):
         earlier = run.input("tier12_captions").read_shard(index, ["image_id", "tier", "text"]).to_pylist()
         texts = {tier: {r["image_id"]: r["text"] for r in earlier if r["tier"] == tier} for tier in ("base", "inter")}
         captioner = TierCaptioner(run.registry().generators(), run.prepared["prompt"], run.section("largefine"))
-        items = _tier_images(run.input("accepted").url, rows, with_negatives=False)
+        items = _tier_images(run.input("accepted").url, rows, False, run.section("track_facts"))
         for item, row in zip(items, rows, strict=True):
             item.negative_id = row["hard_negative_id"]  # recorded on the T_adv row; the image is not needed
         out = TierOutputs()

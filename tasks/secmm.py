@@ -21,9 +21,12 @@ from rde.common import caption_stats
 from rde.common.dataset_cards import card_folder_note, configs_header, loading_snippet
 from rde.common.embedding_cache import EmbeddingCache, ExpertImages
 from rde.common.evaluation import evaluate_expert
-from rde.common.expert_check import load_check_set, load_check_yaml
+from rde.common.expert_check import gallery_track_facts, load_check_set, load_check_yaml
 from rde.common.image_decoding import decoded_images
+from rde.common.text_diversity import diversity_by_domain, diversity_line
 from rde.common.topk import topk
+from rde.common.track_context import track_facts
+from rde.common.track_slots import fuse_track_slots
 from rde.secmm import cgds, dap, labels, mecf, sentence_checks
 from rde.secmm.caption_pool import IMAGE_STAGE, SENTENCE_STAGE, pool_caption
 from storage import Artifact
@@ -52,13 +55,14 @@ class CaptionPool(Stage):
     seeded sample of the denoised pool (per domain)."""
 
     name = "caption-pool"
-    # 4: repeated sentences, verbs without object and colours without noun dropped
-    version = "4"
+    # 4: repeated sentences, verbs without object and colours without noun dropped; 5: the images'
+    # track facts (motion, direction, distance) go to the captioner and into rendered captions
+    version = "5"
     reads = ("accepted",)
     writes = (Write("captions", "captions", CAPTIONS, folder="caption_pool"),
               Write("rejects", "rejects", REJECTS, folder="caption_pool_rejects", rejects=True))
     config = ("queries.caption_file", "queries.caption_sample_per_domain", "queries.caption_max_tokens",
-              "queries.seed", "input.default_domain")
+              "queries.seed", "input.default_domain", "track_facts")
     resources = Resources(device="gpu", hold_slot=False)  # the captioner (an MLLM in production)
     balance = True
 
@@ -94,14 +98,17 @@ class CaptionPool(Stage):
             pick = rng.choice(len(mine), size=min(q.caption_sample_per_domain, len(mine)), replace=False)
             chosen = [mine[i] for i in sorted(pick)]
             images = decoded_images(accepted, [r["image_id"] for r in chosen])
+            tracks = track_facts(accepted, [r["image_id"] for r in chosen], run.section("track_facts"))
             requests = [GenerationRequest(r["image_id"], [ChatMessage("user", prompt.templates[domain],
-                                                                      [images[r["image_id"]]])],
+                                                                      [images[r["image_id"]]],
+                                                                      [tracks.get(r["image_id"], {})])],
                                           max_tokens=q.caption_max_tokens, temperature=0.0)
                         for r in chosen]
             generated += len(requests)
             results = generator.generate(requests)
             # complete sentences only, and (where the generator measured facts) only what was measured
-            facts = [measured([images[r.request_id]])[0] if measured else None for r in results]
+            facts = [measured([images[r.request_id]], [tracks.get(r.request_id, {})])[0] if measured else None
+                     for r in results]
             checks = sentence_checks.check_captions([r.text if r.ok else "" for r in results],
                                                     [f.allowed if f else None for f in facts], generic,
                                                     int(prompt.extras.get("restart_ngram", 3)),
@@ -109,7 +116,7 @@ class CaptionPool(Stage):
             from_facts = prompt.extras.get("from_facts", {}).get(domain, {})
             for res, check, fact in zip(results, checks, facts, strict=True):
                 decided = pool_caption(res, check, fact.values if fact else None, from_facts, domain,
-                                       prompt.identity)
+                                       prompt.identity, prompt.extras)
                 captions += [decided.caption] if decided.caption else []
                 rejects += decided.rejects
                 clean_before += decided.clean
@@ -118,15 +125,18 @@ class CaptionPool(Stage):
         stats = {"input_rows": generated, "accepted": len(captions),
                  "rejected": dict(Counter(r["reason"] for r in image_rows)),
                  "dropped_sentences": dict(Counter(r["reason"] for r in rejects if r["stage"] == SENTENCE_STAGE)),
-                 "generated_captions_clean": clean_before, "rendered_from_facts": rendered}
+                 "generated_captions_clean": clean_before, "rendered_from_facts": rendered,
+                 "diversity": diversity_by_domain(captions)}
         return Work.one({"captions": pa.Table.from_pylist(captions, schema=CAPTIONS),
                          "rejects": pa.Table.from_pylist(rejects, schema=REJECTS)}, stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         stats = run.output_artifact("captions").manifest().stats
-        return Report(log=f"caption-pool: {result.accepted}/{result.input_rows} captions kept, sentences dropped "
+        return Report(tables=[("caption-pool-diversity", stats.get("diversity") or [{"domain": "-"}],
+                               "Caption pool: how varied the captions DAP samples from are, per domain")],
+                      log=f"caption-pool: {result.accepted}/{result.input_rows} captions kept, sentences dropped "
                           f"{stats.get('dropped_sentences', {})}, {stats.get('rendered_from_facts', 0)} said "
-                          "from the measured facts")
+                          "from the measured facts; " + diversity_line(stats.get("diversity") or []))
 
 
 def _file_caption_count(path: Path) -> int:
@@ -176,7 +186,7 @@ class DapQueries(Stage):
     (rde/secmm/dap.py) until ``queries.per_domain`` are kept."""
 
     name = "dap"
-    version = "5"  # 5: a combination needs grammar_min_pair_count captions
+    version = "6"  # 5: a combination needs grammar_min_pair_count captions; 6: actions, diversity stats
     reads = ("caption_stats", "caption_pool")
     writes = (Write("queries", "queries", QUERIES),
               Write("rejects", "rejects", REJECTS, folder="query_rejects", rejects=True))
@@ -217,12 +227,16 @@ class DapQueries(Stage):
                          "rejects": pa.Table.from_pylist(rejects, schema=REJECTS)},
                         {"input_rows": lines_in, "accepted": len(queries),
                          "rejected": dict(Counter(r["reason"] for r in rejects)),
-                         "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen})
+                         "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen,
+                         "diversity": diversity_by_domain(queries)})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
-        mean_keywords = run.output_artifact("queries").manifest().stats.get("mean_keywords_per_query")
-        return Report(log=f"dap: {result.accepted} queries kept of {result.input_rows} generated lines, "
-                          f"{mean_keywords} sampled keywords per kept query")
+        stats = run.output_artifact("queries").manifest().stats
+        return Report(tables=[("dap-diversity", stats.get("diversity") or [{"domain": "-"}],
+                               "DAP: how varied the kept queries are, per domain (distinct-n, facets, length)")],
+                      log=f"dap: {result.accepted} queries kept of {result.input_rows} generated lines, "
+                          f"{stats.get('mean_keywords_per_query')} sampled keywords per kept query; "
+                          + diversity_line(stats.get("diversity") or []))
 
 
 # -- CGDS -----------------------------------------------------------------------------------------
@@ -308,10 +322,12 @@ class Mecf(Stage):
     """Every expert retrieves its top-K per query within the query's domain; keep the union (Eq. 1)."""
 
     name = "mecf"
-    version = "5"  # 5: exact scores the same on any CPU (rde.common.topk.inner_products)
-    reads = ("queries", "gallery")
+    # 5: exact scores the same on any CPU (rde.common.topk.inner_products); 6: the attribute expert's
+    # motion and direction slots compared with the gallery's video tracks
+    version = "6"
+    reads = ("queries", "gallery", "accepted")
     writes = (Write("candidates", "candidates", CANDIDATES),)
-    config = ("retrieval",)
+    config = ("retrieval", "track_facts")
     resources = Resources(device="gpu", hold_slot=False)
 
     def lineage(self, run: StageRun) -> Lineage:
@@ -324,6 +340,7 @@ class Mecf(Stage):
         gallery_artifact = run.input("gallery")
         gallery = gallery_artifact.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
         caches = expert_caches(run)
+        tracks: dict[str, dict[str, list[str]]] | None = None  # read once, for an expert with track slots
         rows = []
         per_expert_counts: dict[str, int] = {}
         for domain in sorted({q["domain"] for q in queries}):
@@ -335,9 +352,15 @@ class Mecf(Stage):
             for spec, cache in zip(run.models.experts, caches, strict=True):
                 expert = registry.expert(spec)
                 name = f"{spec.backend}:{spec.model_id}"
-                qv = expert.encode_text([queries[i]["text"] for i in q_idx])
-                _, gv = cache.embed_artifact(gallery_artifact, ["image_id", "domain"],
-                                             keep=lambda r, domain=domain: r["domain"] == domain)
+                texts = [queries[i]["text"] for i in q_idx]
+                qv = expert.encode_text(texts)
+                kept, gv = cache.embed_artifact(gallery_artifact, ["image_id", "domain"],
+                                                keep=lambda r, domain=domain: r["domain"] == domain)
+                if getattr(expert, "track_slots", False):
+                    if tracks is None:
+                        tracks = track_facts(run.input("accepted"), [g["image_id"] for g in gallery],
+                                             run.section("track_facts"))
+                    qv, gv = fuse_track_slots(qv, gv, texts, [tracks.get(r["image_id"], {}) for r in kept])
                 per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above, retrieval.ann)
                 per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
             for cand in mecf.union_candidates(per_expert):
@@ -478,10 +501,11 @@ class Evaluate(Stage):
     profile's hand-labelled check sets."""
 
     name = "evaluate"
-    version = "4"  # 4: rankings from scores that are the same on any CPU
-    reads = ("benchmark/qrels", "benchmark/queries", "benchmark/gallery")
+    # 4: rankings from scores that are the same on any CPU; 5: the attribute expert's track slots
+    version = "5"
+    reads = ("benchmark/qrels", "benchmark/queries", "benchmark/gallery", "accepted")
     writes = (Write("evaluation", "evaluation", EVALUATION),)
-    config = ("evaluation",)
+    config = ("evaluation", "track_facts")
     resources = Resources(device="gpu", hold_slot=False)
 
     def lineage(self, run: StageRun) -> Lineage:
@@ -492,15 +516,19 @@ class Evaluate(Stage):
 
     def _score(self, run: StageRun, caches: list[EmbeddingCache], bench: str, labels: str, queries: list[dict],
                gallery: list[dict], gallery_vectors: Callable[[EmbeddingCache], np.ndarray],
-               qrels: dict[str, set[str]]) -> list[dict[str, Any]]:
+               qrels: dict[str, set[str]], gallery_facts: list[dict[str, list[str]]]) -> list[dict[str, Any]]:
         """Every expert's metrics on one benchmark; ``gallery_vectors(cache)`` gives the gallery's
-        vectors through that expert's embedding cache (images decoded only on a miss)."""
+        vectors through that expert's embedding cache (images decoded only on a miss);
+        ``gallery_facts``: each image's track facts, for an expert with track slots (as in MECF)."""
         registry = run.registry()
         rows = []
         for spec, cache in zip(run.models.experts, caches, strict=True):
             expert = registry.expert(spec)
-            res = evaluate_expert(expert.encode_text([q["text"] for q in queries]), [q["domain"] for q in queries],
-                                  [q["query_id"] for q in queries], gallery_vectors(cache),
+            texts = [q["text"] for q in queries]
+            qv, gv = expert.encode_text(texts), gallery_vectors(cache)
+            if getattr(expert, "track_slots", False):
+                qv, gv = fuse_track_slots(qv, gv, texts, gallery_facts)
+            res = evaluate_expert(qv, [q["domain"] for q in queries], [q["query_id"] for q in queries], gv,
                                   [g["domain"] for g in gallery], [g["image_id"] for g in gallery], qrels)
             for domain, metrics in res.items():
                 n = int(metrics.pop("queries"))
@@ -522,19 +550,21 @@ class Evaluate(Stage):
             queries = run.input("benchmark/queries").rows(["query_id", "domain", "text"])
             bench_gallery = run.input("benchmark/gallery")
             gallery = bench_gallery.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
+            tracks = track_facts(run.input("accepted"), [g["image_id"] for g in gallery], run.section("track_facts"))
             rows += self._score(run, caches, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
-                                lambda cache: cache.embed_artifact(bench_gallery, ["image_id"])[1], verified)
+                                lambda cache: cache.embed_artifact(bench_gallery, ["image_id"])[1], verified,
+                                [tracks.get(g["image_id"], {}) for g in gallery])
         for path in run.prepared["check_files"]:
             check = load_check_set(resolve_location(evaluation.check_set_pool), Path(path))
             data = load_check_yaml(Path(path))
             queries = [{"query_id": q["id"], "domain": q["domain"], "text": q["text"]} for q in data["queries"]]
             gallery = [{"image_id": str(i), "domain": d} for i, d in enumerate(check.gallery_domains)]
-            qrels = {q["query_id"]: {str(i) for i, ident in enumerate(check.gallery_identities) if ident in rel}
-                     for q, rel in zip(queries, check.relevant, strict=True)}
+            qrels = {q["query_id"]: {str(i) for i in check.relevant_positions(n)} for n, q in enumerate(queries)}
             assert check.gallery_ids is not None  # load_check_set hashes every crop it reads
             rows += self._score(run, caches, f"check-set:{data.get('name', Path(path).stem)}", "verified", queries,
                                 gallery, lambda cache, check=check: cache.embed(
-                                    check.gallery_ids, lambda pos: [check.gallery_images[p] for p in pos]), qrels)
+                                    check.gallery_ids, lambda pos: [check.gallery_images[p] for p in pos]), qrels,
+                                gallery_track_facts(check, run.section("track_facts")))
         return Work.one({"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)},
                         {"input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
                          "verified_queries": len(verified), "embedded": sum(c.embedded for c in caches)})

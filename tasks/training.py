@@ -16,7 +16,14 @@ import torch
 
 from models.backends.registry import models_lineage
 from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
-from rde.common.expert_check import CheckSet, load_check_set, load_check_yaml, relevance_lists
+from rde.common.expert_check import (
+    CheckSet,
+    gallery_pool_ids,
+    held_out_identities,
+    load_check_set,
+    load_check_yaml,
+    relevance_lists,
+)
 from rde.common.image_decoding import decoded_images
 from rde.common.metrics import mean_ap_at_k, person_search_metrics
 from rde.common.reasons import Reason
@@ -102,8 +109,8 @@ class TrainingFeatures(Stage):
         bridge = registry.expert(p.models.experts[0])
         teacher = registry.expert(p.models.teacher or p.models.experts[-1])
         identity = {r["image_id"]: r["identity"] for r in Artifact(f"{src}/neighbours").rows(["image_id", "identity"])}
-        check_ids = {i for f in p.evaluation.check_sets for q in load_check_yaml(Path(resolve_location(f)))["queries"]
-                     for i in q["relevant_identities"]}
+        check_ids = {i for f in p.evaluation.check_sets
+                     for i in held_out_identities(load_check_yaml(Path(resolve_location(f))))}
         every = captions.rows(["image_id", "text", "q_txt"])
         caps = [r for r in every if identity.get(r["image_id"]) not in check_ids]
         rejected = {str(Reason.CHECK_SET_IDENTITY): sum(identity.get(r["image_id"]) in check_ids for r in every)}
@@ -201,8 +208,11 @@ def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
         spec = load_check_yaml(Path(resolve_location(name)))
         # the labels are all the evaluation needs: identities of the cached gallery, relevant sets per query
         labels = CheckSet(queries=[q["text"] for q in spec["queries"]],
-                          relevant=[set(q["relevant_identities"]) for q in spec["queries"]], gallery_images=[],
-                          gallery_identities=[r["identity"] for r in gal], gallery_domains=[])
+                          relevant=[set(q.get("relevant_identities", [])) | set(q.get("relevant_crops", []))
+                                    for q in spec["queries"]], gallery_images=[],
+                          gallery_identities=[r["identity"] for r in gal], gallery_domains=[],
+                          gallery_pool_ids=gallery_pool_ids(resolve_location(ctx.profile.evaluation.check_set_pool),
+                                                            spec))
         data["checks"][name] = (torch.tensor([r["vector"] for r in gal]), torch.tensor([r["vector"] for r in qs]),
                                 labels, _check_domains(name))
     return data

@@ -261,6 +261,30 @@ def test_grounded_captioner_puts_facts_in_the_prompt_and_rejects_inventions(
     assert not res.ok and res.error.startswith("ungrounded")
 
 
+def test_track_facts_reach_the_captioner_and_unmeasured_motion_is_removed(
+        registry: ModelRegistry, person_crop: np.ndarray) -> None:
+    """A request's image_facts (from the video track) are facts the captioner may state; a motion
+    it was not given is an invention like an unmeasured colour."""
+    spec = ModelSpec(backend="grounded", model_id="grounded-test")
+    llm = _ScriptedLlm("The person is walking to the left. The person is running toward the camera.")
+    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm)
+    track = {"motion": ["walking"], "direction": ["left"]}
+    [res] = gen.generate([GenerationRequest("r1", [ChatMessage("user", "Describe the person.", [person_crop],
+                                                               [track])])])
+    system = llm.seen[0].messages[0].content
+    assert "seen in the video: walking, to the left" in system
+    assert res.ok and res.text == "The person is walking to the left.", res.text
+    [facts] = gen.measured_facts([person_crop], [track])
+    assert facts.values["motion"] == ["walking"] and {"walking", "left"} <= facts.allowed
+    [bare] = gen.measured_facts([person_crop])
+    assert "motion" not in bare.values and "walking" not in bare.allowed
+    # a vehicle's "parked" is not a person's fact: dropped with its direction
+    assert "motion" not in bare.with_track({"motion": ["parked"], "direction": ["left"]}).values
+    # model backends read the facts as a line after the prompt
+    assert ChatMessage("user", "Describe.", [person_crop], [track]).with_image_facts() == \
+        "Describe.\nSeen in the video, image 1: walking, to the left."
+
+
 def _crop_requests(pool_rows: dict[str, dict], count: int) -> list[GenerationRequest]:
     from rde.common.image_decoding import decode_rgb
 

@@ -249,16 +249,38 @@ def test_ungrounded_attribute_sentences_are_dropped_and_grounded_ones_kept() -> 
 def test_a_caption_with_nothing_left_is_rendered_from_the_measured_values() -> None:
     from rde.secmm.sentence_checks import facts_caption
 
-    templates = load_prompt("caption_pool").extras["from_facts"]
-    text = facts_caption({"top": ["red", "black"], "bottom": ["blue"], "carried": [], "clothing": []},
-                         templates["pedestrian"])
-    assert text == "The person is wearing a red and black top. The person is wearing blue bottoms."
-    assert clean_caption(text, {"red", "black", "blue"}, GENERIC).clean
+    prompt = load_prompt("caption_pool")
+    templates, phrases, derived = prompt.extras["from_facts"], prompt.extras["phrases"], prompt.extras["derived"]
+    values = {"top": ["red", "black"], "bottom": ["blue"], "carried": [], "clothing": [], "motion": ["walking"],
+              "direction": ["left"], "distance": ["far"]}
+    said = {facts_caption(values, templates["pedestrian"], phrases, derived, f"img{i}") for i in range(12)}
+    # one wording per image id, each stating every measured value, the distance as its own sentence
+    assert said == {
+        "A person wearing a red and black top and blue bottoms is walking to the left. The person is far from the "
+        "camera.",
+        "A pedestrian wearing a red and black top and blue bottoms is walking to the left. The person is far from "
+        "the camera.",
+        "A person in a red and black top and blue bottoms is heading to the left. The person is far from the camera."}
+    assert facts_caption(values, templates["pedestrian"], phrases, derived, "img3") == \
+        facts_caption(values, templates["pedestrian"], phrases, derived, "img3")  # stable per image
+    still = {facts_caption({"top": ["red"], "motion": ["standing"]}, templates["pedestrian"], phrases, derived,
+                           f"img{i}") for i in range(12)}  # no direction: no "heading" wording
+    assert still == {"A person wearing a red top is standing.", "A pedestrian wearing a red top is standing."}
+    untracked = {facts_caption({"top": ["red"]}, templates["pedestrian"], phrases, derived, f"img{i}")
+                 for i in range(12)}
+    assert untracked == {"A person wearing a red top.", "A pedestrian wearing a red top."}
+    for text in said | still | untracked:  # every wording a complete, grounded sentence
+        assert clean_caption(text, {"red", "black", "blue", "walking", "standing", "heading", "left", "far",
+                                    "camera"}, GENERIC).clean, text
     assert facts_caption({"vehicle_type": ["truck"], "vehicle_colour": ["white"]},
-                         templates["vehicle"]) == "The vehicle is a white truck."
+                         templates["vehicle"], phrases) == "The vehicle is a white truck."
+    assert facts_caption({"vehicle_type": ["truck"], "vehicle_colour": ["white"], "motion": ["parked"]},
+                         templates["vehicle"], phrases) == "A white truck is parked."
     # a type the classifier contradicted is not measured: the colours alone, one sentence
     assert facts_caption({"vehicle_type": [], "vehicle_colour": ["black", "gray"]},
                          templates["vehicle"]) == "The vehicle is black and gray."
+    assert facts_caption({"vehicle_colour": ["orange"], "motion": ["moving"], "direction": ["toward"]},
+                         templates["vehicle"], phrases) == "An orange vehicle is moving toward the camera."
 
 
 def test_predicative_colours_are_attested_on_their_subject() -> None:
@@ -392,7 +414,8 @@ def _pool(text: str, error: str | None = None, values: dict | None = None):
 
     res = GenerationResult("img", "" if error else text, [], "cap", "stop", error)
     check = clean_caption(res.text, {"black", "blue", "top", "bottoms"}, GENERIC, needs_object=NEEDS_OBJECT)
-    return pool_caption(res, check, values, POOL_FACTS, "pedestrian", "caption_pool@3")
+    return pool_caption(res, check, values, POOL_FACTS, "pedestrian", "caption_pool@4",
+                        load_prompt("caption_pool").extras)
 
 
 def test_pool_caption_keeps_the_grounded_sentences_and_details_the_rest() -> None:
@@ -408,7 +431,8 @@ def test_a_wholly_ungrounded_caption_is_said_from_the_facts() -> None:
     values = {"top": ["red"], "bottom": ["blue"], "carried": [], "clothing": []}
     got = _pool("", error="ungrounded: every sentence stated something not measured ('a man': ['man'])",
                 values=values)
-    assert got.caption["text"] == "The person is wearing a red top. The person is wearing blue bottoms."
+    # the wording the image id "img" draws (test_a_caption_with_nothing_left_is_rendered_...: all three)
+    assert got.caption["text"] == "A person wearing a red top and blue bottoms."
     assert got.caption["generator"] == "cap+facts" and got.rendered and got.caption["q_txt"] is None
     assert [(r["stage"], r["reason"]) for r in got.rejects] == [("caption-pool-sentence", "ungrounded_attribute")]
 
@@ -481,3 +505,84 @@ def test_rounds_generated_ahead_give_the_same_queries_and_record_only_the_rounds
     assert len(one_gen.calls) == 4 and len(many_gen.calls) == 6  # rounds 4 and 5 generated, never read
     assert [(c.request_id, c.messages, c.seed, c.grammar) for c in many_gen.calls[:4]] == \
         [(c.request_id, c.messages, c.seed, c.grammar) for c in one_gen.calls]
+
+
+# --- actions in the grammar --------------------------------------------------------------------------
+
+ACTION_POOL = ["A person wearing a black top is walking to the left.",
+               "A person wearing a black top is walking to the left.",
+               "A person in a black top is heading to the left.",
+               "A person wearing a black top is standing.",
+               "A person wearing a red top is walking toward the camera."]
+
+
+def test_a_slot_the_pool_sees_doing_something_gets_an_action_line() -> None:
+    """"[person] + descriptor + action": the action must be one that pool captions state together
+    with the line's descriptor (black top: walking to the left, standing; never the red top's
+    "toward the camera"), and a sampled verb puts its action first."""
+    uses = caption_stats.noun_uses(ACTION_POOL)
+    spec = SPEC.model_copy(update={"grammar_min_count": 1})
+    grammar = build_grammar(PED, {"noun": ["top"], "verb": ["stand"], "adj": ["black"]}, uses, PED_WORDS, spec)
+    assert grammar is not None
+    lines = [r for r in grammar.splitlines() if r.startswith("line")]
+    assert lines and all('"walking to the left"' in r and '"standing"' in r for r in lines)
+    assert all("toward the camera" not in r for r in lines)
+    assert all(r.index('"standing"') < r.index('"walking to the left"') for r in lines)  # the sampled verb first
+    # the descriptor's wording rotates through the frames the pool uses ("wearing", "in")
+    assert any('"wearing a black top"' in r for r in lines) and any('"in a black top"' in r for r in lines)
+    thin = attested_uses(uses, 2)  # said once: "in a black top", "standing", "heading to the left" drop out
+    assert thin["top"].actions == {("black", "walking to the left"): 2}
+
+
+def test_a_fixed_seed_dap_run_states_two_facets() -> None:
+    """DAP over a pool that says colours and actions, with a generator that takes the grammar's
+    first path: kept queries state appearance and an action (the demo: 28 of 30)."""
+    from rde.common.text_diversity import diversity
+
+    class FirstPath:
+        """Writes the grammar's first path (each group's first alternative, optional groups left
+        out): one line per line rule, as a grammar-bound model that always takes the first branch."""
+
+        model_id = "first-path"
+
+        @staticmethod
+        def first(tokens: list[str], rules: dict[str, list[str]]) -> str:
+            out, depth, skip_from = [], 0, None  # skip_from: the depth whose later alternatives are skipped
+            for tok in tokens:
+                if tok == "(":
+                    depth += 1
+                elif tok == ")":
+                    depth -= 1
+                    skip_from = None if skip_from is not None and depth < skip_from else skip_from
+                elif tok == "|":
+                    skip_from = depth if skip_from is None else skip_from
+                elif skip_from is None:
+                    if tok.startswith('"'):
+                        out.append(tok[1:-1].replace("\\n", ""))
+                    elif tok in rules:
+                        out.append(FirstPath.first(rules[tok], rules))
+            return "".join(out)
+
+        def generate(self, requests):
+            from models.backends.interfaces import GenerationResult
+
+            out = []
+            for r in requests:
+                rules = {}
+                for rule in (r.grammar or "").splitlines():
+                    name, rhs = rule.split(" ::= ", 1)
+                    rhs = re.sub(r'\(\s*" and "\s*\([^()]*\)\s*\)\?', "", rhs)  # optional complement: left out
+                    rules[name] = re.findall(r'"(?:[^"\\]|\\.)*"|\(|\)|\||[\w]+', rhs)
+                lines = [self.first(toks, rules) for name, toks in rules.items() if name.startswith("line")]
+                out.append(GenerationResult(r.request_id, "\n".join(lines), [], self.model_id))
+            return out
+
+    stats = caption_stats.pos_frequencies(ACTION_POOL)
+    spec = SPEC.model_copy(update={"grammar_min_count": 1, "per_domain": 3, "max_rounds": 4, "seed": 5,
+                                   "constrained_decoding": True, "vocabulary_check": False})
+    made = domain_queries("pedestrian", PED, stats, ACTION_POOL, FirstPath(), BagOfWords(), spec, BLOCKED)
+    texts = [q["text"] for q in made.queries]
+    assert texts, [r["detail"] for r in made.rejects]
+    summary = diversity(texts)
+    assert summary["facet_appearance"] == 1.0 and summary["facet_action"] > 0, texts
+    assert summary["two_or_more_facets"] > 0, texts

@@ -114,7 +114,7 @@ def test_check_set_rejects_relevant_identities_missing_from_the_pool(tmp_path, d
 
     path = _write(tmp_path, [_query("q01"), _query("q02", relevant_identities=[PERSON, "nobody-1"]),
                              _query("q03", relevant_identities=["nobody-2"])])
-    with pytest.raises(ValueError, match="no crop in the pool") as err:
+    with pytest.raises(ValueError, match=r"no \(non-junk\) crop in the pool") as err:
         load_check_set(demo_pool_url, path)
     assert str(path) in str(err.value)
     assert "query q02: nobody-1" in str(err.value) and "query q03: nobody-2" in str(err.value)
@@ -127,9 +127,12 @@ def test_shipped_check_set_has_enough_queries_each_with_provenance(demo_pool_url
     from rde.common.expert_check import load_check_set, load_check_yaml
 
     data = load_check_yaml()
-    assert data["version"] == "5"
+    assert data["version"] == "6"
     queries = data["queries"]
-    assert len(queries) >= 23
+    assert len(queries) >= 38
+    # at least 12 queries about what a person does or carries, each relevant by crop
+    facets = [q for q in queries if q.get("relevant_crops")]
+    assert len(facets) >= 12 and all(not q["relevant_identities"] for q in facets)
     assert {q["domain"] for q in queries} == {"pedestrian", "vehicle"}
     for q in queries:
         assert q["labelled_by"].strip(), q["id"]
@@ -139,5 +142,27 @@ def test_shipped_check_set_has_enough_queries_each_with_provenance(demo_pool_url
     assert check.query_domains == [q["domain"] for q in queries]
     gallery = set(check.gallery_identities)
     assert not gallery & set(data["junk_identities"])
-    for qid, rel in zip(check.query_ids, check.relevant, strict=True):
-        assert rel <= gallery, qid
+    for n, (qid, rel) in enumerate(zip(check.query_ids, check.relevant, strict=True)):
+        assert rel <= gallery | set(check.gallery_pool_ids), qid
+        assert check.relevant_positions(n), qid
+
+
+def test_a_query_may_list_single_crops_as_relevant(tmp_path, demo_pool_url: str) -> None:
+    """"Walking to the left" holds for some crops of a track, not all: relevant_crops lists them."""
+    from rde.common.expert_check import held_out_identities, load_check_set, load_check_yaml, relevance_lists
+    from storage import Artifact
+
+    rows = [r for r in Artifact(demo_pool_url).read_shard(0, ["pool_id", "identity", "variant"]).to_pylist()
+            if r["identity"] == PERSON and r["variant"] == "crop"]
+    picked = [rows[0]["pool_id"], rows[-1]["pool_id"]]
+    path = _write(tmp_path, [_query("q01"), _query("q02", relevant_identities=[], relevant_crops=picked)])
+    check = load_check_set(demo_pool_url, path)
+    assert check.relevant_positions(1) == {check.gallery_pool_ids.index(p) for p in picked}
+    assert len(check.relevant_positions(0)) == len(rows) >= 2  # q01: every crop of the identity
+    ranked = np.array([[check.gallery_pool_ids.index(picked[1]), 0]] * 2)
+    rankings, counts = relevance_lists(check, ranked)
+    assert counts == [len(rows), 2] and rankings[1][0] is True
+    assert held_out_identities(load_check_yaml(path)) == {PERSON}
+    bad = _write(tmp_path, [_query("q01", relevant_identities=[], relevant_crops=["vtest.avi#nobody:f0000001"])])
+    with pytest.raises(ValueError, match=r"q01: vtest\.avi#nobody"):
+        load_check_set(demo_pool_url, bad)

@@ -3,6 +3,7 @@ the template gallery, with a scripted generator (the flows use real ones)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -66,7 +67,7 @@ def test_boilerplate_is_stripped_and_sentences_recapitalised() -> None:
 
 @pytest.mark.parametrize(("text", "reason"), [
     ("A red coat.", "too_short"),
-    (" ".join(["word"] * 201) + ".", "too_long"),
+    (" ".join("".join(w) for w in itertools.product("abcdefg", repeat=3))[:201 * 4] + ".", "too_long"),
     ("Q1: What is worn? A1: A red coat and blue jeans with white shoes and a bag.", "malformed_output"),
     ("The [person/man/woman] wears a red coat with blue jeans and white shoes today.", "malformed_output"),
     ("The person wears a red coat today. The person wears a red coat today. The person wears a red coat today.",
@@ -261,3 +262,37 @@ def test_extract_and_expand_loop_builds_a_versioned_gallery() -> None:
     fewer = build_gallery(ScriptedGenerator(lambda r: "nothing").generate, ["c1"], prompt, **kwargs)
     assert fewer.version != gallery.version
     assert gallery.choose(5) == gallery.choose(5)
+
+
+def test_templates_the_captioner_cannot_fill_are_rejected_and_not_offered() -> None:
+    measurable = ["person/man/woman", "top description", "bottom description", "motion description"]
+    ok = "The [person/man/woman] in [top description] and [bottom description] is [motion description]."
+    hair = "The [person/man/woman] has [hair description] and wears [top description] today."
+    assert validate_template(ok, SLOTS, 6, 60, measurable) is None
+    assert validate_template(hair, SLOTS, 6, 60, measurable)[0] == "unmeasurable_slot"
+    assert validate_template(hair, SLOTS, 6, 60) is None  # no list: every slot of the vocabulary
+
+    asked: list[str] = []
+
+    def generate(requests):
+        asked.extend(r.messages[0].content for r in requests)
+        return [GenerationResult(r.request_id, f"1. {hair}\n2. {ok}", [], "scripted") for r in requests]
+
+    gallery = build_gallery(generate, ["A person in a red top."], load_prompt("gtr_template_gallery"),
+                            captions_per_request=1, rounds=0, max_templates=64, min_words=6, max_words=60,
+                            max_tokens=64, temperature=0.0, seed=0, measurable_slots=measurable)
+    assert all(set(t.slots) <= set(measurable) for t in gallery.templates)
+    assert {r.reason for r in gallery.rejected if r.text == hair} == {"unmeasurable_slot"}
+    assert "[motion description]" in asked[0] and "[hair description]" not in asked[0]
+
+
+def test_a_loop_without_full_stops_is_repetitive() -> None:
+    """SmolLM2 at the demo's advanced tier once wrote "The person is wearing a black top" thirteen
+    times without a full stop: one sentence, so the repeated-sentence share could not see it."""
+    loop = " ".join(["The person is wearing a black top"] * 5) + "."
+    gate = gate_caption(loop, min_words=5, max_words=100, boilerplate=(), max_repeated_sentence_share=0.5)
+    assert gate.reason == "repetitive" and "twice in one sentence" in gate.detail
+    fine = ("The person in Target-Image wears a black top, unlike the black top of the person in "
+            "Compare-Image. The person is walking to the left.")
+    assert gate_caption(fine, min_words=5, max_words=100, boilerplate=(),
+                        max_repeated_sentence_share=0.5).reason is None

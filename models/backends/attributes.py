@@ -39,6 +39,7 @@ _COLOUR_LAB = cv2.cvtColor(np.array([[rgb for _, rgb in _PROTOTYPES]], np.uint8)
     np.float32)
 
 OBJECTS = ["backpack", "handbag", "umbrella", "suitcase"]
+RIDDEN = ["bicycle", "motorcycle"]
 VEHICLE_TYPES = ["car", "bus", "truck", "motorcycle"]
 DOMAINS = ["pedestrian", "vehicle"]
 
@@ -59,10 +60,21 @@ VEHICLE_WORDS = {"car": "car", "sedan": "car", "suv": "car", "taxi": "car", "bus
 PERSON_WORDS = {"man", "woman", "person", "people", "pedestrian", "boy", "girl", "child", "kid", "lady", "guy",
                 "he", "she", "someone", "walker", "adult", "men", "women"}
 
-SLOTS = {"domain": DOMAINS, "upper": COLOURS, "lower": COLOURS, "objects": OBJECTS, "vehicle_type": VEHICLE_TYPES,
-         "vehicle_colour": COLOURS}
-SLOT_WEIGHTS = {"domain": 0.5, "upper": 1.0, "lower": 1.0, "objects": 1.0, "vehicle_type": 1.0,
+SLOTS = {"domain": DOMAINS, "upper": COLOURS, "lower": COLOURS, "objects": OBJECTS, "riding": RIDDEN,
+         "vehicle_type": VEHICLE_TYPES, "vehicle_colour": COLOURS}
+SLOT_WEIGHTS = {"domain": 0.5, "upper": 1.0, "lower": 1.0, "objects": 1.0, "riding": 1.0, "vehicle_type": 1.0,
                 "vehicle_colour": 1.0}
+# what a text can state that only a video track measures (track_facts): parsed for the near-
+# duplicate rule and the diversity facets, not part of the image-side vector
+MOTIONS = ["standing", "walking", "running", "parked", "moving"]
+DIRECTIONS = ["left", "right", "toward", "away"]
+TEXT_SLOTS = {**SLOTS, "motion": MOTIONS, "direction": DIRECTIONS}
+MOTION_TEXT = {"stand": "standing", "stands": "standing", "standing": "standing", "walk": "walking",
+               "walks": "walking", "walking": "walking", "run": "running", "runs": "running", "running": "running",
+               "parked": "parked", "stationary": "parked", "move": "moving", "moves": "moving", "moving": "moving",
+               "drive": "moving", "drives": "moving", "driving": "moving"}
+RIDDEN_WORDS = {"bicycle": "bicycle", "bike": "bicycle", "cycling": "bicycle", "cyclist": "bicycle",
+                "motorcycle": "motorcycle", "motorbike": "motorcycle", "scooter": "motorcycle"}
 
 
 @dataclass
@@ -70,6 +82,7 @@ class Attributes:
     """Per-slot distributions (values in [0, 1]); an empty slot means 'not measured / not said'."""
 
     slots: dict[str, np.ndarray] = field(default_factory=dict)
+    lightness: float | None = None  # median CIELAB L* (0–100) of the person's clothing pixels
 
     def vector(self) -> np.ndarray:
         """Weighted concatenation of all slots (zeros where empty), L2-normalised."""
@@ -88,7 +101,7 @@ class Attributes:
         v = self.slots.get(slot)
         if v is None:
             return []
-        vocab = SLOTS[slot]
+        vocab = TEXT_SLOTS[slot]
         order = np.argsort(-v)
         return [vocab[i] for i in order if v[i] > 0 and v[i] >= min_share]
 
@@ -148,6 +161,23 @@ def masked_colours(rgb: np.ndarray, box: np.ndarray, top: float, bottom: float, 
     return colour_distribution(_region(rgb, box, top, bottom))
 
 
+def clothing_lightness(rgb: np.ndarray, box: np.ndarray, mask: np.ndarray | None) -> float | None:
+    """Median CIELAB lightness L* (0–100) of rows 15–85 % of the person's box, over the person's
+    pixels when the mask holds at least 5 % of them (``masked_colours``' rule), else over the
+    central 60 % of columns."""
+    x1, y1, x2, y2 = box
+    r0, r1 = max(int(y1 + 0.15 * (y2 - y1)), 0), max(int(y1 + 0.85 * (y2 - y1)), 0)
+    c0, c1 = max(int(x1), 0), max(int(np.ceil(x2)), 0)
+    band = rgb[r0:r1, c0:c1]
+    keep = mask[r0:r1, c0:c1] if mask is not None else None
+    pixels = band[keep] if keep is not None and keep.size and keep.mean() >= 0.05 else \
+        _region(rgb, box, 0.15, 0.85).reshape(-1, 3)
+    if not len(pixels):
+        return None
+    lab = cv2.cvtColor(np.ascontiguousarray(pixels.reshape(1, -1, 3)), cv2.COLOR_RGB2LAB)
+    return float(np.median(lab[..., 0])) * 100.0 / 255.0
+
+
 def _largest(dets: Detections, classes: set[str]) -> tuple[np.ndarray, str, float] | None:
     mine = dets.of_classes(classes)
     if not len(mine):
@@ -184,16 +214,70 @@ def measure_attributes(rgb: np.ndarray, dets: Detections, object_min_score: floa
     mask = person_mask(rgb, box, mask_iterations) if person is not None and mask_iterations > 0 else None
     attrs.slots["upper"] = masked_colours(rgb, box, 0.15, 0.5, mask)
     attrs.slots["lower"] = masked_colours(rgb, box, 0.5, 0.85, mask)
+    attrs.lightness = clothing_lightness(rgb, box, mask) if person is not None else None
+    people = [b for b, lab, sc in zip(dets.boxes, dets.labels, dets.scores, strict=True)
+              if lab == "person" and sc >= object_min_score]
     carried = np.zeros(len(OBJECTS), np.float32)
+    riding = np.zeros(len(RIDDEN), np.float32)
     for obj_box, label, score in zip(dets.boxes, dets.labels, dets.scores, strict=True):
-        if label in OBJECTS and score >= object_min_score and _overlaps(obj_box, box):
+        if score < object_min_score or person is None:
+            continue
+        if label in OBJECTS and belongs_to(obj_box, box, people):
             carried[OBJECTS.index(label)] = max(carried[OBJECTS.index(label)], float(score))
+        elif label in RIDDEN and rides(box, obj_box, people):
+            riding[RIDDEN.index(label)] = max(riding[RIDDEN.index(label)], float(score))
     attrs.slots["objects"] = carried
+    attrs.slots["riding"] = riding
     return attrs
 
 
 def _overlaps(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1]))
+
+
+def _intersection(a: np.ndarray, b: np.ndarray) -> float:
+    return float(max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1])))
+
+
+def _area(a: np.ndarray) -> float:
+    return float(max(0.0, a[2] - a[0]) * max(0.0, a[3] - a[1]))
+
+
+def belongs_to(obj: np.ndarray, person: np.ndarray, people: list[np.ndarray], min_share: float = 0.3) -> bool:
+    """Whether a carried object's box is the subject's: at least ``min_share`` of the object lies
+    inside the subject's box, and no other detected person holds more of it (ties go to the
+    person whose box centre is nearer the object's). A bag between two people belongs to the one
+    it overlaps most: overlap alone gave the subject a neighbour's handbag."""
+    share = _intersection(obj, person) / max(_area(obj), 1e-6)
+    if share < min_share:
+        return False
+    centre = np.array([(obj[0] + obj[2]) / 2, (obj[1] + obj[3]) / 2])
+
+    def distance(box: np.ndarray) -> float:
+        return float(np.hypot(*(centre - [(box[0] + box[2]) / 2, (box[1] + box[3]) / 2])))
+
+    for other in people:
+        if np.allclose(other, person):
+            continue
+        other_share = _intersection(obj, other) / max(_area(obj), 1e-6)
+        if other_share > share or (other_share == share and distance(other) < distance(person)):
+            return False
+    return True
+
+
+def rides(person: np.ndarray, ridden: np.ndarray, people: list[np.ndarray], min_share: float = 0.3) -> bool:
+    """Whether the subject rides a bicycle or motorcycle: the vehicle's box overlaps the lower half
+    of the person's box by at least ``min_share`` of that half, the person's feet are no lower than
+    the vehicle's wheels' bottom edge plus a tenth of the person's height (a rider sits on it, a
+    pedestrian beside it stands on the ground below the saddle), and the ridden box is not another
+    person's (``belongs_to``'s rule)."""
+    h = person[3] - person[1]
+    lower = np.array([person[0], person[1] + h / 2, person[2], person[3]])
+    if _intersection(ridden, lower) / max(_area(lower), 1e-6) < min_share:
+        return False
+    if person[3] > ridden[3] + 0.1 * h:
+        return False
+    return belongs_to(ridden, person, people, min_share=0.0)
 
 
 _TOKEN = re.compile(r"[a-z]+(?:-[a-z]+)?")
@@ -244,12 +328,46 @@ def parse_text_attributes(text: str, window: int = 3) -> Attributes:
     if objects.any():
         attrs.slots["objects"] = objects
     vtype = np.zeros(len(VEHICLE_TYPES), np.float32)
+    riding = np.zeros(len(RIDDEN), np.float32)
     for tok in tokens:
-        if VEHICLE_WORDS.get(tok):
+        if is_person and RIDDEN_WORDS.get(tok):  # "a person riding a motorcycle": ridden, not the subject
+            riding[RIDDEN.index(RIDDEN_WORDS[tok])] = 1.0
+        elif VEHICLE_WORDS.get(tok):
             vtype[VEHICLE_TYPES.index(VEHICLE_WORDS[tok])] = 1.0
     if vtype.any():
         attrs.slots["vehicle_type"] = vtype
+    if riding.any():
+        attrs.slots["riding"] = riding
+    _parse_track_words(tokens, attrs)
     return attrs
+
+
+_HEADING_WORDS = {"heading", "heads", "head", "walking", "walks", "walk", "moving", "moves", "going", "goes",
+                  "running", "runs", "turning", "turns"}
+
+
+def _parse_track_words(tokens: list[str], attrs: Attributes) -> None:
+    """The motion ("walking", "parked") and direction ("to the left", "toward the camera", "away
+    from it") a text states, into the ``motion`` and ``direction`` slots."""
+    motion = np.zeros(len(MOTIONS), np.float32)
+    direction = np.zeros(len(DIRECTIONS), np.float32)
+    for i, tok in enumerate(tokens):
+        if tok in MOTION_TEXT:
+            motion[MOTIONS.index(MOTION_TEXT[tok])] = 1.0
+        before = tokens[max(i - 2, 0):i]
+        if tok in {"left", "right"} and ({"to", "toward", "towards"} & set(before)
+                                         or (before and before[-1] in _HEADING_WORDS)):
+            direction[DIRECTIONS.index(tok)] = 1.0  # "to the left", "heading left"; not "on the left side"
+        elif tok in {"leftward", "leftwards", "rightward", "rightwards"}:
+            direction[DIRECTIONS.index(tok[:4] if tok.startswith("left") else "right")] = 1.0
+        elif tok in {"toward", "towards"} and tokens[i + 1 : i + 3] in (["the", "camera"], ["camera"]):
+            direction[DIRECTIONS.index("toward")] = 1.0
+        elif tok == "away":
+            direction[DIRECTIONS.index("away")] = 1.0
+    if motion.any():
+        attrs.slots["motion"] = motion
+    if direction.any():
+        attrs.slots["direction"] = direction
 
 
 _CONNECTORS = {"and", "or", "with", "light", "bright", "pale", "deep"}

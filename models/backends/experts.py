@@ -83,9 +83,13 @@ class SemanticBridgeExpert:
 
 
 class AttributeExpert:
-    """Measured attributes (colours per body region, objects, vehicle type/colour) vs parsed query."""
+    """Measured attributes (colours per body region, carried objects, a ridden bicycle or
+    motorcycle, vehicle type/colour) vs parsed query. ``track_slots``: the stages that rank with it
+    also compare the motion and direction a query states with each image's video track
+    (``rde.common.track_slots``): the pixels of one crop cannot say which way a person walks."""
 
-    dim = 43
+    dim = 45
+    track_slots = True
 
     def __init__(self, spec: ModelSpec, detector: Detector) -> None:
         self.spec = spec
@@ -93,7 +97,7 @@ class AttributeExpert:
         self.detector = detector
         self.object_min_score = float(spec.options.get("object_min_score", 0.3))
         self.mask_iterations = int(spec.options.get("mask_iterations", 2))  # GrabCut person mask; 0 = box
-        self.preprocessing = f"ssd-coco+grabcut{self.mask_iterations}+lab-colour-naming-v2"
+        self.preprocessing = f"ssd-coco+grabcut{self.mask_iterations}+lab-colour-naming-v2+riding-v1"
 
     def encode_text(self, texts: list[str]) -> np.ndarray:
         return np.stack([parse_text_attributes(t).vector() for t in texts]) if texts \

@@ -56,7 +56,7 @@ def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if msg.images:
             parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": image_data_url(im)}}
                                            for im in msg.images]
-            parts.append({"type": "text", "text": msg.content})
+            parts.append({"type": "text", "text": msg.with_image_facts()})
             out.append({"role": msg.role, "content": parts})
         else:
             out.append({"role": msg.role, "content": msg.content})
@@ -448,7 +448,7 @@ class TransformersVlmGenerator:
         for r in requests:
             conversation = []
             for m in r.messages:
-                content = [{"type": "image"} for _ in m.images] + [{"type": "text", "text": m.content}]
+                content = [{"type": "image"} for _ in m.images] + [{"type": "text", "text": m.with_image_facts()}]
                 conversation.append({"role": m.role, "content": content})
                 images.extend(m.images)
             texts.append(self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False))

@@ -22,6 +22,7 @@ from models.backends.attributes import (
     COLOUR_SYNONYMS,
     LOWER,
     OBJECT_WORDS,
+    RIDDEN_WORDS,
     UPPER,
     VEHICLE_WORDS,
     WHOLE,
@@ -39,11 +40,13 @@ from models.backends.interfaces import (
     parallel_requests,
     score_texts,
 )
+from models.backends.track_facts import DIRECTION_PHRASES, TRACK_CLAIM_WORDS, facts_phrase, track_fact_words
 from models.prompt_files import PromptFile, load_prompt
 from models.specs import ModelSpec
 
-FACTS_VERSION = "2"  # bump when what counts as measured changes (2: GrabCut person mask, vehicle type
-# check, colours from a 0.3 share, clothing cues from probability 0.3)
+FACTS_VERSION = "3"  # bump when what counts as measured changes (2: GrabCut person mask, vehicle type
+# check, colours from a 0.3 share, clothing cues from probability 0.3; 3: carried objects assigned to
+# the person who holds most of them, riding, clothing tone, and the track facts of image_facts)
 # ImageNet classes that name clothing or carried things → the word a caption may use for them.
 IMAGENET_CUES = {
     "jean": "jeans", "jersey": "jersey", "sweatshirt": "sweatshirt", "cardigan": "cardigan",
@@ -80,11 +83,34 @@ _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 @dataclass
 class ImageFacts:
     """What was measured in one image: prompt lines, the words a caption may use, and the values
-    per attribute (``top``, ``bottom``, ``carried``, ``clothing``, ``vehicle_type``, ``vehicle_colour``)."""
+    per attribute (``top``, ``bottom``, ``carried``, ``riding``, ``tone``, ``clothing``,
+    ``vehicle_type``, ``vehicle_colour``; from the video track ``motion``, ``direction``,
+    ``distance``), and the subject's domain as measured."""
 
     lines: list[str]
     allowed: set[str]
     values: dict[str, list[str]] = field(default_factory=dict)
+    domain: str = "pedestrian"
+
+    def with_track(self, track: dict[str, list[str]] | None) -> ImageFacts:
+        """These facts plus the image's track facts (``ChatMessage.image_facts``): a line for the
+        prompt, the values (and ``movement``: the motion with its direction, "walking to the left",
+        what a comparison names), and the words that state them. A person's ``parked``/``moving`` or
+        a vehicle's ``walking`` cannot happen: facts measured for the other domain are dropped."""
+        if not track:
+            return self
+        kinds = {"pedestrian": {"standing", "walking", "running"}, "vehicle": {"parked", "moving"}}[self.domain]
+        track = {k: v for k, v in track.items() if k != "motion" or set(v) <= kinds}
+        if "motion" not in track:
+            track.pop("direction", None)
+        phrase = facts_phrase(track)
+        if not phrase:
+            return self
+        movement = {"movement": [" ".join([*track.get("motion", []),
+                                            *(DIRECTION_PHRASES[d] for d in track.get("direction", []))])]} \
+            if track.get("motion") else {}
+        return ImageFacts([*self.lines, f"seen in the video: {phrase}"], self.allowed | track_fact_words(track),
+                          {**self.values, **track, **movement}, self.domain)
 
 
 @dataclass(frozen=True)
@@ -100,6 +126,10 @@ class FactOptions:
     # 0.3: on the demo's surveillance crops ImageNet's clothing classes never pass 0.23 and, by eye,
     # are wrong there ("abaya" for a long black coat, "bulletproof vest" for a jacket at 0.11)
     min_cue_prob: float = 0.3
+    # clothing tone from the median L* of the person's pixels (0–100): on the demo's 373 person
+    # crops the median is 10 (5th–95th percentile 0.4–38): vtest.avi's people wear dark coats
+    dark_lightness: float = 20.0
+    light_lightness: float = 60.0
     vehicle_type_support: float = 0.05
     vehicle_type_contradiction: float = 0.1
     mask_iterations: int = 2
@@ -143,7 +173,9 @@ def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class
         lines += [f"subject: a {(vtype or ['vehicle'])[0]}", f"vehicle colour: {', '.join(colours) or 'unclear'}"]
         allowed |= set(vtype) | set(colours) | {"vehicle"}
         allowed |= {word for word, kind in VEHICLE_WORDS.items() if kind in vtype}
+        domain = "vehicle"
     else:
+        domain = "pedestrian"
         persons = [lab for lab in detections.labels if lab == "person"]
         lines.append("subject: a person" if persons else "subject: no person detected")
         upper = attrs.top("upper", min_colour_share)[:2]
@@ -155,6 +187,17 @@ def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class
         lines.append(f"carried objects: {', '.join(carried) if carried else 'none detected'}")
         values.update(top=upper, bottom=lower, carried=carried)
         allowed |= set(carried) | {w for w, kind in OBJECT_WORDS.items() if kind in carried}
+        riding = attrs.top("riding", 0.3)[:1]
+        if riding:
+            lines.append(f"riding: a {riding[0]}")
+            values["riding"] = riding
+            allowed |= {"riding", "rides", "ride"} | {w for w, kind in RIDDEN_WORDS.items() if kind in riding}
+        tone = [] if attrs.lightness is None else ["dark"] if attrs.lightness <= options.dark_lightness else \
+            ["light"] if attrs.lightness >= options.light_lightness else []
+        if tone:
+            lines.append(f"clothing tone: {tone[0]}")
+            values["tone"] = tone
+            allowed |= set(tone)
     cues = sorted({IMAGENET_CUES[class_names[i]] for i in np.argsort(-class_probs)[:10]
                    if class_probs[i] >= options.min_cue_prob and class_names[i] in IMAGENET_CUES})
     if cues:
@@ -162,7 +205,7 @@ def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class
         allowed |= set(cues)
     values["clothing"] = cues
     lines.append(f"image size: {w}x{h} pixels")
-    return ImageFacts(lines, allowed, values)
+    return ImageFacts(lines, allowed, values, domain)
 
 
 def _join(words: list[str]) -> str:
@@ -173,14 +216,35 @@ def facts_qa_pairs(facts: list[ImageFacts], prompt: PromptFile) -> list[tuple[st
     """Question-and-answer pairs rendered from measured facts (``qa_single`` / ``qa_compare`` in the
     prompt file): one image → one pair per measured attribute; two images (target, reference) → a
     similarity or difference pair per attribute measured in both. Unmeasured attributes are skipped,
-    as the GTR+ prompts ask ("if any attribute is not clearly visible, ignore it")."""
+    as the GTR+ prompts ask ("if any attribute is not clearly visible, ignore it"). A value is said
+    through the file's ``phrases`` ("left" → "to the left"), ``{subject}`` through its ``subjects``
+    by the measured domain ("the person", "the vehicle"); an answer may name other attributes
+    (``{direction}``) and be a list, the first whose attributes were all measured is said ("The
+    person is walking to the left.", else "The person is walking."); an entry is skipped when every
+    attribute in its ``unless`` was measured (their answers already say it)."""
     single, compare = prompt.extras.get("qa_single", {}), prompt.extras.get("qa_compare", {})
+    phrases: dict[str, dict[str, str]] = prompt.extras.get("phrases", {})
+    subjects: dict[str, str] = prompt.extras.get("subjects", {})
+
+    def said(attribute: str, values: list[str]) -> str:  # "left" -> "to the left"; "" when not measured
+        return _join([phrases.get(attribute, {}).get(v, v) for v in values]) if values else ""
+
     pairs: list[tuple[str, str]] = []
     if len(facts) == 1:
+        subject = subjects.get(facts[0].domain, "it")
+        values = facts[0].values
         for attribute, spec in single.items():
-            found = facts[0].values.get(attribute) or []
-            if found:
-                pairs.append((spec["q"], spec["a"].format(value=_join(found))))
+            unless = spec.get("unless", [])
+            if not values.get(attribute) or (unless and all(values.get(other) for other in unless)):
+                continue  # not measured, or what the answer says is said by the others' answers
+            for answer in [spec["a"]] if isinstance(spec["a"], str) else spec["a"]:
+                names = [n for n in re.findall(r"\{(\w+)\}", answer) if n != "subject"]
+                fills = {n: said(attribute if n == "value" else n, values.get(attribute if n == "value" else n) or [])
+                         for n in names}
+                if all(fills.values()):
+                    pairs.append((spec["q"].format(subject=subject),
+                                  _capitalised(answer.format(subject=subject, **fills))))
+                    break
         return pairs
     target, reference = facts[0].values, facts[1].values
     for attribute, spec in compare.items():
@@ -188,17 +252,22 @@ def facts_qa_pairs(facts: list[ImageFacts], prompt: PromptFile) -> list[tuple[st
         if not a or not b:
             continue
         if set(a) & set(b):
-            pairs.append((spec["similar_q"], spec["similar_a"].format(value=_join(sorted(set(a) & set(b))))))
+            pairs.append((spec["similar_q"], spec["similar_a"].format(value=said(attribute, sorted(set(a) & set(b))))))
         if set(a) != set(b):
-            pairs.append((spec["differ_q"], spec["differ_a"].format(target=_join(a), reference=_join(b))))
+            pairs.append((spec["differ_q"], spec["differ_a"].format(target=said(attribute, a),
+                                                                     reference=said(attribute, b))))
     return pairs
+
+
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _attribute_words(words: set[str]) -> set[str]:
     """The subset of ``words`` that makes an attribute claim (and so must have been measured)."""
     colours = {w for w in words if w in COLOUR_SYNONYMS and COLOUR_SYNONYMS[w] is not None}
-    vehicles = {w for w in words if w in VEHICLE_WORDS}
-    return colours | vehicles | (words & (GARMENTS | set(OBJECT_WORDS) | GENDER_AGE | ACCESSORIES))
+    vehicles = {w for w in words if w in VEHICLE_WORDS or w in RIDDEN_WORDS}
+    return colours | vehicles | (words & (GARMENTS | set(OBJECT_WORDS) | GENDER_AGE | ACCESSORIES | TRACK_CLAIM_WORDS))
 
 
 def ungrounded_words(sentence: str, allowed: set[str]) -> set[str]:
@@ -331,8 +400,7 @@ class GroundedCaptionGenerator:
         """The text-only request the LLM gets for ``request`` (the measured facts of its images in
         the system prompt, the images dropped) and the words a reply may use; None when the request
         is answered from the facts without the LLM (a ``qa_pairs`` request with ``qa_from_facts``)."""
-        images = [im for m in request.messages for im in m.images]
-        facts = self._facts_cached(images)
+        facts = self.request_facts(request)
         if request.expects == "qa_pairs" and self.qa_from_facts and facts:
             return None
         roles = ["target"] + ["reference"] * (len(facts) - 1)
@@ -370,8 +438,7 @@ class GroundedCaptionGenerator:
         for request in requests:
             built = self.ground_request(request)
             if built is None:
-                answered[request.request_id] = self._facts_qa(request, self._facts_cached(
-                    [im for m in request.messages for im in m.images]))
+                answered[request.request_id] = self._facts_qa(request, self.request_facts(request))
                 continue
             grounded.append(built[0])
             allowed_sets.append(built[1])
@@ -409,10 +476,20 @@ class GroundedCaptionGenerator:
                                       res.error, res.attempts)
         return out
 
-    def measured_facts(self, images: list[np.ndarray]) -> list[ImageFacts]:
-        """What was measured in each image (remembered from ``generate``): the caption pool checks
-        kept captions against it."""
-        return self._facts_cached(images)
+    def measured_facts(self, images: list[np.ndarray],
+                       image_facts: list[dict[str, list[str]]] | None = None) -> list[ImageFacts]:
+        """What was measured in each image (remembered from ``generate``), with its track facts
+        when given: the caption pool checks kept captions against it."""
+        track = image_facts or [{}] * len(images)
+        return [f.with_track(t) for f, t in zip(self._facts_cached(images), track, strict=True)]
+
+    def request_facts(self, request: GenerationRequest) -> list[ImageFacts]:
+        """The facts of a request's images in order: measured in the pixels, plus each message's
+        ``image_facts`` (one per image, or none)."""
+        images = [im for m in request.messages for im in m.images]
+        track = [t for m in request.messages
+                 for t in (m.image_facts if len(m.image_facts) == len(m.images) else [{}] * len(m.images))]
+        return self.measured_facts(images, track)
 
     def _facts_cached(self, images: list[np.ndarray]) -> list[ImageFacts]:
         """Facts per image, remembered by content (the tiers ask about the same image several times)."""

@@ -60,11 +60,25 @@ class TextImageExpert(Protocol):
 
 @dataclass
 class ChatMessage:
-    """One chat turn; ``images`` are attached to this turn (for multimodal generators)."""
+    """One chat turn; ``images`` are attached to this turn (for multimodal generators).
+    ``image_facts`` (empty, or one dict per image) are facts about an image that its pixels do not
+    show, measured from its video track (``models.backends.track_facts``: motion, direction,
+    distance); a model backend reads them as a line of text after the turn's content
+    (``with_image_facts``), the grounded captioner as measured facts it may state."""
 
     role: str
     content: str
     images: list[np.ndarray] = field(default_factory=list)
+    image_facts: list[dict[str, list[str]]] = field(default_factory=list)
+
+    def with_image_facts(self) -> str:
+        """The content, followed by one line per image with track facts ("Seen in the video, image
+        1: walking, to the left.")."""
+        from models.backends.track_facts import facts_phrase
+
+        lines = [f"Seen in the video, image {i}: {facts_phrase(f)}." for i, f in enumerate(self.image_facts, 1)
+                 if facts_phrase(f)]
+        return "\n".join([self.content, *lines])
 
 
 @dataclass

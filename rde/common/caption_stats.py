@@ -97,6 +97,9 @@ class NounUse:
     # one caption describes one image, so "black top" + "blue bottoms" is a combination one
     # person in the pool wears, not two colours that merely both occur somewhere
     together: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    # (own adjective or "", action phrase) met in one caption: "black top" + "walking to the left"
+    actions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    definite: int = 0  # times it comes with "the" ("toward the camera"): a unique thing, said with "the"
 
 
 def preceding_adjectives(noun: Token) -> list[str]:
@@ -113,12 +116,61 @@ def preceding_adjectives(noun: Token) -> list[str]:
 
 
 def governing_participle(noun: Token) -> str | None:
-    """The "-ing" participle whose object ``noun`` is ("wearing ... bottoms", "carrying a bag"):
-    the nearest verb before it in its sentence, when that verb is a VBG; else None."""
-    for t in reversed(noun.doc[noun.sent.start:noun.i]):
+    """The frame that takes ``noun`` as what is worn or carried: the "-ing" participle whose object
+    it is ("wearing ... bottoms", "carrying a bag"), a participle with its preposition ("dressed
+    in dark clothing"), or the preposition "in" right after the caption's subject ("a person in a
+    black top"); None otherwise ("walking toward the camera": the camera is neither worn nor
+    carried)."""
+    before = list(reversed(noun.doc[noun.sent.start:noun.i]))
+    for k, t in enumerate(before):
+        if t.pos_ == "ADP":
+            if t.lower_ not in {"in", "with"}:
+                return None
+            prev = before[k + 1] if k + 1 < len(before) else None
+            if prev is not None and prev.pos_ == "VERB" and prev.tag_ in {"VBN", "VBG"}:
+                return f"{prev.lower_} {t.lower_}"
+            if prev is not None and prev.pos_ == "NOUN" and t.lower_ == "in" and t.head.i == prev.i:
+                return "in"
+            return None
         if t.pos_ in {"VERB", "AUX"}:
             return t.lower_ if t.tag_ == "VBG" else None
     return None
+
+
+ACTION_DEPS = frozenset({"prep", "advmod", "prt", "npadvmod"})
+SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass"})
+
+
+def action_phrases(doc) -> list[str]:
+    """What the subject of a caption does, and where it is: each verb that is a participle or a
+    present tense (VBG "walking", VBN "parked", VBZ "walks") and takes no object ("carrying a bag"
+    is a carried object, not an action), with its prepositional and adverbial complements in text
+    order ("walking to the left", "walks toward the camera", "standing"); and a copula's place
+    complement ("near the camera", "far from the camera")."""
+    phrases = []
+    for t in doc:
+        if t.pos_ == "AUX" and t.dep_ == "ROOT":  # "The car is near the camera.": where it is
+            where = [c for c in t.children if c.dep_ in {"advmod", "prep"} and c.i > t.i]
+            if where and any(c.dep_ in SUBJECT_DEPS for c in t.children):
+                phrases.append(" ".join(w.lower_ for c in where for w in c.subtree if w.is_alpha))
+            continue
+        if t.pos_ != "VERB" or t.tag_ not in {"VBG", "VBN", "VBZ"} or not t.is_alpha:
+            continue
+        if any(c.dep_ in {"dobj", "obj", "attr"} or (c.dep_ == "prep" and c.lower_ in {"in", "with"})
+               for c in t.children):  # worn or carried: "wearing a top", "dressed in dark clothing"
+            continue
+        if t.dep_ not in {"ROOT", "conj", "acl", "xcomp", "advcl", "relcl"}:
+            continue
+        words = [t]
+        for child in t.children:
+            if child.dep_ in ACTION_DEPS and child.i > t.i:
+                for w in child.subtree:  # up to another verb: "to the left [carrying a bag]"
+                    if w.pos_ in {"VERB", "AUX"}:
+                        break
+                    words += [w] if w.is_alpha else []
+        words.sort(key=lambda w: w.i)
+        phrases.append(" ".join(w.lower_ for w in words))
+    return phrases
 
 
 def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
@@ -128,6 +180,8 @@ def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
     uses: dict[str, NounUse] = {}
     for doc in nlp.pipe(texts, batch_size=64):
         framed: set[tuple[str, str]] = set()  # (noun, adjective or "") objects of a participle here
+        described: set[tuple[str, str]] = set()  # every (noun, adjective or "") of the caption
+        actions = action_phrases(doc)
         for t in doc:
             if t.pos_ != "NOUN" or not t.is_alpha:
                 continue
@@ -135,8 +189,10 @@ def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
             use = uses.setdefault(lemma, NounUse())
             use.forms[t.lower_] += 1
             use.plural[t.tag_ in {"NNS", "NNPS"}] += 1
+            use.definite += any(c.dep_ == "det" and c.lower_ == "the" for c in t.children)
             adjectives = preceding_adjectives(t)
             use.adjectives.update(adjectives)
+            described.update((lemma, a) for a in adjectives or [""])
             frame = governing_participle(t)
             if frame:
                 use.frames[frame] += 1
@@ -152,4 +208,6 @@ def noun_uses(texts: Iterable[str], nlp=None) -> dict[str, NounUse]:
                         other.subject += 1
         for noun, adj in framed:
             uses[noun].together.update((adj, n, a) for n, a in framed if n != noun)
+        for noun, adj in described:
+            uses[noun].actions.update((adj, action) for action in dict.fromkeys(actions))
     return uses

@@ -1,7 +1,7 @@
 """The labelled check set: do the configured experts retrieve the right demo-pool crops?
 
-Gallery: the demo pool's crops (persons and vehicles) minus 'junk' identities. Queries and their relevant identities:
-``data/check_set/queries.yaml`` (hand-labelled). Reports mAP@K per expert against the expected
+Gallery: the demo pool's crops (persons and vehicles) minus 'junk' identities. Queries and their relevant identities
+or crops: ``data/check_set/queries.yaml`` (hand-labelled). Reports mAP@K per expert against the expected
 score of a random ranking.
 """
 
@@ -16,9 +16,13 @@ import numpy as np
 import yaml
 
 from models.backends.interfaces import TextImageExpert
+from models.backends.track_facts import motion_facts
 from rde.common.image_decoding import decode_rgb
 from rde.common.metrics import mean_ap_at_k
+from rde.common.profiles import TrackFactsSpec
 from rde.common.topk import topk_exact
+from rde.common.track_context import motion_options
+from rde.common.track_slots import fuse_track_slots
 from storage import Artifact
 from storage.hashing import sha256_bytes
 from storage.locations import project_root
@@ -26,14 +30,27 @@ from storage.locations import project_root
 
 @dataclass
 class CheckSet:
+    """A check set read against a pool: per query its text and its relevant keys, which are track
+    identities (every crop of the identity is relevant) or pool ids of single crops (a query about
+    what a person does: "walking to the left" holds for some crops of a track, not all)."""
+
     queries: list[str]
-    relevant: list[set[str]]  # identities per query
+    relevant: list[set[str]]  # identities and crop pool ids per query
     gallery_images: list[np.ndarray]
     gallery_identities: list[str]
     gallery_domains: list[str]
     gallery_ids: list[str] | None = None  # content hashes of the images (image_id), where known
     query_ids: list[str] | None = None  # the YAML's query ids, in query order, where known
     query_domains: list[str] | None = None  # each query's domain (pedestrian / vehicle), where known
+    gallery_meta: list[str] | None = None  # each crop's source_meta (JSON: its video track), where known
+    gallery_pool_ids: list[str] | None = None  # each crop's pool id, where known
+
+    def relevant_positions(self, query: int) -> set[int]:
+        """Gallery positions relevant to query ``query``: its identities' crops and its listed crops."""
+        keys = self.relevant[query]
+        pool_ids = self.gallery_pool_ids or [""] * len(self.gallery_identities)
+        return {j for j, (ident, pid) in enumerate(zip(self.gallery_identities, pool_ids, strict=True))
+                if ident in keys or pid in keys}
 
 
 DOMAINS = ("pedestrian", "vehicle")
@@ -54,8 +71,9 @@ def validate_check_yaml(data: Any, source: Path) -> dict:
     """Check a parsed check-set file; raise ValueError naming the file and the query id at the first problem.
 
     Rules: a mapping with a non-empty ``queries`` list; unique query ids; non-empty text; domain in
-    :data:`DOMAINS`; at least one relevant identity; ``labelled_by`` (non-empty) and ``labelled_on`` (an ISO
-    date) on every query; no relevant identity listed in ``junk_identities``."""
+    :data:`DOMAINS`; at least one relevant identity or crop (``relevant_identities``, ``relevant_crops``:
+    pool ids); ``labelled_by`` (non-empty) and ``labelled_on`` (an ISO date) on every query; no
+    relevant identity listed in ``junk_identities``."""
     if not isinstance(data, dict):
         raise _fail(source, "file", f"expected a mapping at the top level, got {type(data).__name__}")
     queries = data.get("queries")
@@ -77,8 +95,9 @@ def validate_check_yaml(data: Any, source: Path) -> dict:
             raise _fail(source, where, "empty or missing text")
         if q.get("domain") not in DOMAINS:
             raise _fail(source, where, f"domain must be one of {', '.join(DOMAINS)}, got {q.get('domain')!r}")
-        relevant = _identity_list(q.get("relevant_identities"), source, where, "relevant_identities")
-        if not relevant:
+        relevant = _identity_list(q.get("relevant_identities", []), source, where, "relevant_identities")
+        crops = _identity_list(q.get("relevant_crops", []), source, where, "relevant_crops")
+        if not relevant and not crops:
             raise _fail(source, where, "no relevant identities")
         if not isinstance(q.get("labelled_by"), str) or not q["labelled_by"].strip():
             raise _fail(source, where, "missing labelled_by (who labelled the query, and how)")
@@ -106,35 +125,81 @@ def load_check_yaml(path: Path | None = None) -> dict:
     return validate_check_yaml(data, source)
 
 
+def crop_identity(pool_id: str) -> str:
+    """The track identity of a video crop's pool id (``<identity>:f<frame>``, the videos stage's naming)."""
+    return pool_id.rsplit(":f", 1)[0]
+
+
+def held_out_identities(data: dict) -> set[str]:
+    """Every identity a check set's queries use (listed, or owning a listed crop): training keeps
+    their captions out, so the check set measures images the student never saw."""
+    return {i for q in data["queries"] for i in q.get("relevant_identities", [])} | \
+        {crop_identity(c) for q in data["queries"] for c in q.get("relevant_crops", [])}
+
+
+def gallery_pool_ids(pool_url: str | None, data: dict) -> list[str]:
+    """The pool ids of a check set's gallery in ``load_check_set``'s order, read without image bytes."""
+    table = Artifact(pool_url or str(project_root() / "data" / "demo_pool")).read_shard(
+        0, ["pool_id", "identity", "variant"]).to_pylist()
+    junk = set(data.get("junk_identities") or [])
+    return [r["pool_id"] for r in table if r["variant"] == "crop" and r["identity"] not in junk]
+
+
 def load_check_set(pool_url: str | None = None, queries_file: Path | None = None) -> CheckSet:
     data = load_check_yaml(queries_file)
     table = Artifact(pool_url or str(project_root() / "data" / "demo_pool")).read_shard(0).to_pylist()
+    junk = set(data.get("junk_identities") or [])
     pool_crops = {r["identity"] for r in table if r["variant"] == "crop"}
-    missing = {q["id"]: sorted(set(q["relevant_identities"]) - pool_crops) for q in data["queries"]}
+    crop_ids = {r["pool_id"] for r in table if r["variant"] == "crop" and r["identity"] not in junk}
+    missing = {q["id"]: sorted((set(q.get("relevant_identities", [])) - pool_crops)
+                               | (set(q.get("relevant_crops", [])) - crop_ids)) for q in data["queries"]}
     if any(missing.values()):
         detail = "; ".join(f"query {qid}: {', '.join(ids)}" for qid, ids in missing.items() if ids)
-        raise ValueError(f"check set {queries_file or project_root() / DEFAULT_CHECK_FILE}: relevant identities with "
-                         f"no crop in the pool {pool_url or 'data/demo_pool'}: {detail}")
-    junk = set(data.get("junk_identities") or [])
+        raise ValueError(f"check set {queries_file or project_root() / DEFAULT_CHECK_FILE}: relevant identities or "
+                         f"crops with no (non-junk) crop in the pool {pool_url or 'data/demo_pool'}: {detail}")
     crops = [r for r in table if r["variant"] == "crop" and r["identity"] not in junk]
-    return CheckSet([q["text"] for q in data["queries"]], [set(q["relevant_identities"]) for q in data["queries"]],
+    return CheckSet([q["text"] for q in data["queries"]],
+                    [set(q.get("relevant_identities", [])) | set(q.get("relevant_crops", [])) for q in data["queries"]],
                     [decode_rgb(r["image_bytes"]) for r in crops], [r["identity"] for r in crops],
                     [r["domain"] for r in crops], [sha256_bytes(r["image_bytes"]) for r in crops],
-                    [q["id"] for q in data["queries"]], [q["domain"] for q in data["queries"]])
+                    [q["id"] for q in data["queries"]], [q["domain"] for q in data["queries"]],
+                    [r["source_meta"] for r in crops], [r["pool_id"] for r in crops])
 
 
 def relevance_lists(check: CheckSet, ranked: np.ndarray) -> tuple[list[list[bool]], list[int]]:
-    ids = np.array(check.gallery_identities)
-    rankings = [[ids[j] in rel for j in row] for row, rel in zip(ranked, check.relevant, strict=True)]
-    counts = [int(np.isin(ids, list(rel)).sum()) for rel in check.relevant]
-    return rankings, counts
+    relevant = [check.relevant_positions(q) for q in range(len(check.relevant))]
+    rankings = [[int(j) in rel for j in row] for row, rel in zip(ranked, relevant, strict=True)]
+    return rankings, [len(rel) for rel in relevant]
+
+
+def expert_vectors(expert: TextImageExpert, check: CheckSet, image_vecs: np.ndarray | None = None,
+                   track: TrackFactsSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The query and gallery vectors an expert ranks the check set with, as MECF and the evaluation
+    rank: an expert with track slots (the attribute expert) also compares the queries' motion and
+    direction with each crop's video track (``rde.common.track_slots``; ``track``: the thresholds,
+    the profile default when None)."""
+    gallery = expert.encode_image(check.gallery_images) if image_vecs is None else image_vecs
+    queries = expert.encode_text(check.queries)
+    if getattr(expert, "track_slots", False):
+        queries, gallery = fuse_track_slots(queries, gallery, check.queries, gallery_track_facts(check, track))
+    return queries, gallery
+
+
+def gallery_track_facts(check: CheckSet, track: TrackFactsSpec | None = None) -> list[dict[str, list[str]]]:
+    """Each gallery crop's track facts (motion, direction, place), from its source_meta; empty
+    where the check set carries no metadata."""
+    if check.gallery_meta is None:
+        return [{} for _ in check.gallery_identities]
+    options = motion_options(track or TrackFactsSpec())
+    return [motion_facts(meta, domain, options)
+            for meta, domain in zip(check.gallery_meta, check.gallery_domains, strict=True)]
 
 
 def expert_map(expert: TextImageExpert, check: CheckSet, k: int = 10,
                image_vecs: np.ndarray | None = None) -> float:
     """mAP@k of one expert on the check set."""
-    gallery = expert.encode_image(check.gallery_images) if image_vecs is None else image_vecs
-    ranked, _ = topk_exact(expert.encode_text(check.queries), gallery, k)
+    queries, gallery = expert_vectors(expert, check, image_vecs)
+    ranked, _ = topk_exact(queries, gallery, k)
     return mean_ap_at_k(*relevance_lists(check, ranked), k=k)
 
 

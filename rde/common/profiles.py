@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from models.backends.track_facts import MotionOptions
 from models.specs import ModelSpec, ModelsSection, Strict
 from storage.hashing import sha256_json
 
@@ -84,6 +85,46 @@ class TrackerSpec(Strict):
                                 "seconds of video rather than frames).")
 
 
+_MOTION = MotionOptions()
+
+
+class TrackFactsSpec(Strict):
+    """What a crop's video track says about its subject (``models.backends.track_facts``): the
+    thresholds of the motion, direction, distance and place facts captions and queries may state
+    (defaults: ``MotionOptions``, where they were measured)."""
+
+    window_s: float = Field(_MOTION.window_s, gt=0.0,
+                            description="The velocity is fitted over the track's boxes within this many seconds "
+                                        "of the crop's frame.")
+    min_points: int = Field(_MOTION.min_points, ge=2, description="Fewer boxes in that window: no motion fact.")
+    still_speed: float = Field(_MOTION.still_speed, ge=0.0,
+                               description="A person slower than this (box heights per second) is standing.")
+    walk_speed: float = Field(_MOTION.walk_speed, ge=0.0,
+                              description="A person at least this fast is walking; between still_speed and this "
+                                          "nothing is said (stopping, starting, shifting on the spot).")
+    run_speed: float = Field(_MOTION.run_speed, ge=0.0, description="A person at least this fast is running.")
+    parked_speed: float = Field(_MOTION.parked_speed, ge=0.0, description="A vehicle slower than this is parked.")
+    moving_speed: float = Field(_MOTION.moving_speed, ge=0.0,
+                                description="A vehicle at least this fast is moving (between the two nothing is "
+                                            "said).")
+    direction_ratio: float = Field(_MOTION.direction_ratio, ge=0.0,
+                                   description="A direction is said when one axis of the velocity is at least this "
+                                               "many times the other (0: never; for a camera at ground level, where "
+                                               "down the image does not mean toward the camera).")
+    direction_min_speed: float = Field(_MOTION.direction_min_speed, ge=0.0,
+                                       description="No direction below this speed.")
+    near_height: float = Field(_MOTION.near_height, ge=0.0, le=1.0,
+                               description="A box at least this share of the frame's height is near the camera.")
+    far_height: float = Field(_MOTION.far_height, ge=0.0, le=1.0,
+                              description="A box at most this share is far from it.")
+    side_share: float = Field(_MOTION.side_share, ge=0.0, le=0.5,
+                              description="A box centred in the outer share of the frame's width is on its left or "
+                                          "right side.")
+    height_share: float = Field(_MOTION.height_share, ge=0.0, le=0.5,
+                                description="A box whose bottom edge lies in the top or bottom share of the frame's "
+                                            "height is in its upper or lower part.")
+
+
 class VideoSpec(Strict):
     """The ``videos`` stage (input.kind: video): decode, sample, detect, track, crop."""
 
@@ -113,6 +154,10 @@ class VideoSpec(Strict):
     detect_batch: int = Field(8, ge=1, description="Sampled frames detected per batch (memory is bounded by it).")
     jpeg_quality: int = Field(92, ge=1, le=100, description="JPEG quality of the stored crops.")
     tracker: TrackerSpec = Field(TrackerSpec(), description="ByteTrack's thresholds.")
+    camera: Literal["fixed", "moving"] = Field("fixed", description="Whether the camera moves (on a vehicle, "
+                                               "panning). Crops from a moving camera carry it in source_meta and "
+                                               "get no motion, direction or place facts (track_facts): in the "
+                                               "frame, a parked car seen from a tram moves.")
 
 
 class SizeRule(Strict):
@@ -298,6 +343,10 @@ class TemplateGallerySpec(Strict):
     max_tokens: int = Field(256, ge=16, description="Token budget of one template-generation answer.")
     temperature: float = Field(0.7, ge=0.0, description="Sampling temperature of the template generator.")
     seed: int = Field(0, description="Seed of the caption sample and the generator.")
+    measurable_slots: list[str] | None = Field(None, description="The slots the captioner can fill from what it "
+                                               "measures; a template with another slot is rejected as "
+                                               "unmeasurable_slot (null: every slot of the prompt file's "
+                                               "vocabulary, for an MLLM that sees hair and shoes).")
 
 
 class LargeFineSpec(Strict):
@@ -525,6 +574,9 @@ class Profile(Strict):
     ingest: IngestSpec = Field(IngestSpec(), description="Reading the inputs: shards and the limits on a file.")
     video: VideoSpec = Field(VideoSpec(), description="Video input (input.kind: video): sampling, tracking and "
                              "crops per track.")
+    track_facts: TrackFactsSpec = Field(TrackFactsSpec(), description="What a crop's video track says about its "
+                                        "subject (motion, direction, distance, place in the frame): facts "
+                                        "captions and queries may state.")
     denoise: DenoiseSpec = Field(DenoiseSpec(), description="The filters that reject unusable images.")
     models: ModelsSection = Field(ModelsSection(), description="The models of each role; unset roles use the "
                                   "bundled offline models.")

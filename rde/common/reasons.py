@@ -81,6 +81,7 @@ class Reason(StrEnum):
     MALFORMED_TEMPLATE = "malformed_template"
     NO_SLOT = "no_slot"
     UNKNOWN_SLOT = "unknown_slot"
+    UNMEASURABLE_SLOT = "unmeasurable_slot"
     GALLERY_FULL = "gallery_full"
     CHECK_SET_IDENTITY = "check_set_identity"
     OVER_MAX_PAIRS = "over_max_pairs"
@@ -158,6 +159,8 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.MALFORMED_TEMPLATE: ("template-gallery", "unbalanced brackets or Q:/A: markers"),
     Reason.NO_SLOT: ("template-gallery", "a template without any [slot]"),
     Reason.UNKNOWN_SLOT: ("template-gallery", "a [slot] outside the slot vocabulary"),
+    Reason.UNMEASURABLE_SLOT: ("template-gallery", "a [slot] the captioner cannot measure "
+                                                   "(largefine.templates.measurable_slots)"),
     Reason.GALLERY_FULL: ("template-gallery", "valid, but largefine.templates.max_templates were already kept"),
     Reason.CHECK_SET_IDENTITY: ("training-features", "a caption of a check-set identity: kept out of training"),
     Reason.OVER_MAX_PAIRS: ("training-features", "beyond training.max_pairs (a seeded sample is kept)"),

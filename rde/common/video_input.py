@@ -298,6 +298,8 @@ def _crop_row(candidate: Any, track: Any, meta: dict[str, Any], spec: VideoSpec,
     source_meta = {**meta, "frame": candidate.frame, "time": round(candidate.time, 3), "box": candidate.box,
                    "score": candidate.score, "label": candidate.label, "track": track.track_id,
                    "track_window": track.window(candidate.time, spec.window_seconds)}
+    if spec.camera == "moving":  # written only when it moves: a fixed camera's crops keep their metadata
+        source_meta["camera"] = "moving"
     return {"pool_id": f"{identity}:f{candidate.frame:07d}", "domain": track.domain, "identity": identity,
             "variant": "crop", "source_meta": json.dumps(source_meta, sort_keys=True),
             "image_bytes": encode_jpeg(candidate.crop, spec.jpeg_quality)}

@@ -50,7 +50,7 @@ POOL_VIDEO = VideoSpec(sample_fps=10.0, segment_seconds=60.0, crops_per_track=12
 # 0.5 on the stored JPEG, denoise's check): unconfirmed, 133 of 161 crops failed denoise
 STREET_VIDEO = VideoSpec(sample_fps=15.0, segment_seconds=600.0, crops_per_track=10, crop_bin_seconds=0.5,
                          min_track_detections=6, crop_margin=(0.5, 0.5), jpeg_quality=85, crop_min_score=0.3,
-                         confirm_crops=True, confirm_score=0.5,
+                         confirm_crops=True, confirm_score=0.5, camera="moving",
                          tracker=TrackerSpec(high_score=0.3, low_score=0.15, new_track_score=0.3))
 
 

@@ -89,13 +89,28 @@ def drop_repeated_sentences(text: str) -> tuple[str, int]:
     return (re.sub(r"\s{2,}", " ", "".join(pieces)).strip(), dropped) if dropped else (text, 0)
 
 
+def repeated_run(text: str, n: int = 5) -> str | None:
+    """A run of ``n`` words said twice inside one sentence (a generation loop without full stops:
+    "The person is wearing a black top The person is wearing a black top ..."), or None."""
+    for sentence in _SENTENCE.findall(text):
+        words = re.findall(r"[a-z']+", sentence.lower())
+        seen: set[tuple[str, ...]] = set()
+        for i in range(len(words) - n + 1):
+            run = tuple(words[i : i + n])
+            if run in seen:
+                return " ".join(run)
+            seen.add(run)
+    return None
+
+
 def gate_caption(text: str, *, min_words: int, max_words: int, boilerplate: Sequence[str],
                  max_repeated_sentence_share: float, negative_mentions: Sequence[str] = (),
                  drop_repeats: bool = True) -> GateResult:
     """Clean ``text`` (negative mentions, boilerplate, then repeated sentences unless ``drop_repeats``
     is off) and decide: ``malformed_output`` (still Q&A-shaped or an unfilled [slot]), ``repetitive``
     (more than ``max_repeated_sentence_share`` of the sentences repeated an earlier one before the
-    repeats were dropped), ``too_short`` or ``too_long`` (on the cleaned text); None passes."""
+    repeats were dropped, or five words said twice inside one sentence: ``repeated_run``),
+    ``too_short`` or ``too_long`` (on the cleaned text); None passes."""
     cleaning: list[str] = []
     if negative_mentions:
         text, removed = drop_negative_mentions(text, negative_mentions)
@@ -120,6 +135,9 @@ def gate_caption(text: str, *, min_words: int, max_words: int, boilerplate: Sequ
         return GateResult(clean, "malformed_output", "a description still contains Q:/A: pairs", done)
     if share > max_repeated_sentence_share:
         return GateResult(clean, "repetitive", f"{share:.0%} of sentences repeat an earlier one{note}", done)
+    if run := repeated_run(clean):
+        return GateResult(clean, "repetitive", f"{run!r} twice in one sentence (a loop without full stops){note}",
+                          done)
     words = word_count(clean)
     if words < min_words:
         return GateResult(clean, "too_short", f"{words} words < {min_words}{note}", done)

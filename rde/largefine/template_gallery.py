@@ -71,12 +71,14 @@ def split_template_lines(text: str) -> list[str]:
     return lines
 
 
-def validate_template(text: str, allowed_slots: Sequence[str], min_words: int,
-                      max_words: int) -> tuple[str, str] | None:
+def validate_template(text: str, allowed_slots: Sequence[str], min_words: int, max_words: int,
+                      measurable_slots: Sequence[str] | None = None) -> tuple[str, str] | None:
     """None if ``text`` is a usable template, else (reason, detail).
 
-    Usable: at least one slot, none twice, every slot in the vocabulary, balanced brackets, no Q/A markers, and
-    between ``min_words`` and ``max_words`` words (slots count as one word each).
+    Usable: at least one slot, none twice, every slot in the vocabulary (and, when given, in
+    ``measurable_slots``: a captioner that states only what it measured fills no hair or shoes
+    slot), balanced brackets, no Q/A markers, and between ``min_words`` and ``max_words`` words
+    (slots count as one word each).
     """
     if "[" in _SLOT.sub("", text) or "]" in _SLOT.sub("", text):
         return "malformed_template", "unbalanced or nested brackets"
@@ -90,6 +92,10 @@ def validate_template(text: str, allowed_slots: Sequence[str], min_words: int,
     unknown = sorted({s for s in slots if s not in allowed})
     if unknown:
         return "unknown_slot", f"slots not in the vocabulary: {unknown}"
+    if measurable_slots is not None:
+        unmeasurable = sorted({s for s in slots} - {normalise_slot(m) for m in measurable_slots})
+        if unmeasurable:
+            return str(Reason.UNMEASURABLE_SLOT), f"slots the captioner does not measure: {unmeasurable}"
     if has_qa_markers(text):
         return "malformed_template", "contains Q:/A: markers"
     words = word_count(_SLOT.sub("slot", text))
@@ -261,8 +267,9 @@ class GalleryBuilder:
     given), de-duplicate, cap at ``max_templates``."""
 
     def __init__(self, allowed_slots: Sequence[str], min_words: int, max_words: int, max_templates: int,
-                 pattern_check: PatternCheck | None = None) -> None:
+                 pattern_check: PatternCheck | None = None, measurable_slots: Sequence[str] | None = None) -> None:
         self.allowed_slots, self.min_words, self.max_words = list(allowed_slots), min_words, max_words
+        self.measurable_slots = measurable_slots
         self.max_templates = max_templates
         self.pattern_check = pattern_check
         self.gallery = Gallery([], [])
@@ -274,7 +281,7 @@ class GalleryBuilder:
 
     def add(self, text: str, origin: str, round_: int) -> bool:
         self.gallery.candidates += 1
-        bad = validate_template(text, self.allowed_slots, self.min_words, self.max_words)
+        bad = validate_template(text, self.allowed_slots, self.min_words, self.max_words, self.measurable_slots)
         if bad is None and self.pattern_check is not None:
             bad = self.pattern_check(text)
         if bad is None and template_key(text) in self._keys:
@@ -295,17 +302,22 @@ GenerateFn = Callable[[list[GenerationRequest]], list[GenerationResult]]
 
 def build_gallery(generate: GenerateFn, captions: Sequence[str], prompt: PromptFile, *, captions_per_request: int,
                   rounds: int, max_templates: int, min_words: int, max_words: int, max_tokens: int,
-                  temperature: float, seed: int, nlp: Any = None) -> Gallery:
+                  temperature: float, seed: int, nlp: Any = None,
+                  measurable_slots: Sequence[str] | None = None) -> Gallery:
     """Seeds, then one extraction round over ``captions``, then ``rounds`` expansion rounds, each
     showing the generator a sample of the current gallery. Failed calls become rejected rows; with a
-    ``caption_pattern`` block in the prompt file, every candidate must read as a caption pattern."""
+    ``caption_pattern`` block in the prompt file, every candidate must read as a caption pattern.
+    ``measurable_slots`` (None: all): the slots the captioner can fill from what it measures; only
+    those are offered to the generator, and a template with another is ``unmeasurable_slot``."""
     slots = list(prompt.extras["slots"])
     rules = prompt.extras.get("caption_pattern")
     check = CaptionPatternCheck(CaptionPatternRules.from_mapping(rules), nlp) if rules else None
-    builder = GalleryBuilder(slots, min_words, max_words, max_templates, check)
+    builder = GalleryBuilder(slots, min_words, max_words, max_templates, check, measurable_slots)
     for text in prompt.extras.get("seeds", []):
         builder.add(str(text), "seed", 0)
-    slot_list = ", ".join(f"[{s}]" for s in slots)
+    offered = [s for s in slots if measurable_slots is None
+               or normalise_slot(s) in {normalise_slot(m) for m in measurable_slots}]
+    slot_list = ", ".join(f"[{s}]" for s in offered)
     rng = np.random.default_rng(seed)
 
     def run(requests: list[GenerationRequest], origin: str, round_: int) -> None:

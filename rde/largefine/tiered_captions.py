@@ -46,6 +46,8 @@ class TierImage:
     generator_index: int
     negative_id: str | None = None
     negative_image: np.ndarray | None = None
+    facts: dict[str, list[str]] = field(default_factory=dict)  # the image's video-track facts
+    negative_facts: dict[str, list[str]] = field(default_factory=dict)  # the hard negative's
 
 
 @dataclass
@@ -105,7 +107,10 @@ class TierCaptioner:
 
     def _request(self, item: TierImage, tier: str, step: str, text: str, images: list[np.ndarray],
                  max_tokens: int) -> GenerationRequest:
-        return GenerationRequest(f"{item.image_id}:{tier}:{step}", [ChatMessage("user", text, images)],
+        """One generator call about ``images`` (the image, then its hard negative), each with its
+        video-track facts (``ChatMessage.image_facts``)."""
+        facts = [item.facts, item.negative_facts][:len(images)]
+        return GenerationRequest(f"{item.image_id}:{tier}:{step}", [ChatMessage("user", text, images, facts)],
                                  max_tokens=max_tokens, temperature=self.spec.temperature,
                                  seed=draw_seed(self.spec.seed, f"{item.image_id}#{tier}#{step}") % 2**31,
                                  expects="qa_pairs" if step == "qa" else None)

@@ -30,10 +30,12 @@ class PoolCaption:
 
 
 def pool_caption(result: GenerationResult, check: CaptionCheck, values: dict[str, list[str]] | None,
-                 from_facts: dict[str, Any], domain: str, prompt_identity: str) -> PoolCaption:
+                 from_facts: dict[str, Any], domain: str, prompt_identity: str,
+                 wording: dict[str, Any] | None = None) -> PoolCaption:
     """The kept sentences of a generated caption; when none is left (every sentence a fragment or
     ungrounded, or the captioner refused the whole text as ungrounded) the caption is rendered from
-    the measured ``values`` with the prompt file's ``from_facts`` sentences. A failed generation of
+    the measured ``values`` with the prompt file's ``from_facts`` sentences (``wording``: its
+    ``phrases`` and ``derived``, see ``facts_caption``). A failed generation of
     another kind (timeout, refusal) is the image's reject row: it is not papered over."""
     image_id = result.request_id
     details = []
@@ -46,7 +48,9 @@ def pool_caption(result: GenerationResult, check: CaptionCheck, values: dict[str
     details += [_reject(image_id, domain, SENTENCE_STAGE, d.reason, d.text, d.detail) for d in check.dropped]
     text, q_txt, source, rendered = check.kept, result.mean_token_probability, result.model_id, False
     if not text and values is not None and from_facts:
-        text, q_txt, source = facts_caption(values, from_facts), None, f"{result.model_id}+facts"
+        wording = wording or {}
+        text = facts_caption(values, from_facts, wording.get("phrases"), wording.get("derived"), image_id)
+        q_txt, source = None, f"{result.model_id}+facts"
         rendered = bool(text)
     if not text:
         reason = check.dropped[0].reason if check.dropped else str(Reason.EMPTY)

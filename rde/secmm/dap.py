@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from models.backends.attributes import SLOTS, parse_text_attributes
+from models.backends.attributes import TEXT_SLOTS, parse_text_attributes
 from models.backends.interfaces import (
     ChatMessage,
     GenerationRequest,
@@ -234,7 +234,7 @@ def stated_attributes(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     for different images however close their embeddings: MiniLM puts "A person wearing black
     bottoms and a red top." at cosine 0.924 to "A person wearing a black top and black bottoms."."""
     attrs = parse_text_attributes(text)
-    return tuple((slot, tuple(sorted(attrs.top(slot)))) for slot in SLOTS if slot != "domain")
+    return tuple((slot, tuple(sorted(attrs.top(slot)))) for slot in TEXT_SLOTS if slot != "domain")
 
 
 def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str], spec: QueriesSpec,
@@ -333,14 +333,9 @@ def noun_phrases(lemma: str, use: NounUse, adjectives: list[str], article: bool 
     plural = use.plural.most_common(1)[0][0] if use.plural else False
     phrases = [f"{adj} {form}" for adj in adjectives] + [form]
     if article and not plural:
-        phrases = [f"{_article(p)} {p}" for p in phrases]
+        definite = use.definite * 2 > use.forms.total()  # "approaching the camera", not "a camera"
+        phrases = [f"the {p}" if definite else f"{_article(p)} {p}" for p in phrases]
     return phrases
-
-
-def _descriptors(noun: str, use: NounUse, adjectives: list[str]) -> list[str]:
-    """"<participle> <noun phrase>" for one pool noun with the given adjectives (none: bare)."""
-    return [f"{frame} {p}" for frame, _ in use.frames.most_common(2)
-            for p in (noun_phrases(noun, use, adjectives)[:-1] if adjectives else noun_phrases(noun, use, []))]
 
 
 def keyword_slots(nouns: list[str], adjs: list[str], uses: dict[str, NounUse], skip: set[str],
@@ -378,12 +373,15 @@ def attested_uses(uses: dict[str, NounUse], min_count: int) -> dict[str, NounUse
     measurement slip (on the demo, "red bottoms" and "white bottoms" from a jacket's hem or the
     pavement): no person in the pool matches a query built on it."""
     kept: dict[str, NounUse] = {}
-    for lemma, use in uses.items():
-        adjectives = Counter({a: c for a, c in use.adjectives.items() if c >= min_count})
+    for lemma, use in uses.items():  # a pool noun is no adjective: "a black top and black bottoms" is
+        # tagged "top"/ADJ on "bottoms" by the small spaCy model, which gave "wearing top bottoms"
+        adjectives = Counter({a: c for a, c in use.adjectives.items() if c >= min_count and a not in uses})
         together = Counter({(own, n, a): c for (own, n, a), c in use.together.items()
                             if c >= min_count and (not own or own in adjectives)
                             and (not a or uses.get(n, NounUse()).adjectives[a] >= min_count)})
-        kept[lemma] = replace(use, adjectives=adjectives, together=together,
+        actions = Counter({(own, act): c for (own, act), c in use.actions.items()
+                           if c >= min_count and (not own or own in adjectives)})
+        kept[lemma] = replace(use, adjectives=adjectives, together=together, actions=actions,
                               subject=use.subject if use.subject >= min_count else 0)
     return kept
 
@@ -398,7 +396,10 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
     noun or adjective and only pool words plus the template's function words. A template whose
     ``line`` rule has ``{first}``/``{others}`` gets one line rule per query: ``{first}`` is the
     line's (noun, adjective) keyword slot, ``{others}`` a complement about another sampled noun
-    that one pool caption states together with ``{first}`` (see ``complements``).
+    that one pool caption states together with ``{first}`` (see ``complements``). A template's
+    ``action_line`` rule replaces ``line`` for a slot the pool attests an action with (``{action}``:
+    "walking to the left", said by at least ``grammar_min_pair_count`` captions that also say the
+    slot's phrase); ``{acting_subjects}`` are subjects doing an attested action (``subject_actions``).
     None when the sampled keywords give no phrase (the request then runs unconstrained)."""
     template = prompt.extras.get("grammar")
     if not template:
@@ -417,9 +418,12 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
     predicate = prompt.extras.get("grammar_predicate", "{subject} that is {adjectives}")
     described = [predicate.format(subject=word, adjectives=c) for s, word in zip(subjects, subject_words, strict=True)
                  for c in _adjective_runs([a for a in adjs if a in uses[s].adjectives][:limit])]
+    acting = subject_actions(subjects, subject_words, uses, nouns, adjs,
+                             prompt.extras.get("grammar_action_predicate", "{subject} that is {action}"), limit)
     fills = {"{subjects}": _alternatives(subject_words), "{subject_phrases}": _alternatives(subject_phrases),
              "{subject_adjectives}": _alternatives(_adjective_runs(subject_adjs)),
-             "{described_subjects}": _alternatives(described)}
+             "{described_subjects}": _alternatives(described),
+             "{acting_subjects}": _alternatives(acting or described)}
     if any(name in template and not value for name, value in fills.items()):
         return None  # a slot the template needs has no phrase for these keywords
     for name, value in fills.items():
@@ -428,18 +432,30 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
     line_rule = next((r for r in rules if r.startswith("line ::=")), None)
     if line_rule is None or "{first}" not in line_rule:
         return template.replace("{lines}", " ".join(["line"] * spec.per_request))
-    slots = keyword_slots(nouns, adjs, uses, domain_words, spec.grammar_min_count)
+    generic = set(prompt.extras.get("grammar_generic_nouns", []))  # "wearing a clothing" says nothing
+    slots = keyword_slots(nouns, adjs, uses, domain_words | generic, spec.grammar_min_count)
     if not slots:
         return None
     lines = []
+    action_rule = next((r for r in rules if r.startswith("action_line ::=")), None)
+    rules = [r for r in rules if r != action_rule]
     for k in range(spec.per_request):
         noun, adj = slots[k % len(slots)]
-        frame = uses[noun].frames.most_common(1)[0][0]
-        others = [d.removeprefix(frame + " ")  # "wearing a black top and blue bottoms"
+        frames = [f for f, c in uses[noun].frames.most_common() if c >= spec.grammar_min_count] or \
+            [uses[noun].frames.most_common(1)[0][0]]
+        frame = frames[(k // len(slots)) % len(frames)]  # each wording the pool uses, in turn
+        others = [phrase  # "wearing a black top and blue bottoms": the other noun under the same frame
                   for n, a in complements(noun, adj, uses, {n for n, _ in slots}, adjs, limit)
-                  for d in _descriptors(n, uses[n], [a] if a else [])]
+                  if uses[n].frames[frame] for phrase in noun_phrases(n, uses[n], [a] if a else [])[:1]]
         first = _alternatives([f"{frame} {p}" for p in noun_phrases(noun, uses[noun], [adj] if adj else [])[:1]])
-        rule = line_rule.replace("line ::=", f"line{k} ::=").replace("{first}", f"({first})")
+        actions = [act for (own, act), _ in uses[noun].actions.most_common() if own == adj]
+        actions = actions[k % len(actions):] + actions[:k % len(actions)] if actions else []
+        verbs = keywords.get("verb", [])  # an action with a sampled verb first: "walking" for "walk"
+        actions = sorted(actions, key=lambda act: not any(w.startswith(v) for v in verbs for w in act.split()))
+        actions = actions[:limit]
+        template = action_rule.replace("action_line ::=", "line ::=") if actions and action_rule else line_rule
+        rule = template.replace("line ::=", f"line{k} ::=").replace("{first}", f"({first})")
+        rule = rule.replace("{action}", f"({_alternatives(actions)})")
         if others:
             rule = rule.replace("{others}", f"({_alternatives(others)})")
         else:  # nothing else to add: drop the optional complement group
@@ -447,6 +463,21 @@ def build_grammar(prompt: PromptFile, keywords: dict[str, list[str]], uses: dict
         lines.append(rule)
     rules = [r for r in rules if r != line_rule] + lines
     return "\n".join(rules).replace("{lines}", " ".join(f"line{k}" for k in range(spec.per_request)))
+
+
+def subject_actions(subjects: list[str], words: list[str], uses: dict[str, NounUse], nouns: list[str],
+                    adjs: list[str], predicate: str, limit: int) -> list[str]:
+    """Subjects doing what the pool says they do, as ``predicate`` phrases ("black car that is
+    moving to the left"): each (adjective, action) a subject has in ``uses[...].actions`` (already
+    thinned by ``attested_uses``), keeping those whose adjective was sampled, or any of a sampled
+    subject noun; at most ``limit`` per subject."""
+    phrases = []
+    for lemma, word in zip(subjects, words, strict=True):
+        found = [(own, act) for (own, act), _ in uses[lemma].actions.most_common()
+                 if (own and own in adjs) or lemma in nouns]
+        phrases += [predicate.format(subject=f"{own} {word}" if own else word, action=act)
+                    for own, act in found[:limit]]
+    return phrases
 
 
 @dataclass

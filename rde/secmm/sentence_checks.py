@@ -16,11 +16,13 @@ that state no attribute are data (``prompts/caption_pool.yaml``), not code.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 from models.backends.attributes import COLOUR_SYNONYMS
 from rde.common.caption_stats import load_tagger
@@ -182,17 +184,74 @@ def _join(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def facts_caption(values: dict[str, list[str]], templates: dict[str, str | list[str]]) -> str:
-    """A caption rendered from measured values with the prompt file's sentence per attribute
-    (``{value}`` or ``{<attribute>}`` placeholders); attributes not measured are left out. A list
-    of sentences is tried in order and the first whose placeholders are all measured is said
-    ("The vehicle is a black car.", else "The vehicle is black.")."""
+_GROUP = re.compile(r"\[([^\[\]]*)\]")
+_SLOT = re.compile(r"\{(\w+)\}")
+_ARTICLE = re.compile(r"\b([Aa]) ([aeiou])")  # "A orange car" -> "An orange car"
+
+
+def _fill(template: str, values: dict[str, list[str]], phrases: dict[str, dict[str, str]],
+          attribute: str | None = None) -> str | None:
+    """``template`` with its placeholders filled (``{value}`` is ``attribute``'s values), each value
+    through ``phrases`` when the attribute has any ("left" -> "to the left"); None when a
+    placeholder was not measured."""
+    fills = {}
+    for name in _SLOT.findall(template):
+        found = values.get(attribute if name == "value" and attribute else name) or []
+        if not found:
+            return None
+        key = attribute if name == "value" and attribute else name
+        fills[name] = _join([phrases.get(key, {}).get(v, v) for v in found])
+    return template.format(**fills)
+
+
+def render_sentence(template: str, values: dict[str, list[str]], phrases: dict[str, dict[str, str]] | None = None
+                    ) -> str | None:
+    """One sentence from measured ``values``. ``[a|b]`` is an optional group: its first
+    alternative whose placeholders were all measured, else nothing. The sentence is None when a
+    placeholder outside the groups was not measured, or when it states no measured value at all
+    (a subject with nothing said about it)."""
+    phrases = phrases or {}
+    filled = 0
+
+    def group(match: re.Match) -> str:
+        nonlocal filled
+        for option in match.group(1).split("|"):
+            text = _fill(option, values, phrases)
+            if text is not None:
+                filled += len(_SLOT.findall(option))
+                return text
+        return ""
+
+    body = _GROUP.sub(group, template)
+    if not filled and not _SLOT.search(body):
+        return None
+    text = _fill(body, values, phrases)
+    return None if text is None else _ARTICLE.sub(lambda m: m.group(1) + "n " + m.group(2), text)
+
+
+def facts_caption(values: dict[str, list[str]], templates: dict[str, Any],
+                  phrases: dict[str, dict[str, str]] | None = None, derived: dict[str, str] | None = None,
+                  seed_text: str = "") -> str:
+    """A caption rendered from measured values with the prompt file's sentences; what was not
+    measured is left out. Each entry is a sentence, a list of them (the first that renders is said:
+    "The vehicle is a black car.", else "The vehicle is black."), or ``{"variants": [...]}``: one
+    wording picked by ``seed_text`` (a stable hash, so an image keeps its wording across runs), the
+    following ones tried when it does not render. ``{value}`` is the entry's own attribute,
+    ``{<attribute>}`` any other, ``[...|...]`` an optional group (``render_sentence``); ``derived``
+    names values said through another attribute's values (``heading`` from ``direction``)."""
+    values = {**values, **{name: values[source] for name, source in (derived or {}).items() if values.get(source)}}
     sentences = []
     for attribute, options in templates.items():
+        if isinstance(options, dict):
+            variants = list(options["variants"])
+            start = int(hashlib.sha256(f"{seed_text}|{attribute}".encode()).hexdigest(), 16) % len(variants)
+            options = variants[start:] + variants[:start]
         for template in [options] if isinstance(options, str) else options:
-            needed = re.findall(r"\{(\w+)\}", template)
-            fills = {name: values.get(attribute if name == "value" else name) or [] for name in needed}
-            if needed and all(fills.values()):
-                sentences.append(template.format(**{k: _join(v) for k, v in fills.items()}))
+            if "[" not in template and "{value}" in template:
+                text = _fill(template, values, phrases or {}, attribute)
+            else:
+                text = render_sentence(template.replace("{value}", "{" + attribute + "}"), values, phrases)
+            if text:
+                sentences.append(text)
                 break
     return " ".join(sentences)
