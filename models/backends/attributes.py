@@ -193,7 +193,9 @@ def measure_attributes(rgb: np.ndarray, dets: Detections, object_min_score: floa
 
     Person: upper body = rows 15–50 % of the box, lower body = 50–85 %, over the person's pixels
     (``person_mask``, GrabCut with ``mask_iterations``; 0 = no mask, the central 60 % of columns).
-    Carried objects: detections of bag classes overlapping the person.
+    Carried objects: detections of bag classes that belong to the person (``belongs_to``: mostly
+    inside the box, not held more by another detected person); a ridden bicycle or motorcycle
+    (``rides``); clothing lightness (``clothing_lightness``). None of these without a detected person.
     Vehicle: type from the detector label, colour from the central 60 % of its box.
     """
     h, w = rgb.shape[:2]
@@ -231,10 +233,6 @@ def measure_attributes(rgb: np.ndarray, dets: Detections, object_min_score: floa
     return attrs
 
 
-def _overlaps(a: np.ndarray, b: np.ndarray) -> bool:
-    return bool(min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1]))
-
-
 def _intersection(a: np.ndarray, b: np.ndarray) -> float:
     return float(max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1])))
 
@@ -268,9 +266,9 @@ def belongs_to(obj: np.ndarray, person: np.ndarray, people: list[np.ndarray], mi
 def rides(person: np.ndarray, ridden: np.ndarray, people: list[np.ndarray], min_share: float = 0.3) -> bool:
     """Whether the subject rides a bicycle or motorcycle: the vehicle's box overlaps the lower half
     of the person's box by at least ``min_share`` of that half, the person's feet are no lower than
-    the vehicle's wheels' bottom edge plus a tenth of the person's height (a rider sits on it, a
-    pedestrian beside it stands on the ground below the saddle), and the ridden box is not another
-    person's (``belongs_to``'s rule)."""
+    the wheels' bottom edge plus a tenth of the person's height (a rider's feet are on the pedals;
+    a person standing in front of a parked bicycle, nearer the camera, has feet well below its
+    wheels), and no other detected person holds more of it (``belongs_to``'s rule)."""
     h = person[3] - person[1]
     lower = np.array([person[0], person[1] + h / 2, person[2], person[3]])
     if _intersection(ridden, lower) / max(_area(lower), 1e-6) < min_share:
