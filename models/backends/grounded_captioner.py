@@ -41,6 +41,7 @@ from models.backends.interfaces import (
     score_texts,
 )
 from models.backends.track_facts import DIRECTION_PHRASES, TRACK_CLAIM_WORDS, facts_phrase, track_fact_words
+from models.fact_wording import fill_values, say_values
 from models.prompt_files import PromptFile, load_prompt
 from models.specs import ModelSpec
 
@@ -208,10 +209,6 @@ def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class
     return ImageFacts(lines, allowed, values, domain)
 
 
-def _join(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
 def facts_qa_pairs(facts: list[ImageFacts], prompt: PromptFile) -> list[tuple[str, str]]:
     """Question-and-answer pairs rendered from measured facts (``qa_single`` / ``qa_compare`` in the
     prompt file): one image → one pair per measured attribute; two images (target, reference) → a
@@ -226,9 +223,6 @@ def facts_qa_pairs(facts: list[ImageFacts], prompt: PromptFile) -> list[tuple[st
     phrases: dict[str, dict[str, str]] = prompt.extras.get("phrases", {})
     subjects: dict[str, str] = prompt.extras.get("subjects", {})
 
-    def said(attribute: str, values: list[str]) -> str:  # "left" -> "to the left"; "" when not measured
-        return _join([phrases.get(attribute, {}).get(v, v) for v in values]) if values else ""
-
     pairs: list[tuple[str, str]] = []
     if len(facts) == 1:
         subject = subjects.get(facts[0].domain, "it")
@@ -238,12 +232,9 @@ def facts_qa_pairs(facts: list[ImageFacts], prompt: PromptFile) -> list[tuple[st
             if not values.get(attribute) or (unless and all(values.get(other) for other in unless)):
                 continue  # not measured, or what the answer says is said by the others' answers
             for answer in [spec["a"]] if isinstance(spec["a"], str) else spec["a"]:
-                names = [n for n in re.findall(r"\{(\w+)\}", answer) if n != "subject"]
-                fills = {n: said(attribute if n == "value" else n, values.get(attribute if n == "value" else n) or [])
-                         for n in names}
-                if all(fills.values()):
-                    pairs.append((spec["q"].format(subject=subject),
-                                  _capitalised(answer.format(subject=subject, **fills))))
+                text = fill_values(answer.replace("{subject}", subject), values, phrases, attribute)
+                if text is not None:
+                    pairs.append((spec["q"].format(subject=subject), _capitalised(text)))
                     break
         return pairs
     target, reference = facts[0].values, facts[1].values
@@ -252,10 +243,11 @@ def facts_qa_pairs(facts: list[ImageFacts], prompt: PromptFile) -> list[tuple[st
         if not a or not b:
             continue
         if set(a) & set(b):
-            pairs.append((spec["similar_q"], spec["similar_a"].format(value=said(attribute, sorted(set(a) & set(b))))))
+            pairs.append((spec["similar_q"], spec["similar_a"].format(
+                value=say_values(attribute, sorted(set(a) & set(b)), phrases))))
         if set(a) != set(b):
-            pairs.append((spec["differ_q"], spec["differ_a"].format(target=said(attribute, a),
-                                                                     reference=said(attribute, b))))
+            pairs.append((spec["differ_q"], spec["differ_a"].format(target=say_values(attribute, a, phrases),
+                                                                     reference=say_values(attribute, b, phrases))))
     return pairs
 
 

@@ -25,6 +25,7 @@ from itertools import pairwise
 from typing import Any
 
 from models.backends.attributes import COLOUR_SYNONYMS
+from models.fact_wording import fill_values, render_sentence
 from rde.common.caption_stats import load_tagger
 
 CONTENT_POS = frozenset({"NOUN", "PROPN", "ADJ", "VERB", "NUM"})
@@ -180,55 +181,6 @@ def clean_caption(text: str, allowed: set[str] | None, generic: set[str], restar
     return check_captions([text], [allowed], generic, restart_ngram, nlp, needs_object)[0]
 
 
-def _join(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
-_GROUP = re.compile(r"\[([^\[\]]*)\]")
-_SLOT = re.compile(r"\{(\w+)\}")
-_ARTICLE = re.compile(r"\b([Aa]) ([aeiou])")  # "A orange car" -> "An orange car"
-
-
-def _fill(template: str, values: dict[str, list[str]], phrases: dict[str, dict[str, str]],
-          attribute: str | None = None) -> str | None:
-    """``template`` with its placeholders filled (``{value}`` is ``attribute``'s values), each value
-    through ``phrases`` when the attribute has any ("left" -> "to the left"); None when a
-    placeholder was not measured."""
-    fills = {}
-    for name in _SLOT.findall(template):
-        found = values.get(attribute if name == "value" and attribute else name) or []
-        if not found:
-            return None
-        key = attribute if name == "value" and attribute else name
-        fills[name] = _join([phrases.get(key, {}).get(v, v) for v in found])
-    return template.format(**fills)
-
-
-def render_sentence(template: str, values: dict[str, list[str]], phrases: dict[str, dict[str, str]] | None = None
-                    ) -> str | None:
-    """One sentence from measured ``values``. ``[a|b]`` is an optional group: its first
-    alternative whose placeholders were all measured, else nothing. The sentence is None when a
-    placeholder outside the groups was not measured, or when it states no measured value at all
-    (a subject with nothing said about it)."""
-    phrases = phrases or {}
-    filled = 0
-
-    def group(match: re.Match) -> str:
-        nonlocal filled
-        for option in match.group(1).split("|"):
-            text = _fill(option, values, phrases)
-            if text is not None:
-                filled += len(_SLOT.findall(option))
-                return text
-        return ""
-
-    body = _GROUP.sub(group, template)
-    if not filled and not _SLOT.search(body):
-        return None
-    text = _fill(body, values, phrases)
-    return None if text is None else _ARTICLE.sub(lambda m: m.group(1) + "n " + m.group(2), text)
-
-
 def facts_caption(values: dict[str, list[str]], templates: dict[str, Any],
                   phrases: dict[str, dict[str, str]] | None = None, derived: dict[str, str] | None = None,
                   seed_text: str = "") -> str:
@@ -248,7 +200,7 @@ def facts_caption(values: dict[str, list[str]], templates: dict[str, Any],
             options = variants[start:] + variants[:start]
         for template in [options] if isinstance(options, str) else options:
             if "[" not in template and "{value}" in template:
-                text = _fill(template, values, phrases or {}, attribute)
+                text = fill_values(template, values, phrases or {}, attribute)
             else:
                 text = render_sentence(template.replace("{value}", "{" + attribute + "}"), values, phrases)
             if text:
