@@ -23,12 +23,14 @@ from rde.common.embedding_cache import EmbeddingCache, ExpertImages
 from rde.common.evaluation import evaluate_expert
 from rde.common.expert_check import gallery_track_facts, load_check_set, load_check_yaml
 from rde.common.image_decoding import decoded_images
+from rde.common.profiles import ReviewSpec
 from rde.common.text_diversity import diversity_by_domain, diversity_line
 from rde.common.topk import topk
 from rde.common.track_context import track_facts
 from rde.common.track_slots import fuse_track_slots
-from rde.secmm import cgds, dap, labels, mecf, sentence_checks
+from rde.secmm import cgds, dap, mecf, sentence_checks
 from rde.secmm.caption_pool import IMAGE_STAGE, SENTENCE_STAGE, pool_caption
+from rde.secmm.review_site import ReviewFiles, build_review
 from storage import Artifact
 from storage.hashing import sha256_json
 from storage.locations import resolve_location
@@ -389,9 +391,11 @@ class Export(Stage):
     the others stay ``verified = false`` (the "unverified" benchmark)."""
 
     name = "export"
-    version = "4"  # 4: qrels say which tool each decision came from
+    # 4: qrels say which tool each decision came from; 5: the review site and Label Studio grid tasks
+    version = "5"
     reads = ("queries", "gallery", "candidates")
     optional_reads = ("decisions",)
+    config = ("review",)
     writes = (Write("queries", "queries", QUERIES, folder="benchmark/queries"),
               Write("gallery", "gallery", GALLERY, folder="benchmark/gallery"),
               Write("qrels", "qrels", QRELS, folder="benchmark/qrels"))
@@ -431,9 +435,9 @@ class Export(Stage):
         if "://" not in bench:
             fs_path.mkdir(parents=True, exist_ok=True)
             (fs_path / "README.md").write_text(configs_header(BENCHMARK_TABLES) + card, encoding="utf-8")
-            if not result.skipped or not (fs_path / "review" / "review.html").exists():
-                write_review_files(run.ctx, run.input("candidates").url, run.input("queries").url,
-                                   run.input("gallery").url, fs_path / "review")
+            if not result.skipped or not (fs_path / "review" / "index.html").exists():
+                write_review_files(run.ctx, run.section("review"), run.input("candidates"), run.input("queries").url,
+                                   run.input("gallery").url, run.input("decisions"), fs_path / "review")
         return Report(markdown=[("dataset-card", card_folder_note(bench) + card, "Benchmark dataset card")])
 
 
@@ -450,23 +454,20 @@ def qrel_rows(candidates: list[dict[str, Any]], decisions: dict[tuple[str, str],
     return rows
 
 
-def write_review_files(ctx: RunContext, candidates_url: str, queries_url: str, gallery_url: str,
-                       folder: Path) -> None:
-    """Label Studio import (tasks + config + image files) and the HTML review page, the candidates of
-    each query in review order (``labels.review_order``: more experts, then better rank, first)."""
-    candidates = labels.review_order(Artifact(candidates_url).rows(["query_id", "image_id", "domain", "experts",
-                                                                    "best_rank"]))
+def write_review_files(ctx: RunContext, spec: ReviewSpec, candidates: Artifact, queries_url: str, gallery_url: str,
+                       decisions: Artifact, folder: Path) -> None:
+    """The review site and the Label Studio tasks (``review_site.build_review``), streamed over the
+    candidates and the gallery in record batches; decisions already imported show as decided."""
+    files = ReviewFiles(folder, f"{ctx.flow_name} / {ctx.profile.name}", candidates.manifest().stage_key,
+                        spec.page_size, spec.thumbnail_height, spec.label_studio_images)
     queries = {q["query_id"]: q for q in Artifact(queries_url).rows(["query_id", "domain", "text"])}
-    gallery = Artifact(gallery_url).rows(["image_id", "image_bytes"])
-    paths = labels.write_review_images(gallery, folder / "images")
-    urls = {k: f"/data/local-files/?d={p.resolve()}" for k, p in paths.items()}
-    tasks_ = labels.label_studio_tasks(candidates, queries, urls)
-    (folder / "label_studio_tasks.json").write_text(json.dumps(tasks_, indent=1), encoding="utf-8")
-    (folder / "label_config.xml").write_text(labels.LABEL_STUDIO_CONFIG, encoding="utf-8")
-    page = labels.review_page(candidates, queries, {g["image_id"]: g["image_bytes"] for g in gallery},
-                              f"{ctx.flow_name} / {ctx.profile.name}")
-    (folder / "review.html").write_text(page, encoding="utf-8")
-    log(f"review: {len(candidates)} candidates → {folder / 'review.html'} and {folder / 'label_studio_tasks.json'}")
+    columns = ["query_id", "image_id", "experts", "best_rank"]
+    imported = {(d["query_id"], d["image_id"]): d for d in decisions.rows()} if decisions.is_complete() else {}
+    counts = build_review(files, (r for b in candidates.iter_batches(columns) for r in b.to_pylist()), queries,
+                          (r for b in Artifact(gallery_url).iter_batches(["image_id", "image_bytes"], 256)
+                           for r in b.to_pylist()), imported)
+    log(f"review: {counts['candidates']} candidates of {counts['queries']} queries → {folder / 'index.html'}; "
+        f"{counts['label_studio_tasks']} Label Studio tasks → {folder / 'label_studio_tasks.json'}")
 
 
 BENCHMARK_TABLES = ("queries", "gallery", "qrels")  # the benchmark folder's tables, each a config of its card

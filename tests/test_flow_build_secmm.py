@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
@@ -211,9 +212,13 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     assert ev.value.between(0, 1).all() and ev.value.gt(0).any()  # metrics, not just their names
     # review files for both tools
     review = bench / "review"
-    assert (review / "review.html").stat().st_size > 0 and (review / "label_config.xml").exists()
+    assert (review / "index.html").stat().st_size > 0 and (review / "label_config.xml").exists()
+    assert len(list((review / "data").glob("q*.js"))) == cands.query_id.nunique()
     tasks = json.loads((review / "label_studio_tasks.json").read_text())
-    assert len(tasks) == len(cands) and Path(tasks[0]["data"]["image"].split("?d=")[1]).exists()
+    shown = [(t["data"]["query_id"], c["value"]) for t in tasks for c in t["data"]["candidates"]]
+    assert sorted(shown) == sorted(zip(cands.query_id, cands.image_id, strict=True))  # each candidate once
+    src = tasks[0]["data"]["candidates"][0]["html"].split('src="')[1].split('"')[0]
+    assert Path("/" + unquote(src.split("?d=")[1])).exists()
     # rerun: everything skipped
     again = build_secmm(profile="demo", output_root=out, overrides=GENERATION)
     assert all(s["skipped"] for s in again["stages"])
@@ -236,6 +241,9 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     qrels = Artifact(str(bench / "qrels")).to_pandas()
     assert qrels.verified.sum() == 5 and qrels[qrels.verified].relevant.sum() == 3
     assert set(qrels[qrels.verified].annotator) == {"tester"} and set(qrels[qrels.verified].tool) == {"review-page"}
+    # the rebuilt review shows the imported decisions as decided
+    index = json.loads((review / "data" / "index.js").read_text().removeprefix("RDE_REVIEW.index(").rstrip(";\n)"))
+    assert sum(q["imported"] for q in index["queries"]) == 5
     ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
     assert (ev.benchmark == "build-secmm/demo").any() and set(ev.labels) == {"verified"}
     # the re-evaluation read every gallery and check-set vector from the experts' caches; MECF had

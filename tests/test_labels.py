@@ -1,5 +1,5 @@
 """Label refinement: both export forms, import from either (hand-edited too), id validation,
-and the HTML review page driven in headless Chromium (click + keys → export → import)."""
+and the review site driven in headless Chromium (pages, keys, bulk actions → export → resume)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from rde.secmm.labels import (
     latest_per_pair,
     read_decisions,
     review_order,
-    review_page,
 )
+from rde.secmm.review_site import ReviewFiles, build_review, query_groups, thumbnail
 from storage import Artifact, ArtifactWriter, content_key
 
 QUERIES = {"q1": {"query_id": "q1", "domain": "pedestrian", "text": "a man in a red jacket"},
@@ -57,19 +57,50 @@ def test_hand_edited_review_export_imports(tmp_path: Path) -> None:
     assert got[("q1", "img1")].annotator == "ana" and got[("q1", "img1")].decided_at.startswith("2026-11-30")
 
 
-def test_label_studio_export_imports(tmp_path: Path) -> None:
-    tasks = label_studio_tasks(CANDIDATES, QUERIES, {k: f"/data/local-files/?d=/x/{k}.png" for k in IMAGES})
-    assert tasks[0]["data"]["query"] == "a man in a red jacket" and tasks[0]["data"]["image"].endswith("img0.png")
-    tasks[0]["annotations"] = [{"result": [{"value": {"choices": ["relevant"]}}], "completed_by": {"email": "c@x"},
-                                "created_at": "2026-11-30T09:00:00Z"}]
-    tasks[1]["annotations"] = [{"result": [{"value": {"choices": ["not_relevant"]}}], "completed_by": 7}]
-    tasks[2]["annotations"] = [{"result": [], "was_cancelled": True}]
+def _ls_tasks(page_size: int = 2) -> list[dict]:
+    by_query: dict[str, list[dict]] = {}
+    for c in review_order(CANDIDATES):
+        by_query.setdefault(c["query_id"], []).append(c)
+    return [t for qid, cands in by_query.items()
+            for t in label_studio_tasks(qid, QUERIES[qid]["text"], QUERIES[qid]["domain"], cands, page_size,
+                                        lambda image_id: f"http://images.example/{image_id}.png")]
+
+
+def test_label_studio_grid_tasks_decide_every_candidate_they_show(tmp_path: Path) -> None:
+    """One task per query and page of its candidates; an annotation marks the matches, and every
+    other candidate of the task is decided not relevant; a cancelled annotation decides nothing."""
+    tasks = _ls_tasks()
+    assert [(t["data"]["query_id"], t["data"]["page"], t["data"]["pages"]) for t in tasks] == \
+        [("q1", 1, 2), ("q1", 2, 2), ("q2", 1, 1)]
+    first = tasks[0]["data"]
+    assert first["query"] == "a man in a red jacket" and [c["value"] for c in first["candidates"]] == ["img1", "img0"]
+    assert 'src="http://images.example/img1.png"' in first["candidates"][0]["html"]
+    tasks[0]["annotations"] = [{"result": [{"from_name": "matches", "to_name": "query", "type": "choices",
+                                            "value": {"choices": ["img0"]}}],
+                                "completed_by": {"email": "c@x"}, "created_at": "2026-11-30T09:00:00Z"}]
+    tasks[1]["annotations"] = [{"result": [], "was_cancelled": True}]
+    tasks[2]["annotations"] = [{"result": [], "completed_by": 7}]  # submitted with nothing marked: none match
     path = tmp_path / "ls.json"
     path.write_text(json.dumps(tasks))
-    got = {(d.query_id, d.image_id): d for d in import_decisions(path, PAIRS)}
-    assert got[("q1", "img0")].relevant and got[("q1", "img0")].annotator == "c@x"
-    assert not got[("q1", "img1")].relevant and got[("q1", "img1")].annotator == "7"
-    assert ("q1", "img2") not in got
+    got = {(d.query_id, d.image_id): (d.relevant, d.annotator, d.tool) for d in import_decisions(path, PAIRS)}
+    assert got == {("q1", "img0"): (True, "c@x", "label-studio"), ("q1", "img1"): (False, "c@x", "label-studio"),
+                   ("q2", "img3"): (False, "7", "label-studio"), ("q2", "img4"): (False, "7", "label-studio")}
+    tasks[0]["annotations"][0]["result"][0]["value"]["choices"] = ["img4"]  # not shown in that task
+    path.write_text(json.dumps(tasks))
+    with pytest.raises(DecisionError, match="not among its candidates: img4"):
+        import_decisions(path, PAIRS)
+
+
+def test_label_studio_pair_tasks_still_import(tmp_path: Path) -> None:
+    """Exports of the earlier one-task-per-pair form keep importing."""
+    tasks = [{"data": {"query_id": "q1", "image_id": "img0"},
+              "annotations": [{"result": [{"value": {"choices": ["relevant"]}}], "completed_by": {"email": "c@x"}}]},
+             {"data": {"query_id": "q1", "image_id": "img1"},
+              "annotations": [{"result": [{"value": {"choices": ["not_relevant"]}}], "completed_by": 7}]}]
+    path = tmp_path / "ls.json"
+    path.write_text(json.dumps(tasks))
+    got = {(d.query_id, d.image_id): (d.relevant, d.annotator) for d in import_decisions(path, PAIRS)}
+    assert got == {("q1", "img0"): (True, "c@x"), ("q1", "img1"): (False, "7")}
 
 
 def test_unknown_ids_and_bad_files_are_rejected_with_a_message(tmp_path: Path) -> None:
@@ -120,12 +151,11 @@ def test_imports_merge_by_time_and_keep_their_tool(tmp_path: Path) -> None:
     writer.begin()
     writer.finalize([writer.write_shard(0, pa.Table.from_pylist(
         [{"query_id": q, "image_id": i} for q, i in PAIRS], schema=schema))], code_version="test")
-    tasks = label_studio_tasks(CANDIDATES, QUERIES, {k: f"https://store/{k}.png" for k in IMAGES})
-    for task in tasks[:2]:
-        task["annotations"] = [{"result": [{"value": {"choices": ["relevant"]}}], "completed_by": {"email": "ls@x"},
+    tasks = _ls_tasks()  # the first: q1's img1 and img0, both marked as matches at 12:00
+    tasks[0]["annotations"] = [{"result": [{"value": {"choices": ["img1", "img0"]}}], "completed_by": {"email": "ls@x"},
                                 "updated_at": "2026-12-01T12:00:00Z"}]
     studio = tmp_path / "ls.json"
-    studio.write_text(json.dumps(tasks))
+    studio.write_text(json.dumps(tasks[:1]))
     decisions = str(tmp_path / "decisions")
     first = merge_decisions(decisions, candidates, studio, "test")
     assert first == {"imported": 2, "new_pairs": 2, "conflicts": 0, "older_than_kept": 0, "total": 2, "relevant": 2}
@@ -170,37 +200,129 @@ def _chromium():
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
-@pytest.mark.slow
-def test_review_page_in_headless_chromium(tmp_path: Path, test_artifacts_dir: Path) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
+SITE_CANDIDATES = [{"query_id": "q1", "image_id": f"img{i}", "experts": ["a", "b"][: 1 + (i == 2)],
+                    "best_rank": i + 1} for i in range(5)] + \
+                  [{"query_id": "q2", "image_id": f"img{i}", "experts": ["b"], "best_rank": i} for i in (3, 4)]
+SITE_PAIRS = [(c["query_id"], c["image_id"]) for c in SITE_CANDIDATES]
 
-    page = tmp_path / "review.html"
-    page.write_text(review_page(CANDIDATES, QUERIES, IMAGES, "test benchmark"), encoding="utf-8")
+
+def _site(folder: Path, imported: dict | None = None) -> dict[str, int]:
+    files = ReviewFiles(folder, "test benchmark", "key-1", page_size=2)
+    return build_review(files, iter(SITE_CANDIDATES), QUERIES,
+                        ({"image_id": k, "image_bytes": v} for k, v in IMAGES.items()), imported or {})
+
+
+def test_review_site_files_are_per_query_with_thumbnails_as_files(tmp_path: Path) -> None:
+    counts = _site(tmp_path)
+    assert counts["queries"] == 2 and counts["candidates"] == 7 and counts["label_studio_tasks"] == 4
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["index.js", "q1.js", "q2.js"]
+    assert (tmp_path / "images" / "img0.png").read_bytes() == IMAGES["img0"]  # small: copied as it is
+    assert "base64" not in (tmp_path / "index.html").read_text()
+    q1 = json.loads((tmp_path / "data" / "q1.js").read_text().removeprefix("RDE_REVIEW.query(").rstrip(";\n)"))
+    assert [c[0] for c in q1["candidates"]] == ["img2", "img0", "img1", "img3", "img4"]  # two experts first
+    tall = Image.fromarray(np.zeros((600, 200, 3), np.uint8))
+    buf = io.BytesIO()
+    tall.save(buf, "PNG")
+    data, ext = thumbnail(buf.getvalue(), 256)
+    assert ext == ".jpg" and Image.open(io.BytesIO(data)).size == (85, 256)
+    # the images' URLs in Label Studio's tasks: its local-files serving, or a published folder
+    local = ReviewFiles(tmp_path, "t", "k").image_url({"img0": "img0.png"})("img0")
+    assert local == "/data/local-files/?d=" + str((tmp_path / "images" / "img0.png").resolve()).lstrip("/")
+    remote = ReviewFiles(tmp_path, "t", "k", label_studio_images="https://reviews.example.org/demo/images/")
+    assert remote.image_url({"img0": "img 0.png"})("img0") == "https://reviews.example.org/demo/images/img%200.png"
+    bad = [*SITE_CANDIDATES, {"query_id": "q1", "image_id": "img0", "experts": ["a"], "best_rank": 9}]
+    with pytest.raises(ValueError, match="candidates of query q1 are not together"):
+        list(query_groups(iter(bad), QUERIES))
+
+
+@pytest.mark.slow
+def test_review_site_in_headless_chromium(tmp_path: Path, test_artifacts_dir: Path) -> None:
+    """A reviewer pages through a query (click, keys, bulk actions), reloads and finds the decisions
+    kept, sees an imported decision, exports; a second browser resumes from that export."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    imported = {("q2", "img3"): {"relevant": True, "decided_at": "2026-12-01T10:00:00+00:00", "annotator": "lee",
+                                 "tool": "label-studio"}}
+    _site(tmp_path, imported)
+    index = (tmp_path / "index.html").as_uri()
     browser = _chromium()
+
+    def text(element_id: str, expected: str, on=None) -> None:
+        """Wait for the text; the views re-render, so an element found may be replaced meanwhile."""
+        WebDriverWait(on or browser, 10, poll_frequency=0.05,
+                      ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda b: expected in b.find_element(By.ID, element_id).text)
+
+    def states() -> list[str]:
+        return [("accept" if "accept" in t.get_attribute("class") else "reject" if "reject" in
+                 t.get_attribute("class") else "-") for t in browser.find_elements(By.CSS_SELECTOR, ".tile")]
+
     try:
-        browser.get(page.as_uri())
+        browser.get(index)
+        text("progress", "1 / 7 decided")  # the imported decision
+        browser.find_element(By.ID, "annotator").send_keys("dana")
+        browser.find_element(By.CSS_SELECTOR, "a[href='#q/1/1']").click()
+        text("page", "page 1 of 3")
         tiles = browser.find_elements(By.CSS_SELECTOR, ".tile")
-        assert len(tiles) == 5 and "0 / 5 decided" in browser.find_element(By.ID, "progress").text
+        assert [t.get_attribute("data-image") for t in tiles] == ["img2", "img0"]
         tiles[0].click()  # accept
         tiles[1].click()
         tiles[1].click()  # accept → reject
-        tiles[2].click()
-        tiles[2].click()
-        tiles[2].click()  # accept → reject → undecided
-        browser.find_element(By.ID, "annotator").send_keys("dana")
-        tiles[3].send_keys("a")  # keyboard: accept, focus moves to the next tile
-        browser.switch_to.active_element.send_keys("r")  # reject tiles[4]
-        assert "4 / 5 decided" in browser.find_element(By.ID, "progress").text
-        assert "accept" in tiles[0].get_attribute("class") and "reject" in tiles[4].get_attribute("class")
-        browser.switch_to.active_element.send_keys(Keys.ARROW_LEFT)
+        text("query-progress", "2 / 5 decided")
+        browser.switch_to.active_element.send_keys("n")  # next page
+        text("page", "page 2 of 3")
+        browser.find_elements(By.CSS_SELECTOR, ".tile")[0].send_keys("A")  # accept the rest of this page
+        text("query-progress", "4 / 5 decided")
+        browser.find_element(By.CSS_SELECTOR, "a[href='#q/1/3']").click()
+        text("page", "page 3 of 3")
+        browser.find_element(By.ID, "reject-query").click()
+        text("query-progress", "5 / 5 decided")
+        browser.get(index + "#q/1/1")
+        browser.refresh()  # a closed and re-opened tab: the decisions were saved as they were made
+        text("query-progress", "5 / 5 decided")
+        assert states() == ["accept", "reject"]
+        browser.get(index + "#q/2/1")
+        text("query-progress", "1 / 2 decided")
+        assert states() == ["accept", "-"] and "label-studio" in browser.find_element(By.CSS_SELECTOR, ".badge").text
+        browser.get(index + "#")
+        text("progress", "6 / 7 decided")
+        browser.save_screenshot(str(test_artifacts_dir / "review_index.png"))
+        browser.get(index + "#q/1/2")
+        text("page", "page 2 of 3")
+        browser.save_screenshot(str(test_artifacts_dir / "review_query.png"))
         browser.find_element(By.ID, "export").click()
+        text("export-output", "decisions")
         exported = browser.find_element(By.ID, "export-output").text
-        browser.save_screenshot(str(test_artifacts_dir / "review_page.png"))
     finally:
         browser.quit()
     out = tmp_path / "decisions.json"
     out.write_text(exported)
-    got = {(d.query_id, d.image_id): (d.relevant, d.annotator) for d in import_decisions(out, PAIRS)}
-    assert got == {("q1", "img0"): (True, "dana"), ("q1", "img1"): (False, "dana"),
-                   ("q2", "img3"): (True, "dana"), ("q2", "img4"): (False, "dana")}
+    got = {(d.query_id, d.image_id): (d.relevant, d.annotator) for d in import_decisions(out, SITE_PAIRS)}
+    assert got == {("q1", "img2"): (True, "dana"), ("q1", "img0"): (False, "dana"), ("q1", "img1"): (True, "dana"),
+                   ("q1", "img3"): (True, "dana"), ("q1", "img4"): (False, "dana")}
+    fresh = _chromium()  # another browser, empty store: resume from the exported file
+    try:
+        fresh.get(index + "#q/1/1")
+        text("query-progress", "0 / 5 decided", fresh)
+        fresh.find_element(By.ID, "resume").send_keys(str(out))
+        text("query-progress", "5 / 5 decided", fresh)
+    finally:
+        fresh.quit()
+
+
+def test_review_scale_benchmark_runs_small(tmp_path: Path) -> None:
+    """The review-at-scale benchmark end to end on a small draw: both sizes build, the table prints."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "review_scale.py"), "--images", "300",
+                           "--queries", "10", "--per-query", "60", "--work", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    rows = {line.split("|")[1].strip(): line.split("|")[2:5] for line in done.stdout.splitlines()
+            if line.startswith("| ") and "---" not in line}
+    assert [v.strip() for v in rows["candidates"]] == ["60", "600", "10.00"]
+    assert [v.strip() for v in rows["Label Studio tasks"]] == ["2", "20", "10.00"]  # 60 candidates: 48 + 12
+    assert len(list((tmp_path / "review-10" / "data").glob("q*.js"))) == 10

@@ -320,6 +320,23 @@ class EvaluationSpec(Strict):
                                 "refer to.")
 
 
+class ReviewSpec(Strict):
+    """The human review of the MECF candidates (DSMM-TBIR Phase 3): the static review site and the
+    Label Studio tasks written next to the benchmark."""
+
+    page_size: int = Field(48, ge=1, le=1000, description="Candidates per page of the review site, and per "
+                           "Label Studio task (a query with more candidates becomes several tasks).")
+    thumbnail_height: int = Field(256, ge=16, le=4096, description="Gallery images taller than this are "
+                                  "scaled down for the review's images/ folder; smaller ones are copied as "
+                                  "they are.")
+    label_studio_images: str | None = Field(None, description="Base URL under which Label Studio reads the "
+                                            "review's images/ folder, when the server runs elsewhere (a web "
+                                            "server or bucket that publishes the folder). Unset: Label Studio's "
+                                            "local-files serving on this machine (/data/local-files/?d=<the "
+                                            "image's absolute path>, with LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT=/"
+                                            ").")
+
+
 class RetrySpec(Strict):
     """Generator calls that fail for a transient reason (timeout, server error) are retried with
     exponential backoff, then recorded as rejected rows."""
@@ -587,6 +604,8 @@ class Profile(Strict):
                                  "quality gates.")
     evaluation: EvaluationSpec = Field(EvaluationSpec(), description="What evaluate scores besides the built "
                                        "benchmark.")
+    review: ReviewSpec = Field(ReviewSpec(), description="The human review of the candidates: the review site "
+                               "and the Label Studio tasks.")
     largefine: LargeFineSpec = Field(LargeFineSpec(), description="build-largefine: three-tier captioning.")
     training: TrainingSpec = Field(TrainingSpec(), description="train-saft and train-gtr: the dual encoder's "
                                    "training.")

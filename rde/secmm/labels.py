@@ -1,14 +1,16 @@
 """Label refinement (DSMM-TBIR Phase 3): people verify the MECF candidates.
 
-Two export forms, one import:
+Two tools, one import:
 
-* a Label Studio import file (tasks with the query, the image path and ids; choices
-  relevant / not relevant) plus its labelling config;
-* a self-contained HTML review page: thumbnails grouped per query, click or keyboard to accept or
-  reject, "Export" downloads a decisions JSON file;
-* ``import_decisions`` reads either export (the page's JSON or Label Studio's JSON export),
-  validates every (query, image) against the candidates, and returns decisions with who, when and
-  from which tool.
+* the review site (``review_site``): static pages, a query at a time, decisions kept in the
+  browser and exported as a decisions JSON file;
+* Label Studio: one task per query and page of its candidates (``label_studio_tasks``), the query
+  text and a grid of candidate images to mark as matches (``LABEL_STUDIO_CONFIG``). A submitted
+  annotation decides every candidate of its task: the marked ones are relevant, the others not.
+
+``import_decisions`` reads either export (the page's JSON or Label Studio's JSON export),
+validates every (query, image) against the candidates, and returns decisions with who, when and
+from which tool.
 
 Conflicting decisions on one pair (two reviewers, or one who changed their mind) are resolved by
 one rule, ``latest_per_pair``: the latest ``decided_at`` wins; on equal times, the one read last
@@ -18,25 +20,24 @@ of its import. Pairs whose decisions disagree are counted, so an import says how
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import html
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 RELEVANT, NOT_RELEVANT = "relevant", "not_relevant"
+# A task: the query and a grid of its candidates (Label Studio's dynamic choices, each an image);
+# the annotator marks the matches. The result names the marked image ids.
 LABEL_STUDIO_CONFIG = """<View>
-  <Header value="$query"/>
-  <Image name="image" value="$image"/>
-  <Choices name="relevance" toName="image" choice="single" showInLine="true">
-    <Choice value="relevant" hotkey="1"/>
-    <Choice value="not_relevant" hotkey="2"/>
-  </Choices>
+  <Header value="$heading"/>
+  <Text name="query" value="$query"/>
+  <Choices name="matches" toName="query" choice="multiple" layout="inline" value="$candidates"/>
 </View>
 """
+MATCHES = "matches"  # the Choices tag's name: the results to read back
 
 
 class DecisionError(ValueError):
@@ -87,59 +88,20 @@ def review_order(candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                              c["image_id"]))
 
 
-def write_review_images(gallery: Iterable[dict[str, Any]], folder: Path) -> dict[str, Path]:
-    """Gallery images as JPEG/PNG files named by image id (Label Studio serves files, not bytes)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for row in gallery:
-        data = row["image_bytes"]
-        ext = ".png" if data[:8] == b"\x89PNG\r\n\x1a\n" else ".jpg"
-        path = folder / f"{row['image_id']}{ext}"
-        if not path.exists():
-            path.write_bytes(data)
-        paths[row["image_id"]] = path
-    return paths
-
-
-def label_studio_tasks(candidates: list[dict[str, Any]], queries: dict[str, dict[str, Any]],
-                       image_urls: dict[str, str]) -> list[dict[str, Any]]:
-    """Label Studio import tasks, one per candidate (query, image) pair."""
+def label_studio_tasks(query_id: str, text: str, domain: str, candidates: list[dict[str, Any]],
+                       page_size: int, image_url: Callable[[str], str]) -> list[dict[str, Any]]:
+    """One query's Label Studio tasks: its candidates (in review order) in pages of ``page_size``,
+    each candidate a choice showing its image (``image_url(image_id)``) and saving its image id."""
+    pages = [candidates[i:i + page_size] for i in range(0, len(candidates), page_size)]
     tasks = []
-    for i, c in enumerate(candidates):
-        q = queries[c["query_id"]]
-        tasks.append({"id": i + 1, "data": {
-            "image": image_urls[c["image_id"]], "query": q["text"], "query_id": c["query_id"],
-            "image_id": c["image_id"], "domain": c["domain"], "experts": ", ".join(c["experts"]),
-            "best_rank": int(c["best_rank"])}})
+    for k, page in enumerate(pages, start=1):
+        choices = [{"value": c["image_id"],
+                    "html": f"<img src=\"{html.escape(image_url(c['image_id']))}\" height=\"128\" alt=\"\"/>",
+                    "hint": f"experts: {', '.join(c['experts'])}; best rank {int(c['best_rank'])}"} for c in page]
+        tasks.append({"data": {"heading": f"Mark every image that matches the query ({domain}, page {k} of "
+                                          f"{len(pages)})", "query": text, "query_id": query_id, "domain": domain,
+                               "page": k, "pages": len(pages), "candidates": choices}})
     return tasks
-
-
-def review_page(candidates: list[dict[str, Any]], queries: dict[str, dict[str, Any]],
-                images: dict[str, bytes], title: str) -> str:
-    """The self-contained HTML review page (thumbnails embedded as data URLs)."""
-    template = Path(__file__).with_name("review_page.html").read_text(encoding="utf-8")
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for c in candidates:
-        groups.setdefault(c["query_id"], []).append(c)
-    sections = []
-    for qid, cands in groups.items():
-        q = queries[qid]
-        tiles = []
-        for c in cands:
-            data = images[c["image_id"]]
-            mime = "image/png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "image/jpeg"
-            src = f"data:{mime};base64,{base64.b64encode(data).decode()}"
-            tip = html.escape(f"{c['image_id'][:12]} · experts: {', '.join(c['experts'])} · best rank {c['best_rank']}")
-            image_id = html.escape(c["image_id"])
-            tiles.append(f'<button class="tile" data-query="{html.escape(qid)}" data-image="{image_id}"'
-                         f' title="{tip}"><img src="{src}" alt="candidate {image_id[:12]}">'
-                         f'<span class="mark"></span></button>')
-        sections.append(f'<section data-query="{html.escape(qid)}"><h2><span class="qid">{html.escape(qid)}</span> '
-                        f'{html.escape(q["text"])} <small>({len(cands)} candidates)</small></h2>'
-                        f'<div class="tiles">{"".join(tiles)}</div></section>')
-    return (template.replace("{{TITLE}}", html.escape(title))
-            .replace("{{COUNT}}", str(len(candidates)))
-            .replace("{{SECTIONS}}", "\n".join(sections)))
 
 
 def _now() -> str:
@@ -198,20 +160,35 @@ def _from_review_page(data: dict[str, Any]) -> list[Decision]:
 
 
 def _from_label_studio(tasks: list[Any]) -> list[Decision]:
+    """Decisions of a Label Studio JSON export. A task of a query's grid (``data.candidates``):
+    each submitted annotation decides every candidate of the task, the marked ones relevant, the
+    others not (an annotation with nothing marked says none match). A task of one pair
+    (``data.image_id``, as written before grids): its annotation's choice."""
     out = []
     for i, task in enumerate(tasks):
         data = task.get("data", {}) if isinstance(task, dict) else {}
-        if "query_id" not in data or "image_id" not in data:
-            raise DecisionError(f"Label Studio task {i} has no data.query_id / data.image_id")
+        if "query_id" not in data or ("image_id" not in data and "candidates" not in data):
+            raise DecisionError(f"Label Studio task {i} has no data.query_id with data.candidates or data.image_id")
         for ann in task.get("annotations", []):
             if ann.get("was_cancelled"):
                 continue
-            choices = [c for r in ann.get("result", []) for c in r.get("value", {}).get("choices", [])]
-            if not choices:
-                continue
             who = ann.get("completed_by")
-            who = who.get("email") if isinstance(who, dict) else who
-            out.append(Decision(str(data["query_id"]), str(data["image_id"]),
-                                _parse_value(choices[0], f"task {i}"), str(who or "label-studio"),
-                                str(ann.get("updated_at") or ann.get("created_at") or _now()), LABEL_STUDIO))
+            who = str((who.get("email") if isinstance(who, dict) else who) or "label-studio")
+            when = str(ann.get("updated_at") or ann.get("created_at") or _now())
+            results = ann.get("result", [])
+            if "candidates" in data:
+                marked = {c for r in results if r.get("from_name", MATCHES) == MATCHES
+                          for c in r.get("value", {}).get("choices", [])}
+                shown = [str(c["value"] if isinstance(c, dict) else c) for c in data["candidates"]]
+                stray = marked - set(shown)
+                if stray:
+                    raise DecisionError(f"Label Studio task {i}: marked images that are not among its candidates: "
+                                        f"{', '.join(sorted(stray)[:5])}")
+                out.extend(Decision(str(data["query_id"]), image, image in marked, who, when, LABEL_STUDIO)
+                           for image in shown)
+                continue
+            choices = [c for r in results for c in r.get("value", {}).get("choices", [])]
+            if choices:
+                out.append(Decision(str(data["query_id"]), str(data["image_id"]),
+                                    _parse_value(choices[0], f"task {i}"), who, when, LABEL_STUDIO))
     return out
