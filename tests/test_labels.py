@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from browser import chromium_driver
 from PIL import Image
 
 from rde.secmm.label_import import merge_decisions
@@ -182,24 +181,6 @@ def test_likely_matches_come_first_within_each_query() -> None:
     assert [c["image_id"] for c in review_order(mixed)] == ["d", "a", "c", "e", "b"]
 
 
-def _chromium():
-    chrome, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chrome and driver):
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium and chromium-driver (see .ci/run)")
-        pytest.skip("chromium / chromedriver not installed (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chrome
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--no-first-run",
-                "--window-size=1200,900"):
-        options.add_argument(arg)
-    return webdriver.Chrome(service=Service(driver), options=options)
-
-
 SITE_CANDIDATES = [{"query_id": "q1", "image_id": f"img{i}", "experts": ["a", "b"][: 1 + (i == 2)],
                     "best_rank": i + 1} for i in range(5)] + \
                   [{"query_id": "q2", "image_id": f"img{i}", "experts": ["b"], "best_rank": i} for i in (3, 4)]
@@ -247,7 +228,7 @@ def test_review_site_in_headless_chromium(tmp_path: Path, test_artifacts_dir: Pa
                                  "tool": "label-studio"}}
     _site(tmp_path, imported)
     index = (tmp_path / "index.html").as_uri()
-    browser = _chromium()
+    browser = chromium_driver()
 
     def text(element_id: str, expected: str, on=None) -> None:
         """Wait for the text; the views re-render, so an element found may be replaced meanwhile."""
@@ -302,7 +283,7 @@ def test_review_site_in_headless_chromium(tmp_path: Path, test_artifacts_dir: Pa
     got = {(d.query_id, d.image_id): (d.relevant, d.annotator) for d in import_decisions(out, SITE_PAIRS)}
     assert got == {("q1", "img2"): (True, "dana"), ("q1", "img0"): (False, "dana"), ("q1", "img1"): (True, "dana"),
                    ("q1", "img3"): (True, "dana"), ("q1", "img4"): (False, "dana")}
-    fresh = _chromium()  # another browser, empty store: resume from the exported file
+    fresh = chromium_driver()  # another browser, empty store: resume from the exported file
     try:
         fresh.get(index + "#q/1/1")
         text("query-progress", "0 / 5 decided", fresh)

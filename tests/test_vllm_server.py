@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from server_process import serving
 
 from models.backends.generators import OpenAIHttpGenerator
 from models.backends.interfaces import ChatMessage, GenerationRequest
@@ -48,36 +47,16 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)
-    started = time.monotonic()
-    with log.open("w") as out:
-        server = subprocess.Popen([os.environ["RDE_VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server",
-                                   "--model", str(folder), "--served-model-name", "tiny", "--host", "127.0.0.1",
-                                   "--port", str(port), "--dtype", "float32", "--max-model-len", str(CONTEXT),
-                                   # one step holds every waiting prompt whole: a prompt prefilled in
-                                   # chunks rewinds its seeded generator, which vllm-cpu cannot do
-                                   # ("CPU Generator does not use offset": the engine dies)
-                                   "--max-num-batched-tokens", str(BATCH_TOKENS)],
-                                  stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
-    try:
-        while time.monotonic() - started < START_TIMEOUT_S:
-            assert server.poll() is None, f"vLLM server exited: {log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{url}/models", timeout=2).is_success:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            raise AssertionError(f"vLLM server not up after {START_TIMEOUT_S} s: {log.read_text()[-3000:]}")
-        print(f"vLLM server (vllm-cpu, tiny Qwen2) answered {time.monotonic() - started:.1f} s after its start")
+    with serving("vLLM server (vllm-cpu, tiny Qwen2)",
+                 [os.environ["RDE_VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server",
+                  "--model", str(folder), "--served-model-name", "tiny", "--host", "127.0.0.1",
+                  "--port", str(port), "--dtype", "float32", "--max-model-len", str(CONTEXT),
+                  # one step holds every waiting prompt whole: a prompt prefilled in
+                  # chunks rewinds its seeded generator, which vllm-cpu cannot do
+                  # ("CPU Generator does not use offset": the engine dies)
+                  "--max-num-batched-tokens", str(BATCH_TOKENS)], env, log, f"{url}/models", START_TIMEOUT_S):
         yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def _generator(url: str, **options: object) -> OpenAIHttpGenerator:
@@ -124,7 +103,6 @@ def test_the_dap_stage_generates_its_queries_through_the_server(vllm_url: str, s
     by DAP's grammar (``structured_outputs.grammar``): the stage runs, every line it generated is a
     query or a rejected row with a reason, the run balances, and the manifest names the server's model."""
     import json
-    import subprocess
     from collections import Counter
 
     from storage import Artifact
