@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,8 +31,16 @@ from rde.common.metrics import mean_ap_at_k, person_search_metrics
 from rde.common.reasons import Reason
 from rde.common.seeds import draw_seed
 from rde.training.retrieval_features import image_features
-from rde.training.retrieval_training import EpochRecord, TrainConfig, TrainingPairs, TrainResult, train
+from rde.training.retrieval_training import (
+    EpochRecord,
+    TrainConfig,
+    TrainingPairs,
+    TrainResult,
+    train,
+    train_data_parallel,
+)
 from storage import Artifact
+from storage.filesystem import join
 from storage.locations import resolve_location
 from storage.schemas import EVALUATION
 from tasks import sharded
@@ -254,7 +264,7 @@ def train_config(ctx: RunContext, **overrides: Any) -> TrainConfig:
                           "tau_teacher": t.tau_teacher, "alpha": t.alpha, "beta": t.beta, "gamma": t.gamma,
                           "confidence_beta": t.confidence_beta, "gmm_components": t.gmm_components,
                           "gmm_min_fit_pairs": t.gmm_min_fit_pairs,
-                          "seed": t.seed, **overrides})
+                          "seed": t.seed, "checkpoint_every": t.checkpoint_every, **overrides})
 
 
 def evaluation_rows(model: torch.nn.Module, data: dict[str, Any], label: str) -> list[dict]:
@@ -308,6 +318,40 @@ def loss_plot(result: TrainResult, path: Path, title: str) -> None:
     path.write_bytes(buf.getvalue())
 
 
+class LiveLoss:
+    """The loss curve of a training run while it runs: every step's terms are kept, and the curve
+    (with a table of the last steps) is republished as one markdown artifact under a stable key at
+    most every ``every_s`` seconds, and once more at the end, so the Prefect UI shows it growing."""
+
+    def __init__(self, key: str, title: str, every_s: float = 30.0) -> None:
+        self.key, self.title, self.every_s = key, title, every_s
+        self.records: list[dict[str, float]] = []
+        self.published_at = time.monotonic()
+        self.publications = 0
+
+    def add(self, record: dict[str, float]) -> None:
+        self.records.append(record)
+        if time.monotonic() - self.published_at >= self.every_s:
+            self.publish()
+
+    def publish(self) -> None:
+        if not self.records:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            plot = Path(tmp) / "loss.png"
+            loss_plot(TrainResult(self.records, [], 0), plot, self.title)
+            picture = inline_png(plot, "training loss so far")
+        last = self.records[-5:]
+        terms = [k for k in last[-1] if k not in ("step", "epoch")]
+        table = ["| step | epoch | " + " | ".join(terms) + " |", "|---|---|" + "---|" * len(terms),
+                 *[f"| {int(r['step'])} | {int(r['epoch'])} | " + " | ".join(f"{r.get(t, float('nan')):.4f}"
+                                                                            for t in terms) + " |" for r in last]]
+        count = f"{len(self.records)} step{'s' if len(self.records) != 1 else ''} so far."
+        publish_markdown(self.key, "\n".join([f"# {self.title}: loss so far", "", count, "", picture, "", *table]),
+                         f"{self.title}: the loss curve while training runs")
+        self.published_at, self.publications = time.monotonic(), self.publications + 1
+
+
 class Train(Stage):
     """Train (resuming from the last checkpoint of the same configuration), evaluate zero-shot and
     trained, write the step log, the evaluation rows, the final weights and the loss plot. One stage
@@ -345,14 +389,23 @@ class Train(Stage):
         rows = evaluation_rows(model, data, "zero-shot")
         with Progress(f"{ctx.flow_name}-train-progress", f"{self.name}: training steps done", stage=self.name,
                       total=None, unit="steps") as progress:
-            result = train(model, data["pairs"], self.cfg, checkpoint_dir=folder / "checkpoints" / run.key[:16],
-                           on_step=progress.update)
+            checkpoints = join(run.output_url(self.name), "checkpoints", run.key[:16])
+            processes = run.section("training").processes
+            live = LiveLoss(f"{ctx.flow_name}-{self.name.replace('_', '-')}-live-loss", self.method)
+            if processes > 1:
+                with tempfile.TemporaryDirectory(prefix="rde-train-group-") as group:
+                    result = train_data_parallel(model, data["pairs"], self.cfg, processes, Path(group), checkpoints,
+                                                 progress.update, live.add)
+            else:
+                result = train(model, data["pairs"], self.cfg, checkpoint_dir=checkpoints, on_step=progress.update,
+                               on_loss=live.add)
+            live.publish()
         rows += evaluation_rows(model, data, self.method)
         torch.save(model.state_dict(), folder / "model.pt")
         loss_plot(result, folder / "loss.png", f"{self.method} ({len(data['pairs'])} pairs)")
         run.prepared["result"] = result
         stats = {"input_rows": features.count_equal("kind", "pair"), "accepted": len(data["pairs"]), "rejected": {},
-                 "resumed_from_epoch": result.resumed_from,
+                 "resumed_from_epoch": result.resumed_from, "resumed_from_step": result.resumed_step,
                  "epoch_loss": [round(e.mean_loss, 5) for e in result.epochs],
                  "gmm": [gmm_epoch_stats(e) for e in result.epochs if e.confidence is not None]}
         return Work.one({"log": step_log_table(result.step_losses),
@@ -371,8 +424,9 @@ class Train(Stage):
         loss = "\n".join([
             f"# {self.method}: training loss", "", "| epoch | mean loss |", "|---|---|",
             *[f"| {i} | {v:.4f} |" for i, v in enumerate(epoch_loss)], "", *[f"{p}\n" for p in plots],
-            f"Loss curve `{folder / 'loss.png'}`; weights `{folder / 'model.pt'}`; checkpoints (per epoch, keyed by "
-            f"the stage key) `{folder / 'checkpoints'}`."])
+            f"Loss curve `{folder / 'loss.png'}`; weights `{folder / 'model.pt'}`; checkpoints (every "
+            f"`training.checkpoint_every` steps and at each epoch's end, keyed by the stage key) "
+            f"`{folder / 'checkpoints'}`."])
         return Report(tables=[("evaluation", rounded_rows(evaluation, 4),
                                f"{self.method}: zero-shot vs trained (check set mAP@K per domain; held-out person "
                                "search)")],

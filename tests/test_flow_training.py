@@ -83,7 +83,7 @@ def test_train_saft_trains_evaluates_and_resumes(captions_root: str) -> None:
     assert steps and steps[-1][3] == "steps" and steps[-1][1] == steps[-1][2] > 0  # every step, then done
     folder = Path(captions_root, "train-saft", "demo", "train_saft")
     assert (folder / "model.pt").exists() and (folder / "loss.png").stat().st_size > 5000
-    assert len(list(folder.glob("checkpoints/*/epoch-*.pt"))) == 2
+    assert len(list(folder.glob("checkpoints/*/step-*.pt"))) == 2  # the newest two of the epochs' ends
     rows = Artifact(str(folder) + "_evaluation").rows()
     assert {r["expert"] for r in rows} == {"zero-shot", "saft"}
     assert {"R@1", "mAP", "mINP"} <= {r["metric"] for r in rows}
@@ -102,7 +102,9 @@ def test_train_saft_trains_evaluates_and_resumes(captions_root: str) -> None:
 
 def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
     saft = train_saft(profile="demo", output_root=captions_root, overrides=TRAINING, until="features")
-    gtr = train_gtr(profile="demo", output_root=captions_root, overrides=TRAINING)
+    # two data-parallel training processes (gloo): the GMM refits see every pair's ŝ on every rank
+    gtr = train_gtr(profile="demo", output_root=captions_root,
+                    overrides={**TRAINING, "training": {**TRAINING["training"], "processes": 2}})
     # one features artifact for both training flows: train-gtr finds train-saft's and skips the stage
     assert gtr["stages"][0]["stage"] == "training-features" and gtr["stages"][0]["skipped"]
     assert gtr["artifacts"]["training-features.features"] == saft["artifacts"]["training-features.features"]
@@ -112,6 +114,15 @@ def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
     assert '"itm"' in log[-1]["terms"]
     # the GMM was refit after every epoch: two components each time, confidences in [0, 1] that
     # tell pairs apart (not all 1), weights 1 while training before the first fit, below 1 after
+    # the live loss curve, republished while training ran and once at its end
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        live = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["train-gtr-train-gtr-ada-live-loss"])))
+    steps = len(Artifact(str(folder) + "_log").rows())
+    assert live and f"{steps} steps so far." in str(live[0].data) and "data:image/png;base64," in str(live[0].data)
     fits = Artifact(str(folder) + "_log").manifest().stats["gmm"]
     assert [f["epoch"] for f in fits] == [0, 1]
     assert all(len(f["means"]) == 2 for f in fits)
@@ -187,3 +198,26 @@ def test_a_pair_the_trainer_is_not_given_fails_the_training_stage(captions_root:
                                         r"\(1 rows lost"):
         train_saft(profile="demo", output_root=captions_root, overrides=overrides)
     assert not Artifact(str(Path(captions_root, "train-saft", "demo", "train_saft_log"))).is_complete()
+
+
+def test_the_live_loss_artifact_is_republished_as_training_goes() -> None:
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from tasks.training import LiveLoss
+
+    @flow
+    def training_like() -> int:
+        live = LiveLoss("test-live-loss-curve", "test", every_s=0.0)
+        for step in range(1, 4):
+            live.add({"total": 1.0 / step, "itc": 0.5 / step, "step": step, "epoch": 0})
+        return live.publications
+
+    assert training_like() == 3
+    with get_client(sync_client=True) as client:
+        versions = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[
+            "test-live-loss-curve"])))
+    texts = sorted(str(v.data) for v in versions)
+    assert len(versions) >= 3 and any("3 steps so far." in t for t in texts)
+    assert any("1 step so far." in t for t in texts)

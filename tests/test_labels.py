@@ -22,7 +22,7 @@ from rde.secmm.labels import (
     read_decisions,
     review_order,
 )
-from rde.secmm.review_site import ReviewFiles, build_review, query_groups, thumbnail
+from rde.secmm.review_site import ReviewFiles, build_review, query_groups, thumbnail, write_thumbnails
 from storage import Artifact, ArtifactWriter, content_key
 
 QUERIES = {"q1": {"query_id": "q1", "domain": "pedestrian", "text": "a man in a red jacket"},
@@ -206,6 +206,13 @@ def test_review_site_files_are_per_query_with_thumbnails_as_files(tmp_path: Path
     tall.save(buf, "PNG")
     data, ext = thumbnail(buf.getvalue(), 256)
     assert ext == ".jpg" and Image.open(io.BytesIO(data)).size == (85, 256)
+    # thumbnails are written once, and again when the height changes
+    (tmp_path / "images" / "img0.png").write_bytes(b"kept")
+    write_thumbnails([{"image_id": "img0", "image_bytes": buf.getvalue()}], tmp_path / "images", 256)
+    assert (tmp_path / "images" / "img0.png").read_bytes() == b"kept"
+    write_thumbnails([{"image_id": "img0", "image_bytes": buf.getvalue()}], tmp_path / "images", 100)
+    assert not (tmp_path / "images" / "img0.png").exists()
+    assert Image.open(tmp_path / "images" / "img0.jpg").size == (33, 100)
     # the images' URLs in Label Studio's tasks: its local-files serving, or a published folder
     local = ReviewFiles(tmp_path, "t", "k").image_url({"img0": "img0.png"})("img0")
     assert local == "/data/local-files/?d=" + str((tmp_path / "images" / "img0.png").resolve()).lstrip("/")

@@ -64,13 +64,52 @@ def test_seeded_runs_are_identical_and_a_resumed_run_matches_an_uninterrupted_on
     train(b, _pairs(), cfg)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     train(_model(), _pairs(), cfg, checkpoint_dir=tmp_path)
-    for late in ("epoch-002.pt", "epoch-003.pt"):  # as if killed during epoch 2
-        (tmp_path / late).unlink()
-    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["epoch-000.pt", "epoch-001.pt"]
+    saved = sorted(p.name for p in tmp_path.glob("*.pt"))
+    assert saved == ["step-000000009.pt", "step-000000012.pt"]  # 3 steps an epoch; the newest two are kept
+    (tmp_path / saved[-1]).unlink()  # as if killed during the last epoch, before its end
     resumed = _model()
-    result = train(resumed, _pairs(), cfg, checkpoint_dir=tmp_path)  # "killed" after epoch 1, rerun
-    assert result.resumed_from == 2 and [e.epoch for e in result.epochs] == [2, 3]
+    result = train(resumed, _pairs(), cfg, checkpoint_dir=tmp_path)
+    assert result.resumed_from == 3 and result.resumed_step == 9 and [e.epoch for e in result.epochs] == [3]
     for x, y in zip(a.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.allclose(x, y, atol=1e-6)
+
+
+KILLED_RUN = """
+import os, signal, sys
+from test_retrieval_training import _model, _pairs
+from rde.training.retrieval_training import TrainConfig, train
+cfg = TrainConfig(objective="saft", epochs=4, batch_size=16, lr_start=1e-3, lr_peak=1e-2, seed=3, checkpoint_every=2)
+def on_step(done, total):
+    if done == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+train(_model(), _pairs(), cfg, checkpoint_dir=sys.argv[1], on_step=on_step)
+"""
+
+
+def test_a_run_killed_mid_epoch_resumes_at_its_last_step_checkpoint(tmp_path: Path) -> None:
+    """SIGKILL at step 5, in the middle of epoch 1 (3 steps an epoch; a checkpoint every 2 steps):
+    the rerun goes on from step 4's checkpoint at the next batch of epoch 1's order, so no pair of
+    that epoch is trained on twice, and it ends where the uninterrupted run ends."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = TrainConfig(objective="saft", epochs=4, batch_size=16, lr_start=1e-3, lr_peak=1e-2, seed=3,
+                      checkpoint_every=2)
+    whole = _model()
+    reference = train(whole, _pairs(), cfg)
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, str(tmp_path), "5"], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["step-000000003.pt", "step-000000004.pt"]
+    resumed = _model()
+    result = train(resumed, _pairs(), cfg, checkpoint_dir=tmp_path)
+    assert result.resumed_from == 1 and result.resumed_step == 4
+    assert [s["step"] for s in result.step_losses] == list(range(5, 13))  # each remaining step once
+    assert result.epochs[0].mean_loss == pytest.approx(reference.epochs[1].mean_loss, rel=1e-6)  # the whole epoch
+    for x, y in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.allclose(x, y, atol=1e-6)
 
 

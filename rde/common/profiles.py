@@ -459,6 +459,12 @@ class TrainingSpec(Strict):
     gmm_min_fit_pairs: int = Field(10, ge=2, description="Pairs with and pairs without q_txt each need this many "
                                    "for a fit of their own; fewer keep weight 1.")
     seed: int = Field(0, description="Seed of the split, the pair sample, the crops and the initialisation.")
+    processes: int = Field(1, ge=1, description="Training processes on this machine: above 1, data-parallel "
+                           "(torch.distributed, gloo): each step's batch is shared out, and its loss taken over "
+                           "the whole gathered batch.")
+    checkpoint_every: int = Field(500, ge=0, description="Steps between the checkpoints taken within an epoch "
+                                  "(0: only at each epoch's end). A killed run resumes from the newest one, at "
+                                  "the next batch of that epoch.")
 
     @model_validator(mode="after")
     def _student(self) -> TrainingSpec:

@@ -62,8 +62,14 @@ def thumbnail(data: bytes, height: int) -> tuple[bytes, str]:
 
 def write_thumbnails(gallery_rows: Iterable[dict[str, Any]], folder: Path, height: int) -> dict[str, str]:
     """Each gallery image as ``folder/<image_id>.<ext>`` (``thumbnail``), written once: a file that
-    is already there is kept. Returns image id → file name."""
+    is already there is kept, unless it was made for another height (``.thumbnail_height`` says
+    which), when the folder's images are made again. Returns image id → file name."""
     folder.mkdir(parents=True, exist_ok=True)
+    stamp = folder / ".thumbnail_height"
+    if stamp.exists() and stamp.read_text().strip() != str(height):
+        for old in [*folder.glob("*.jpg"), *folder.glob("*.png")]:
+            old.unlink()
+    _write_text(stamp, f"{height}\n")
     names: dict[str, str] = {}
     for row in gallery_rows:
         image_id = row["image_id"]

@@ -1,6 +1,6 @@
 """Training loop for the retrieval dual encoder: SAFT objectives and baselines, GTR+ confidence
-weighting and baselines, AdamW with warmup + cosine, per-epoch checkpoints with resume, seeded
-and deterministic on the CPU.
+weighting and baselines, AdamW with warmup + cosine, checkpoints every N steps and at each epoch's
+end with resume mid-epoch (``rde.training.checkpoints``), seeded and deterministic on the CPU.
 
 Pairs index cached features (see ``rde/training/retrieval_features.py``): ``images`` holds V augmented views
 of each image's tower features, so "random resized crop" augmentation costs no tower forward
@@ -9,6 +9,7 @@ during training; each step takes one random view per pair.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from models.retrieval.losses import (
     weighted_itm_loss,
 )
 from rde.common.seeds import draw_seed
+from rde.training.checkpoints import CheckpointStore
+from rde.training.distributed import Ranks, average_gradients, current, gather_rows, local_part
 from rde.training.gmm_confidence import ConfidenceFit, confidence_weights, pair_confidence
 from rde.training.retrieval_features import random_resized_crop
 
@@ -105,6 +108,7 @@ class TrainConfig:
     gmm_components: int = 2
     gmm_min_fit_pairs: int = 10  # a population (with / without q_txt) smaller than this is not fitted
     seed: int = 0
+    checkpoint_every: int = 0  # steps between mid-epoch checkpoints (0: at the end of each epoch only)
 
 
 @dataclass
@@ -123,7 +127,8 @@ class EpochRecord:
 class TrainResult:
     step_losses: list[dict[str, float]]
     epochs: list[EpochRecord]
-    resumed_from: int
+    resumed_from: int  # the epoch the run started in (0: from scratch, or resumed within epoch 0)
+    resumed_step: int = 0  # the step of the checkpoint it resumed from (0: none)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -136,11 +141,18 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 
 def batch_loss(model: Any, pairs: TrainingPairs, idx: torch.Tensor, views: torch.Tensor,
-               cfg: TrainConfig, weights: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """All loss terms of one batch for the configured objective; ``total`` is what is optimised."""
+               cfg: TrainConfig, weights: torch.Tensor | None, ranks: Ranks | None = None) -> dict[str, torch.Tensor]:
+    """All loss terms of one batch for the configured objective; ``total`` is what is optimised.
+    With ``ranks`` (data-parallel training, ``rde.training.distributed``) ``idx`` is the global
+    batch: this process encodes its part, and the terms are those of the whole gathered batch."""
     image_rows = pairs.pair_image[idx]
-    img = model.encode_image(pairs.image_input(model, views, image_rows))
-    txt = model.encode_text(pairs.text_input(model, idx))
+    mine = local_part(torch.arange(len(idx)), ranks)
+
+    def encode_images(chosen: torch.Tensor) -> torch.Tensor:
+        return gather_rows(model.encode_image(pairs.image_input(model, chosen[mine], image_rows[mine])), ranks)
+
+    img = encode_images(views)
+    txt = gather_rows(model.encode_text(pairs.text_input(model, idx[mine])), ranks)
     tau = model.tau
     out: dict[str, torch.Tensor] = {}
     if cfg.objective in ("saft", "itc+sass", "cusa"):
@@ -160,7 +172,7 @@ def batch_loss(model: Any, pairs: TrainingPairs, idx: torch.Tensor, views: torch
             total = total + cfg.alpha * out["sass"]
         elif cfg.objective == "itc+iss":
             other = (views + 1) % pairs.n_views
-            out["iss"] = iss_loss(img, model.encode_image(pairs.image_input(model, other, image_rows)), tau)
+            out["iss"] = iss_loss(img, encode_images(other), tau)
             total = total + out["iss"]
     if cfg.use_itm:
         with torch.no_grad():
@@ -188,21 +200,29 @@ def positive_cosines(model: Any, pairs: TrainingPairs, batch: int = 4096) -> np.
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def _save(path: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, epoch: int, step: int,
-          weights: torch.Tensor | None) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optim.state_dict(), "epoch": epoch, "step": step,
-                "weights": weights, "torch_rng": torch.get_rng_state()}, tmp)
-    tmp.replace(path)
+def _state(model: torch.nn.Module, optim: torch.optim.Optimizer, epoch: int, step: int, position: int | None,
+           epoch_losses: list[float], weights: torch.Tensor | None) -> dict[str, Any]:
+    """A checkpoint: ``position`` is where the epoch's seeded order goes on (None: the epoch is
+    done); the learning rate needs no state of its own, it is ``lr_at(step)``."""
+    return {"model": model.state_dict(), "optimizer": optim.state_dict(), "epoch": epoch, "step": step,
+            "position": position, "epoch_losses": list(epoch_losses), "weights": weights,
+            "torch_rng": torch.get_rng_state()}
 
 
 def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
-          checkpoint_dir: Path | None = None, on_step: Callable[[int, int], None] | None = None) -> TrainResult:
-    """Train in place. With ``checkpoint_dir`` every epoch is saved (atomically) and a rerun resumes
-    after the last saved epoch (``torch.load(weights_only=True)``: tensors and plain values only).
-    ``on_step(steps done, steps in all)`` after every step, for progress displays."""
+          checkpoint_dir: Path | str | None = None, on_step: Callable[[int, int], None] | None = None,
+          on_loss: Callable[[dict[str, float]], None] | None = None) -> TrainResult:
+    """Train in place. With ``checkpoint_dir`` (a folder or an object-store URL) a checkpoint is
+    saved every ``cfg.checkpoint_every`` steps and at the end of every epoch, and a rerun resumes
+    from the newest one: mid-epoch, it goes on at the next batch of the epoch's seeded order, with
+    the optimiser, the step (so the schedule), the epoch's losses, the weights and the RNG state as
+    they were, so the pairs of that epoch are each seen once and the result is the uninterrupted
+    run's. ``on_step(steps done, steps in all)`` after every step, for progress displays, and
+    ``on_loss(the step's loss terms, with its step and epoch)``, for live loss curves."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
+    ranks = current()  # in a process group: data-parallel, every rank with the same seeded order
+    leader = ranks is None or ranks.rank == 0  # the one that reports progress and saves checkpoints
     params = [p for p in model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=cfg.lr_start, weight_decay=cfg.weight_decay)
     # a batch of one pair has no in-batch negative and is skipped, so it is not a step: the schedule
@@ -215,17 +235,18 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
         weights: torch.Tensor | None = torch.nan_to_num(pairs.q_txt, nan=1.0).float()
     else:
         weights = None  # ada: 1 until the first GMM fit
-    start_epoch, step = 0, 0
-    if checkpoint_dir is not None:
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        saved = sorted(checkpoint_dir.glob("epoch-*.pt"))
-        if saved:
-            state = torch.load(saved[-1], weights_only=True)
-            model.load_state_dict(state["model"])
-            optim.load_state_dict(state["optimizer"])
-            start_epoch, step, weights = state["epoch"] + 1, state["step"], state["weights"]
-            torch.set_rng_state(state["torch_rng"])
-            gen.manual_seed(cfg.seed + 1000 * start_epoch)
+    start_epoch, step, position, resumed_losses = 0, 0, 0, []
+    store = CheckpointStore(str(checkpoint_dir)) if checkpoint_dir is not None else None
+    state = store.latest() if store is not None else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optimizer"])
+        step, weights = state["step"], state["weights"]
+        torch.set_rng_state(state["torch_rng"])
+        if state["position"] is None:
+            start_epoch = state["epoch"] + 1
+        else:
+            start_epoch, position, resumed_losses = state["epoch"], state["position"], list(state["epoch_losses"])
     losses: list[dict[str, float]] = []
     records: list[EpochRecord] = []
     gmm: ConfidenceFit | None = None  # the previous epoch's fits warm-start the next
@@ -234,23 +255,29 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
         gen.manual_seed(cfg.seed + 1000 * epoch)  # the epoch's shuffle does not depend on resuming
         order = torch.randperm(len(pairs), generator=gen)
         views = torch.randint(pairs.n_views, (len(pairs),), generator=gen)
-        epoch_losses = []
+        epoch_losses: list[float] = resumed_losses if epoch == start_epoch else []
         model.train()
-        for start in range(0, len(pairs), cfg.batch_size):
+        for start in range(position if epoch == start_epoch else 0, len(pairs), cfg.batch_size):
             idx = order[start:start + cfg.batch_size]
             if len(idx) < 2:
                 continue
             for group in optim.param_groups:
                 group["lr"] = lr_at(step, total, cfg)
-            terms = batch_loss(model, pairs, idx, views[idx], cfg, None if weights is None else weights[idx])
+            terms = batch_loss(model, pairs, idx, views[idx], cfg, None if weights is None else weights[idx], ranks)
             optim.zero_grad()
             terms["total"].backward()
+            average_gradients(params, ranks)
             optim.step()
             step += 1
-            if on_step is not None:
+            if on_step is not None and leader:
                 on_step(step, total)
             losses.append({k: float(v.detach()) for k, v in terms.items()} | {"step": step, "epoch": epoch})
+            if on_loss is not None and leader:
+                on_loss(losses[-1])
             epoch_losses.append(float(terms["total"].detach()))
+            if store is not None and leader and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
+                    and start + cfg.batch_size < len(pairs):
+                store.save(_state(model, optim, epoch, step, start + cfg.batch_size, epoch_losses, weights))
         record = EpochRecord(epoch, float(np.mean(epoch_losses)) if epoch_losses else 0.0, 0.0,
                              weight_mean=float(weights.mean()) if weights is not None else 1.0)
         if cfg.weighting == "ada":
@@ -265,6 +292,52 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
             record.s_hat, record.confidence = s_hat, conf
         record.seconds = time.perf_counter() - began
         records.append(record)
-        if checkpoint_dir is not None:
-            _save(checkpoint_dir / f"epoch-{epoch:03d}.pt", model, optim, epoch, step, weights)
-    return TrainResult(losses, records, start_epoch)
+        if store is not None and leader:
+            store.save(_state(model, optim, epoch, step, None, [], weights))
+    return TrainResult(losses, records, start_epoch, state["step"] if state is not None else 0)
+
+
+def train_data_parallel(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig, processes: int,
+                        workdir: Path, checkpoint_dir: Path | str | None = None,
+                        on_step: Callable[[int, int], None] | None = None,
+                        on_loss: Callable[[dict[str, float]], None] | None = None) -> TrainResult:
+    """``train`` in ``processes`` ranks on this machine (``gloo``; ``rde.training.distributed``):
+    every rank starts from ``model``'s weights and the same seeded order, each step's global batch
+    is shared out and its loss taken over the gathered batch; rank 0 saves the checkpoints and hands
+    the trained weights and the result back, which land in ``model``. ``workdir`` holds the
+    rendezvous and the hand-over file."""
+    from rde.training.distributed import run_group
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    rendezvous, out = workdir / "rendezvous", workdir / "rank0.pt"
+    for stale in (rendezvous, out):
+        stale.unlink(missing_ok=True)
+    context = torch.multiprocessing.get_context("spawn")
+    done, total, step_losses = context.Value("q", 0), context.Value("q", 0), context.SimpleQueue()
+
+    def poll() -> None:  # in this process, while the ranks train: rank 0's progress and losses
+        while not step_losses.empty():
+            record = step_losses.get()
+            if on_loss is not None:
+                on_loss(record)
+        if on_step is not None and total.value:
+            on_step(int(done.value), int(total.value))
+
+    run_group(_rank_train, processes, str(rendezvous), "gloo", model, pairs, cfg, checkpoint_dir, done, total,
+              step_losses, str(out), on_poll=poll)
+    handed = torch.load(out, weights_only=False)
+    model.load_state_dict(handed["model"])
+    return handed["result"]
+
+
+def _rank_train(rank: int, world: int, model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
+                checkpoint_dir: Path | str | None, done: Any, total: Any, step_losses: Any, out: str) -> None:
+    def progress(steps: int, steps_in_all: int) -> None:
+        done.value, total.value = steps, steps_in_all
+
+    # torch hands tensors to spawned processes in shared memory: without a private copy every rank's
+    # optimiser would step the same weights
+    model = copy.deepcopy(model)
+    result = train(model, pairs, cfg, checkpoint_dir, progress, step_losses.put)
+    if rank == 0:
+        torch.save({"model": model.state_dict(), "result": result}, out)
