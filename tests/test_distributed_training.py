@@ -1,7 +1,8 @@
 """Data-parallel training on the CPU (``gloo``, two processes): a step's loss and gradients are those
 of one process on the same global batch (SAFT's soft targets and ITM over the gathered batch, GTR+
-weights, parts of unequal size), and a two-process training run (checkpoints and progress from rank
-0) ends with the one-process model."""
+weights, parts of unequal size), and a two-process training run ends with the one-process model.
+``train_data_parallel`` (the stage's way in, with rank 0's progress, losses and checkpoints) runs in
+the train-gtr flow test."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from test_retrieval_training import _model, _pairs
 
 from rde.training.distributed import average_gradients, current, run_group
-from rde.training.retrieval_training import TrainConfig, batch_loss, train, train_data_parallel
+from rde.training.retrieval_training import TrainConfig, batch_loss, train
 
 STEP = TrainConfig(objective="saft", use_itm=True, batch_size=15, seed=3)
 RUN = TrainConfig(objective="saft", epochs=2, batch_size=15, lr_start=1e-3, lr_peak=1e-2, seed=3)
@@ -37,11 +38,14 @@ def _step(ranks: object) -> dict[str, object]:
 
 def _member(rank: int, world: int, out: str) -> None:
     step = _step(current())
+    model = _model()
+    result = train(model, _pairs(), RUN)  # in the group: data-parallel
     if rank == 0:
-        torch.save({"step": step}, out)
+        torch.save({"step": step, "model": model.state_dict(), "losses": result.step_losses}, out)
 
 
 def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
+    """One process group for both checks (starting one costs seconds of imports)."""
     out = tmp_path / "rank0.pt"
     run_group(_member, 2, str(tmp_path / "rendezvous"), "gloo", str(out))
     two = torch.load(out, weights_only=False)
@@ -53,17 +57,11 @@ def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
     for name, grad in one["grads"].items():
         assert torch.allclose(two["step"]["grads"][name], grad, rtol=1e-4, atol=1e-6), name
 
-
-def test_a_two_process_training_run_ends_with_the_one_process_model(tmp_path: Path) -> None:
+    # a whole data-parallel run: the same steps, losses and final weights as one process
     whole = _model()
-    one = train(whole, _pairs(), RUN)
-    parallel, seen = _model(), []
-    two = train_data_parallel(parallel, _pairs(), RUN, 2, tmp_path / "group", tmp_path / "checkpoints",
-                              lambda done, total: seen.append((done, total)))
-    assert seen[-1] == (8, 8)  # 48 pairs in batches of 15 (the last of 3 pairs): 4 steps an epoch
-    assert [s["step"] for s in two.step_losses] == [s["step"] for s in one.step_losses]
-    assert [s["total"] for s in two.step_losses] == pytest.approx([s["total"] for s in one.step_losses], rel=1e-5)
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["step-000000004.pt",
-                                                                                "step-000000008.pt"]
+    reference = train(whole, _pairs(), RUN)
+    assert [s["step"] for s in two["losses"]] == [s["step"] for s in reference.step_losses] == list(range(1, 9))
+    assert [s["total"] for s in two["losses"]] == pytest.approx([s["total"] for s in reference.step_losses],
+                                                                rel=1e-5)
     for name, value in whole.state_dict().items():
-        assert torch.allclose(parallel.state_dict()[name], value, rtol=1e-4, atol=1e-5), name
+        assert torch.allclose(two["model"][name], value, rtol=1e-4, atol=1e-5), name

@@ -213,25 +213,25 @@ def test_build_secmm_until_denoise_on_s3_balances_resumes_and_skips(s3_env: dict
 
 
 def test_training_checkpoints_go_to_the_object_store_and_resume_from_there(s3_env: dict[str, str]) -> None:
-    """A training run's step checkpoints written to s3:// (one PUT each), the newest two kept; a
-    rerun after the newest is lost resumes from the one before and ends where the whole run ends."""
+    """A training run's step checkpoints written to s3:// (one PUT each); a rerun after the newest is
+    lost resumes mid-epoch from the one before and ends where the whole run ends."""
     import fsspec
     import torch
     from test_retrieval_training import _model, _pairs
 
     from rde.training.retrieval_training import TrainConfig, train
 
-    cfg = TrainConfig(objective="saft", epochs=2, batch_size=16, lr_start=1e-3, lr_peak=1e-2, seed=3,
+    cfg = TrainConfig(objective="saft", epochs=1, batch_size=16, lr_start=1e-3, lr_peak=1e-2, seed=3,
                       checkpoint_every=2)
     url = "s3://rde-test/checkpoints/run-1"
     whole = _model()
     train(whole, _pairs(), cfg, checkpoint_dir=url)
     fs, _ = fsspec.core.url_to_fs(url)
     names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(url.removeprefix("s3://"), detail=False))
-    assert names == ["step-000000004.pt", "step-000000006.pt"]  # steps 2, 3 (epoch 0's end) and 4 were pruned
-    fs.rm_file(url.removeprefix("s3://") + "/step-000000006.pt")
+    assert names == ["step-000000002.pt", "step-000000003.pt"]  # mid-epoch at step 2, the epoch's end at 3
+    fs.rm_file(url.removeprefix("s3://") + "/step-000000003.pt")
     resumed = _model()
     result = train(resumed, _pairs(), cfg, checkpoint_dir=url)
-    assert result.resumed_step == 4 and [s["step"] for s in result.step_losses] == [5, 6]
+    assert result.resumed_step == 2 and [s["step"] for s in result.step_losses] == [3]
     for x, y in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.allclose(x, y, atol=1e-6)
