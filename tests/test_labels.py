@@ -296,6 +296,19 @@ def test_review_site_in_headless_chromium(tmp_path: Path, test_artifacts_dir: Pa
         text("query-progress", "0 / 5 decided", fresh)
         fresh.find_element(By.ID, "resume").send_keys(str(out))
         text("query-progress", "5 / 5 decided", fresh)
+        # a browser that refuses IndexedDB: decisions live in the tab, a banner says so, and the
+        # export holds exactly the decisions made (the tab's progress records are not among them)
+        fresh.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                              {"source": "Object.defineProperty(window, 'indexedDB', {get: () => undefined});"})
+        fresh.get(index + "#q/2/1")
+        fresh.refresh()
+        text("warn", "decisions live only in this tab", fresh)
+        fresh.find_elements(By.CSS_SELECTOR, ".tile")[1].click()
+        text("query-progress", "2 / 2 decided", fresh)
+        fresh.find_element(By.ID, "export").click()
+        text("export-output", "decisions", fresh)
+        in_tab = json.loads(fresh.find_element(By.ID, "export-output").text)["decisions"]
+        assert [(d["query_id"], d["image_id"], d["decision"]) for d in in_tab] == [("q2", "img4", "accept")]
     finally:
         fresh.quit()
 

@@ -24,15 +24,20 @@ from __future__ import annotations
 import html
 import io
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from fsspec.implementations.local import LocalFileSystem
 from PIL import Image
 
+from storage.filesystem import atomic_write_bytes
+
 APP_TEMPLATE = Path(__file__).with_name("review_app.html")
+_LOCAL = LocalFileSystem()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -78,11 +83,8 @@ def write_thumbnails(gallery_rows: Iterable[dict[str, Any]], folder: Path, heigh
             names[image_id] = found[0].name
             continue
         data, ext = thumbnail(row["image_bytes"], height)
-        path = folder / f"{image_id}{ext}"
-        tmp = path.with_suffix(ext + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)  # atomic: a killed build leaves no half-written thumbnail
-        names[image_id] = path.name
+        _write_bytes(folder / f"{image_id}{ext}", data)  # a killed build leaves no half-written thumbnail
+        names[image_id] = f"{image_id}{ext}"
     return names
 
 
@@ -161,10 +163,13 @@ def write_review_site(folder: Path, title: str, key: str, groups: Iterable[Revie
             "app_bytes": len(app.encode())}
 
 
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Atomically (``storage.filesystem.atomic_write_bytes``: a temporary sibling renamed over it)."""
+    atomic_write_bytes(_LOCAL, str(path), data, str(os.getpid()))
+
+
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    _write_bytes(path, text.encode("utf-8"))
 
 
 @dataclass(frozen=True)

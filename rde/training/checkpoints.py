@@ -47,20 +47,17 @@ class CheckpointStore:
         """The newest checkpoint's state (``torch.load(weights_only=True)``: tensors and plain
         values only), or None. A per-epoch file of the earlier form counts as the end of its epoch."""
         steps, epochs = self._steps(), self._names(EPOCH_FILE)
-        candidates: list[tuple[int, str]] = []
-        if steps:
-            candidates.append((int(STEP_FILE.match(steps[-1]).group(1)), steps[-1]))
-        for name in epochs[-1:]:
-            with self.fs.open(join(self.path, name), "rb") as handle:
-                state = torch.load(io.BytesIO(handle.read()), weights_only=True)
-            candidates.append((int(state["step"]), name))
-        if not candidates:
-            return None
-        _, name = max(candidates)
+        newest = self._load(steps[-1]) if steps else None
+        if epochs:  # its step is only inside it
+            legacy = self._load(epochs[-1])
+            legacy.setdefault("position", None)  # the earlier form: saved at the end of its epoch
+            if newest is None or legacy["step"] > newest["step"]:
+                newest = legacy
+        return newest
+
+    def _load(self, name: str) -> dict[str, Any]:
         with self.fs.open(join(self.path, name), "rb") as handle:
-            state = torch.load(io.BytesIO(handle.read()), weights_only=True)
-        state.setdefault("position", None)  # the earlier form: saved at the end of its epoch
-        return state
+            return torch.load(io.BytesIO(handle.read()), weights_only=True)
 
     def _steps(self) -> list[str]:
         return self._names(STEP_FILE)
