@@ -300,3 +300,40 @@ SCHEMAS: dict[str, pa.Schema] = {
     "qa_pairs": QA_PAIRS,
     "templates": TEMPLATES,
 }
+
+# The training pairs of a CLIP-like student, streamed shard by shard (rde.training.pair_stream): one
+# caption per row with its image's encoded bytes and the teacher's vectors (SAFT: precomputed once).
+TRAINING_PAIRS = pa.schema(
+    [
+        pa.field("split", pa.string(), nullable=False),  # train | heldout
+        pa.field("pair", pa.int64(), nullable=False),  # 0, 1, ... within its split
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("image_key", pa.int64(), nullable=False),  # equal for the pairs of one image
+        pa.field("identity", pa.string()),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("q_txt", pa.float64()),
+        pa.field("image", pa.binary(), nullable=False),  # as accepted: encoded, decoded by the loader
+        pa.field("teacher_image", pa.list_(pa.float32()), nullable=False),
+        pa.field("teacher_text", pa.list_(pa.float32()), nullable=False),
+    ]
+)
+
+# The CPU model's cached features, streamed when the pairs are many (``training.stream_above``): rows
+# by ``split``. train / heldout: a caption with its image's tower features in every view and its own
+# text vector; gallery / query: a check set's gallery image (one view) or query (``image_id`` holds
+# the check set, ``pair`` the position in it).
+TRAINING_FEATURE_PAIRS = pa.schema(
+    [
+        pa.field("split", pa.string(), nullable=False),  # train | heldout | gallery | query
+        pa.field("pair", pa.int64(), nullable=False),
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("image_key", pa.int64(), nullable=False),
+        pa.field("identity", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("q_txt", pa.float64()),
+        pa.field("image_views", pa.list_(pa.list_(pa.float32()))),  # V views × the tower features
+        pa.field("text_vector", pa.list_(pa.float32())),
+        pa.field("teacher_image", pa.list_(pa.float32())),
+        pa.field("teacher_text", pa.list_(pa.float32())),
+    ]
+)

@@ -7,16 +7,19 @@ import io
 import json
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from models.backends.registry import models_lineage
+from models.backends.torch_runtime import resolve_device
 from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
 from rde.common.expert_check import (
     CheckSet,
@@ -26,10 +29,11 @@ from rde.common.expert_check import (
     load_check_yaml,
     relevance_lists,
 )
-from rde.common.image_decoding import decoded_images
+from rde.common.image_decoding import decode_rgb, decoded_images
 from rde.common.metrics import mean_ap_at_k, person_search_metrics
 from rde.common.reasons import Reason
 from rde.common.seeds import draw_seed
+from rde.training.pair_stream import FEATURE_PAIRS_KIND, PairIndex, StreamedPairs, StreamedTraining, held_out_embeddings
 from rde.training.retrieval_features import image_features
 from rde.training.retrieval_training import (
     EpochRecord,
@@ -42,7 +46,7 @@ from rde.training.retrieval_training import (
 from storage import Artifact
 from storage.filesystem import join
 from storage.locations import resolve_location
-from storage.schemas import EVALUATION
+from storage.schemas import EVALUATION, TRAINING_FEATURE_PAIRS, TRAINING_PAIRS
 from tasks import sharded
 from tasks.context import RunContext
 from tasks.reporting import Progress, accounting_line, inline_png, publish_markdown, rounded_rows, split_name
@@ -90,18 +94,134 @@ def _decoded_images(source_root: str, image_ids: Sequence[str]) -> dict[str, np.
     return decoded_images(Artifact(f"{source_root}/accepted"), image_ids)
 
 
+@dataclass(frozen=True)
+class PairSelection:
+    """Which captions train, decided in passes over the captions that keep scalars and identities,
+    never the captions: a caption of a check-set identity is rejected (``check_set_identity``); with
+    ``training.max_pairs`` the pairs with the smallest seeded keys are kept (``over_max_pairs`` for
+    the rest); a seeded share of the kept pairs' identities is held out for the person search."""
+
+    identity: dict[str, str | None]
+    check_ids: set[str]
+    cutoff: int | None  # keep a pair whose key is at most this (None: every pair)
+    held: set[str]
+    seed: int
+
+    def key(self, image_id: str, text: str) -> int:
+        return draw_seed(self.seed, image_id + text)
+
+    def verdict(self, image_id: str, text: str) -> str:
+        """train | heldout | a reason."""
+        person = self.identity.get(image_id)
+        if person in self.check_ids:
+            return str(Reason.CHECK_SET_IDENTITY)
+        if self.cutoff is not None and self.key(image_id, text) > self.cutoff:
+            return str(Reason.OVER_MAX_PAIRS)
+        return "heldout" if person in self.held else "train"
+
+    @classmethod
+    def of(cls, run: StageRun, captions: Artifact) -> PairSelection:
+        p, t, src = run.ctx.profile, run.section("training"), run.prepared["src"]
+        identity = {r["image_id"]: r["identity"] for r in Artifact(f"{src}/neighbours").rows(["image_id", "identity"])}
+        check_ids = {i for f in p.evaluation.check_sets
+                     for i in held_out_identities(load_check_yaml(Path(resolve_location(f))))}
+
+        def candidates() -> Iterator[tuple[str, str]]:
+            for _, table in captions.iter_shards(["image_id", "text"]):
+                yield from zip(table.column("image_id").to_pylist(), table.column("text").to_pylist(), strict=True)
+
+        keys = [draw_seed(t.seed, i + text) for i, text in candidates() if identity.get(i) not in check_ids]
+        cutoff = None
+        if t.max_pairs is not None and len(keys) > t.max_pairs:
+            cutoff = int(np.partition(np.asarray(keys, dtype=np.uint64), t.max_pairs - 1)[t.max_pairs - 1])
+        selection = cls(identity, check_ids, cutoff, set(), t.seed)
+        people = sorted({identity[i] for i, text in candidates()
+                         if selection.verdict(i, text) == "train" and identity.get(i)})
+        rng = np.random.default_rng(t.seed)
+        held = set(rng.choice(people, size=max(1, int(t.held_out_share * len(people))), replace=False).tolist()) \
+            if len(people) > 1 else set()
+        return cls(identity, check_ids, cutoff, held, t.seed)
+
+
+class PairCounts:
+    """The captions a pass read, by verdict: the stage's input, splits and rejects."""
+
+    def __init__(self) -> None:
+        self.read, self.splits, self.rejected = 0, {"train": 0, "held_out": 0}, Counter()
+
+    def add(self, verdict: str) -> bool:
+        """Count one caption; True when it trains or is held out."""
+        self.read += 1
+        if verdict in ("train", "heldout"):
+            self.splits["train" if verdict == "train" else "held_out"] += 1
+            return True
+        self.rejected[verdict] += 1
+        return False
+
+    def stats(self) -> dict[str, Any]:
+        return {"input_rows": self.read, "accepted": sum(self.splits.values()), "splits": dict(self.splits),
+                "rejected": dict(self.rejected)}
+
+
+def image_key(image_id: str) -> int:
+    """A 63-bit key equal for the pairs of one image (the ITM hard negative skips them)."""
+    return draw_seed(0, image_id)
+
+
+Layout = Literal["features", "feature_pairs", "pairs"]
+LAYOUTS: dict[str, tuple[str, pa.Schema]] = {  # layout → the artifact's kind and schema
+    "features": ("training_features", FEATURES), "feature_pairs": (FEATURE_PAIRS_KIND, TRAINING_FEATURE_PAIRS),
+    "pairs": ("training_pairs", TRAINING_PAIRS)}
+
+
+def features_layout(ctx: RunContext, captions: int) -> Layout:
+    """How the training-features stage writes (``TrainingFeatures``): images for a CLIP-like student;
+    the CPU model's features in memory, or streamed above ``training.stream_above`` captions."""
+    t = ctx.profile.training
+    if t.model is not None:
+        return "pairs"
+    return "feature_pairs" if t.stream_above is not None and captions > t.stream_above else "features"
+
+
+@dataclass
+class CaptionShard:
+    """One shard of captions that train or are held out, with their images' encoded bytes and pair
+    ids that go on from the previous shard's."""
+
+    caps: list[dict[str, Any]]
+    encoded: dict[str, bytes]
+    numbered: dict[str, int]
+
+    def pair_ids(self) -> list[int]:
+        """Each caption's id within its split (train, held_out), in order."""
+        ids, at = [], dict(self.numbered)
+        for c in self.caps:
+            split = "train" if c["split"] == "train" else "held_out"
+            ids.append(at[split])
+            at[split] += 1
+        return ids
+
+
 class TrainingFeatures(Stage):
-    """Tower + teacher features of the training pairs (views per image), of the held-out person
-    search split, and of the check-set gallery and queries; one artifact, rows by ``kind``. Reads
-    the captions of the profile's ``training.source_flow`` run (``build-largefine``)."""
+    """The training pairs of the profile's ``training.source_flow`` run (``build-largefine``) with the
+    teacher's vectors, split into training pairs and pairs held out for person search, in one of
+    three layouts (``features_layout``). ``features``, the CPU model's: cached tower features of
+    every image's views and of the check sets' galleries and queries, one in-memory artifact with
+    rows by ``kind``. ``feature_pairs``: the same features, streamed: a shard per shard of captions,
+    a row per caption with its image's views (``TRAINING_FEATURE_PAIRS``). ``pairs``, a CLIP-like
+    student's: a row per caption with its image's bytes (``TRAINING_PAIRS``). The streamed layouts
+    hold one shard of captions and its images at a time."""
 
     name = "training-features"
-    version = "2"  # 2: stats hold the splits (train, held_out) and rejects by reason
-    writes = (Write("features", "training_features", FEATURES, folder="training_features", shared=True),)
+    version = "3"  # 3: the streamed layouts; max_pairs keeps the captions' order
     config = ("training.source_flow", "training.views", "training.max_pairs", "training.model",
               "training.held_out_share", "training.seed", "evaluation.check_sets")
     resources = Resources(device="gpu", hold_slot=False)
     balance = True
+    def __init__(self, layout: Layout = "features") -> None:
+        self.layout = layout
+        kind, schema = LAYOUTS[layout]
+        self.writes = (Write("features", kind, schema, folder="training_features", shared=True),)
 
     def lineage(self, run: StageRun) -> Lineage:
         src = _source_root(run.ctx)
@@ -110,61 +230,116 @@ class TrainingFeatures(Stage):
             raise ValueError(f"no finished captions at {captions.url}: run `rde build-largefine` (profile "
                              f"{run.profile_name}) first; its captions are the training pairs")
         run.prepared.update(src=src, captions=captions)
-        return Lineage(models={"models": models_lineage(run.models)},
-                       extra={"captions": captions.manifest().fingerprint}, upstream=[captions])
+        return Lineage(models={"models": models_lineage(run.models)}, upstream=[captions],
+                       extra={"captions": captions.manifest().fingerprint, "layout": self.layout})
 
     def run(self, run: StageRun) -> Work:
+        selection = PairSelection.of(run, run.prepared["captions"])
+        return self._in_memory(run, selection) if self.layout == "features" else self._streamed(run, selection)
+
+    def _towers(self, run: StageRun, cpu_model: bool = True) -> tuple[Any, Any, Any]:
+        """The semantic bridge and the image embedder (the CPU model's towers; None for a CLIP-like
+        student) and the teacher."""
+        p, registry = run.ctx.profile, run.registry()
+        towers = (registry.expert(p.models.experts[0]), registry.image_embedder()) if cpu_model else (None, None)
+        return (*towers, registry.expert(p.models.teacher or p.models.experts[-1]))
+
+    def _in_memory(self, run: StageRun, selection: PairSelection) -> Work:
         p, t, src, captions = run.ctx.profile, run.section("training"), run.prepared["src"], run.prepared["captions"]
-        registry = run.registry()
-        bridge = registry.expert(p.models.experts[0])
-        teacher = registry.expert(p.models.teacher or p.models.experts[-1])
-        identity = {r["image_id"]: r["identity"] for r in Artifact(f"{src}/neighbours").rows(["image_id", "identity"])}
-        check_ids = {i for f in p.evaluation.check_sets
-                     for i in held_out_identities(load_check_yaml(Path(resolve_location(f))))}
-        every = captions.rows(["image_id", "text", "q_txt"])
-        caps = [r for r in every if identity.get(r["image_id"]) not in check_ids]
-        rejected = {str(Reason.CHECK_SET_IDENTITY): sum(identity.get(r["image_id"]) in check_ids for r in every)}
-        if t.max_pairs is not None and len(caps) > t.max_pairs:
-            rejected[str(Reason.OVER_MAX_PAIRS)] = len(caps) - t.max_pairs
-            caps = sorted(caps, key=lambda r: draw_seed(t.seed, r["image_id"] + r["text"]))[:t.max_pairs]
-        people = sorted({identity[c["image_id"]] for c in caps if identity.get(c["image_id"])})
-        rng = np.random.default_rng(t.seed)
-        held = set(rng.choice(people, size=max(1, int(t.held_out_share * len(people))), replace=False).tolist()) \
-            if len(people) > 1 else set()
+        bridge, embedder, teacher = self._towers(run)
+        identity, counts = selection.identity, PairCounts()
+        caps = [dict(r, split=v) for r in captions.rows(["image_id", "text", "q_txt"])
+                if counts.add(v := selection.verdict(r["image_id"], r["text"]))]
         image_ids = sorted({c["image_id"] for c in caps})
         images = _decoded_images(src, image_ids)
-        raw = t.model is not None  # a CLIP-like student reads the images itself, at every step
-        if raw:
-            teacher_vecs = teacher.encode_image([images[i] for i in image_ids])
-            rows = [{"kind": "image", "key": i, "index": 0, "identity": identity.get(i), "q_txt": None, "text": None,
-                     "vector": [], "teacher": teacher_vecs[k].tolist()} for k, i in enumerate(image_ids)]
-        else:
-            feats = image_features([images[i] for i in image_ids], image_ids, bridge, registry.image_embedder(),
-                                   teacher, views=t.views, seed=t.seed)
-            stacked = feats.stacked()
-            rows = [{"kind": "image", "key": i, "index": v, "identity": identity.get(i), "q_txt": None, "text": None,
-                     "vector": stacked[v, k].tolist(), "teacher": feats.teacher[k].tolist() if v == 0 else None}
-                    for k, i in enumerate(image_ids) for v in range(t.views)]
+        feats = image_features([images[i] for i in image_ids], image_ids, bridge, embedder,
+                               teacher, views=t.views, seed=t.seed)
+        stacked = feats.stacked()
+        rows = [{"kind": "image", "key": i, "index": v, "identity": identity.get(i), "q_txt": None, "text": None,
+                 "vector": stacked[v, k].tolist(), "teacher": feats.teacher[k].tolist() if v == 0 else None}
+                for k, i in enumerate(image_ids) for v in range(t.views)]
         text_vecs, teacher_txt = bridge.encode_text([c["text"] for c in caps]), teacher.encode_text(
             [c["text"] for c in caps])
-        rows += [{"kind": "pair" if identity.get(c["image_id"]) not in held else "heldout", "key": c["image_id"],
+        rows += [{"kind": "pair" if c["split"] == "train" else "heldout", "key": c["image_id"],
                   "index": k, "identity": identity.get(c["image_id"]), "q_txt": c["q_txt"], "text": c["text"],
                   "vector": text_vecs[k].tolist(), "teacher": teacher_txt[k].tolist()} for k, c in enumerate(caps)]
-        for f in ([] if raw else p.evaluation.check_sets):
-            check = load_check_set(resolve_location(p.evaluation.check_set_pool), Path(resolve_location(f)))
-            gallery = image_features(check.gallery_images, [str(i) for i in range(len(check.gallery_images))],
-                                     bridge, registry.image_embedder(), None, views=1).stacked()[0]
+        for f, gallery, identities, queries, _ in check_set_features(p, bridge, embedder):
             rows += [{"kind": "gallery", "key": f, "index": k, "identity": ident, "q_txt": None, "text": None,
-                      "vector": gallery[k].tolist(), "teacher": None}
-                     for k, ident in enumerate(check.gallery_identities)]
+                      "vector": gallery[k].tolist(), "teacher": None} for k, ident in enumerate(identities)]
             rows += [{"kind": "query", "key": f, "index": k, "identity": None, "q_txt": None, "text": None,
-                      "vector": v.tolist(), "teacher": None} for k, v in enumerate(bridge.encode_text(check.queries))]
-        splits = {"train": sum(r["kind"] == "pair" for r in rows),
-                  "held_out": sum(r["kind"] == "heldout" for r in rows)}
+                      "vector": v.tolist(), "teacher": None} for k, v in enumerate(queries)]
         return Work.one({"features": pa.Table.from_pylist(rows, schema=FEATURES)},
-                        {"input_rows": len(every), "accepted": splits["train"] + splits["held_out"], "splits": splits,
-                         "rejected": {k: v for k, v in rejected.items() if v}, "images": len(image_ids),
-                         "views": t.views, "held_out_identities": len(held)})
+                        counts.stats() | {"images": len(image_ids), "views": t.views,
+                                          "held_out_identities": len(selection.held)})
+
+    def _caption_shards(self, run: StageRun, selection: PairSelection, counts: PairCounts,
+                        stats: dict[str, Any]) -> Iterator[CaptionShard]:
+        """The captions shard by shard, counted as read, with their images' bytes read from the
+        accepted shards that hold them."""
+        accepted = Artifact(f"{run.prepared['src']}/accepted")
+        where = {i: index for index, table in accepted.iter_shards(["image_id"])
+                 for i in table.column("image_id").to_pylist()}
+        for _, table in run.prepared["captions"].iter_shards(["image_id", "text", "q_txt"]):
+            numbered = dict(counts.splits)
+            caps = [dict(r, split=v) for r in table.to_pylist()
+                    if counts.add(v := selection.verdict(r["image_id"], r["text"]))]
+            stats.update(counts.stats() | {"images": stats.get("images", 0) + len({c["image_id"] for c in caps})})
+            if not caps:
+                continue
+            wanted: dict[int, set[str]] = {}
+            for c in caps:
+                wanted.setdefault(where[c["image_id"]], set()).add(c["image_id"])
+            encoded = {i: b for index, ids in sorted(wanted.items())
+                       for i, b in zip(*accepted.read_matching(index, "image_id", ids, ["image_id", "image_bytes"])
+                                       .to_pydict().values(), strict=True)}
+            yield CaptionShard(caps, encoded, numbered)
+
+    def _streamed(self, run: StageRun, selection: PairSelection) -> Work:
+        """A shard per shard of captions: its images decoded once, for the teacher (and the towers)."""
+        p, t = run.ctx.profile, run.section("training")
+        cached = self.layout == "feature_pairs"
+        bridge, embedder, teacher = self._towers(run, cpu_model=cached)
+        stats: dict[str, Any] = {"held_out_identities": len(selection.held)}
+        schema = LAYOUTS[self.layout][1]
+        if cached:
+            stats["views"] = t.views
+
+        def shards() -> Iterator[dict[str, pa.Table]]:
+            for shard in self._caption_shards(run, selection, PairCounts(), stats):
+                image_ids = sorted(shard.encoded)
+                decoded = [decode_rgb(shard.encoded[i]) for i in image_ids]
+                texts = [c["text"] for c in shard.caps]
+                if cached:
+                    feats = image_features(decoded, image_ids, bridge, embedder, teacher, views=t.views, seed=t.seed)
+                    stacked, teacher_vectors = feats.stacked(), feats.teacher
+                    text_vectors = bridge.encode_text(texts)
+                else:
+                    teacher_vectors = teacher.encode_image(decoded)
+                at = {i: k for k, i in enumerate(image_ids)}
+                teacher_text = teacher.encode_text(texts)
+                rows = []
+                for k, (c, pair) in enumerate(zip(shard.caps, shard.pair_ids(), strict=True)):
+                    i = c["image_id"]
+                    row = {"split": c["split"], "pair": pair, "image_id": i, "image_key": image_key(i),
+                           "identity": selection.identity.get(i), "text": c["text"], "q_txt": c["q_txt"],
+                           "teacher_image": teacher_vectors[at[i]].tolist(), "teacher_text": teacher_text[k].tolist()}
+                    if cached:
+                        row |= {"image_views": stacked[:, at[i]].tolist(), "text_vector": text_vectors[k].tolist()}
+                    else:
+                        row["image"] = shard.encoded[i]
+                    rows.append(row)
+                yield {"features": pa.Table.from_pylist(rows, schema=schema)}
+            if cached:  # the check sets' gallery and queries, as one last shard
+                rows = []
+                for f, gallery, identities, queries, texts in check_set_features(p, bridge, embedder):
+                    rows += [{"split": "gallery", "pair": k, "image_id": f, "image_key": 0, "identity": ident,
+                              "image_views": [gallery[k].tolist()]} for k, ident in enumerate(identities)]
+                    rows += [{"split": "query", "pair": k, "image_id": f, "image_key": 0, "text": texts[k],
+                              "text_vector": v.tolist()} for k, v in enumerate(queries)]
+                if rows:
+                    yield {"features": pa.Table.from_pylist(rows, schema=schema)}
+
+        return Work(shards(), stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         return Report(log=f"training-features: {result.splits.get('train', 0)} training pairs, "
@@ -172,10 +347,22 @@ class TrainingFeatures(Stage):
                           f"{sum(result.rejected.values())} not used {result.rejected or ''}")
 
 
+def check_set_features(p: Any, bridge: Any, embedder: Any) -> Iterator[tuple[str, np.ndarray, list, np.ndarray,
+                                                                             list[str]]]:
+    """Per check set of the profile: (its name, the gallery's tower features (one view), the gallery's
+    identities, the queries' bridge vectors, the queries)."""
+    for f in p.evaluation.check_sets:
+        check = load_check_set(resolve_location(p.evaluation.check_set_pool), Path(resolve_location(f)))
+        gallery = image_features(check.gallery_images, [str(i) for i in range(len(check.gallery_images))],
+                                 bridge, embedder, None, views=1).stacked()[0]
+        yield f, gallery, list(check.gallery_identities), bridge.encode_text(check.queries), list(check.queries)
+
+
 def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
-    """The features artifact as training pairs (cached tower features, or decoded images and caption
-    texts when a CLIP-like student is configured), held-out pairs and check-set galleries."""
-    t = ctx.profile.training
+    """The features artifact as training pairs, held-out pairs and check sets: in memory (the CPU
+    model's ``features`` layout), or streamed (``streamed_training_data``)."""
+    if Artifact(url).manifest().kind != LAYOUTS["features"][0]:
+        return streamed_training_data(url, ctx)
     rows = Artifact(url).rows()
     images = sorted({r["key"] for r in rows if r["kind"] == "image"})
     index = {i: k for k, i in enumerate(images)}
@@ -190,19 +377,8 @@ def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
     pair_image = torch.tensor([index[r["key"]] for r in pairs])
     teacher_txt = torch.tensor([r["teacher"] for r in pairs])
     data: dict[str, Any] = {"images": images, "index": index, "held_identity": [r["identity"] for r in held],
-                            "held_images": sorted({r["key"] for r in held}), "checks": {}, "raw": t.model is not None,
+                            "held_images": sorted({r["key"] for r in held}), "checks": {}, "streamed": False,
                             "image_identity": {r["key"]: r["identity"] for r in rows if r["kind"] == "image"}}
-    if data["raw"]:
-        decoded = _decoded_images(_source_root(ctx), images)
-        data["pairs"] = TrainingPairs(None, pair_image, None, teacher_img, teacher_txt, q,
-                                      raw_images=[decoded[i] for i in images], raw_texts=[r["text"] for r in pairs],
-                                      views=t.views, seed=t.seed)
-        data["held_texts"] = [r["text"] for r in held] if held else None
-        for name in ctx.profile.evaluation.check_sets:
-            check = load_check_set(resolve_location(ctx.profile.evaluation.check_set_pool),
-                                   Path(resolve_location(name)))
-            data["checks"][name] = (check.gallery_images, check.queries, check, _check_domains(name))
-        return data
     views = 1 + max(r["index"] for r in rows if r["kind"] == "image")
     dim = len(next(r for r in rows if r["kind"] == "image")["vector"])
     img = torch.zeros(views, len(images), dim)
@@ -215,16 +391,51 @@ def load_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
     for name in sorted({r["key"] for r in rows if r["kind"] == "gallery"}):
         gal = sorted((r for r in rows if r["kind"] == "gallery" and r["key"] == name), key=lambda r: r["index"])
         qs = sorted((r for r in rows if r["kind"] == "query" and r["key"] == name), key=lambda r: r["index"])
-        spec = load_check_yaml(Path(resolve_location(name)))
-        # the labels are all the evaluation needs: identities of the cached gallery, relevant sets per query
-        labels = CheckSet(queries=[q["text"] for q in spec["queries"]],
-                          relevant=[set(q.get("relevant_identities", [])) | set(q.get("relevant_crops", []))
-                                    for q in spec["queries"]], gallery_images=[],
-                          gallery_identities=[r["identity"] for r in gal], gallery_domains=[],
-                          gallery_pool_ids=gallery_pool_ids(resolve_location(ctx.profile.evaluation.check_set_pool),
-                                                            spec))
-        data["checks"][name] = (torch.tensor([r["vector"] for r in gal]), torch.tensor([r["vector"] for r in qs]),
-                                labels, _check_domains(name))
+        data["checks"][name] = _cached_check(name, [r["vector"] for r in gal], [r["identity"] for r in gal],
+                                             [r["vector"] for r in qs], ctx)
+    return data
+
+
+def _cached_check(name: str, gallery: list, identities: list, queries: list, ctx: RunContext) -> tuple:
+    """A check set over cached features: (gallery features, query vectors, its labels, query domains).
+    The labels are all the evaluation needs: the cached gallery's identities, relevant sets per query."""
+    spec = load_check_yaml(Path(resolve_location(name)))
+    labels = CheckSet(queries=[q["text"] for q in spec["queries"]],
+                      relevant=[set(q.get("relevant_identities", [])) | set(q.get("relevant_crops", []))
+                                for q in spec["queries"]], gallery_images=[], gallery_identities=identities,
+                      gallery_domains=[],
+                      gallery_pool_ids=gallery_pool_ids(resolve_location(ctx.profile.evaluation.check_set_pool), spec))
+    return torch.tensor(gallery), torch.tensor(queries), labels, _check_domains(name)
+
+
+def streamed_training_data(url: str, ctx: RunContext) -> dict[str, Any]:
+    """Streamed pairs: the training pairs as a ``StreamedTraining`` source (a CLIP-like student's
+    preprocessing is set once the model exists, ``for_model``), the held-out pairs' index, and the
+    check sets: the cached features' rows of them, or their images (bundled, small)."""
+    t = ctx.profile.training
+    index = PairIndex.scan(url, "train")
+    dataset = StreamedPairs(index, batch_size=t.batch_size, window=t.shuffle_window, seed=t.seed, preprocess=None)
+    data: dict[str, Any] = {"streamed": True, "checks": {}, "held": PairIndex.scan(url, "heldout"),
+                            "pairs": StreamedTraining(dataset, workers=t.loader_workers)}
+    if not index.features:
+        for name in ctx.profile.evaluation.check_sets:
+            check = load_check_set(resolve_location(ctx.profile.evaluation.check_set_pool),
+                                   Path(resolve_location(name)))
+            data["checks"][name] = (check.gallery_images, check.queries, check, _check_domains(name))
+        return data
+    artifact, checks = Artifact(url), {}
+    for index_, table in artifact.iter_shards(["split"]):
+        if {"gallery", "query"} & set(table.column("split").to_pylist()):
+            for r in artifact.read_shard(index_, ["split", "pair", "image_id", "identity", "image_views",
+                                                  "text_vector"]).to_pylist():
+                if r["split"] in ("gallery", "query"):
+                    checks.setdefault(r["image_id"], {"gallery": [], "query": []})[r["split"]].append(r)
+    for name, parts in sorted(checks.items()):
+        gal, qs = (sorted(parts[k], key=lambda r: r["pair"]) for k in ("gallery", "query"))
+        data["checks"][name] = _cached_check(name, [r["image_views"][0] for r in gal], [r["identity"] for r in gal],
+                                             [r["text_vector"] for r in qs], ctx)
+    first = next(r for r in artifact.read_shard(index.shards[0], ["image_views", "text_vector"]).to_pylist())
+    data["dims"] = (len(first["image_views"][0]), len(first["text_vector"]))
     return data
 
 
@@ -236,25 +447,28 @@ def new_model(data: dict[str, Any], ctx: RunContext) -> torch.nn.Module:
     """The student: the configured CLIP-like model, or the CPU feature model sized to the features."""
     t = ctx.profile.training
     if t.model is not None:
-        return HFClipDualEncoder(t.model.model_id, t.train_text, t.model.revision)
-    d = data["pairs"].texts.shape[1]
-    return FeatureDualEncoder(bridge_dim=d, cnn_dim=data["pairs"].images.shape[2] - d, text_dim=d,
-                              train_text=t.train_text)
+        model = HFClipDualEncoder(t.model.model_id, t.train_text, t.model.revision).to(resolve_device(t.model.device))
+        data["pairs"] = data["pairs"].for_model(model)
+        return model
+    image_dim, d = data["dims"] if data["streamed"] else (data["pairs"].images.shape[2], data["pairs"].texts.shape[1])
+    return FeatureDualEncoder(bridge_dim=d, cnn_dim=image_dim - d, text_dim=d, train_text=t.train_text)
 
 
 def _encode_images(model: torch.nn.Module, items: Any, batch: int = 64) -> np.ndarray:
     """Cached features (a tensor) or raw images (a list) → normalised vectors."""
     if isinstance(items, torch.Tensor):
         return model.encode_image(items).numpy()
-    return np.concatenate([model.encode_image(model.pixel_values(items[i:i + batch])).numpy()
+    device = next(model.parameters()).device
+    return np.concatenate([model.encode_image(model.pixel_values(items[i:i + batch]).to(device)).float().cpu().numpy()
                            for i in range(0, len(items), batch)])
 
 
 def _encode_texts(model: torch.nn.Module, items: Any, batch: int = 256) -> np.ndarray:
     if isinstance(items, torch.Tensor):
         return model.encode_text(items).numpy()
-    return np.concatenate([model.encode_text(model.tokens(items[i:i + batch])).numpy()
-                           for i in range(0, len(items), batch)])
+    device = next(model.parameters()).device
+    return np.concatenate([model.encode_text({k: v.to(device) for k, v in model.tokens(items[i:i + batch]).items()})
+                           .float().cpu().numpy() for i in range(0, len(items), batch)])
 
 
 def train_config(ctx: RunContext, **overrides: Any) -> TrainConfig:
@@ -282,18 +496,25 @@ def evaluation_rows(model: torch.nn.Module, data: dict[str, Any], label: str) ->
                     rows.append({"benchmark": Path(name).stem, "labels": "verified", "expert": label, "domain": domain,
                                  "metric": f"mAP@{k}", "queries": len(sel),
                                  "value": mean_ap_at_k([rankings[i] for i in sel], [counts[i] for i in sel], k)})
-        if data["held_texts"] is not None:
-            gallery_ids = data["held_images"]
-            rows_idx = [data["index"][i] for i in gallery_ids]
-            pairs = data["pairs"]
-            g = _encode_images(model, [pairs.raw_images[i] for i in rows_idx] if data["raw"]
-                               else pairs.images[0, rows_idx])
-            m = person_search_metrics(_encode_texts(model, data["held_texts"]) @ g.T, data["held_identity"],
-                                      [data["image_identity"][i] for i in gallery_ids])
+        held = _held_out(model, data)
+        if held is not None:
+            m = person_search_metrics(held[0] @ held[2].T, held[1], held[3])
             rows += [{"benchmark": "held-out-identities", "labels": "track identities", "expert": label,
                       "domain": "pedestrian", "metric": k, "value": v, "queries": int(m["queries"])}
                      for k, v in m.items() if k != "queries"]
     return rows
+
+
+def _held_out(model: torch.nn.Module, data: dict[str, Any]) -> tuple[np.ndarray, list, np.ndarray, list] | None:
+    """(query vectors, their identities, gallery vectors, their identities) of the held-out pairs."""
+    if data["streamed"]:
+        return held_out_embeddings(model, data["held"], data["pairs"].dataset.preprocess)
+    if data["held_texts"] is None:
+        return None
+    gallery_ids = data["held_images"]
+    g = _encode_images(model, data["pairs"].images[0, [data["index"][i] for i in gallery_ids]])
+    return (_encode_texts(model, data["held_texts"]), data["held_identity"], g,
+            [data["image_identity"][i] for i in gallery_ids])
 
 
 def loss_plot(result: TrainResult, path: Path, title: str) -> None:
@@ -404,7 +625,9 @@ class Train(Stage):
         torch.save(model.state_dict(), folder / "model.pt")
         loss_plot(result, folder / "loss.png", f"{self.method} ({len(data['pairs'])} pairs)")
         run.prepared["result"] = result
-        stats = {"input_rows": features.count_equal("kind", "pair"), "accepted": len(data["pairs"]), "rejected": {},
+        counted = features.count_equal("split", "train") if data["streamed"] else features.count_equal("kind", "pair")
+        stats = {"input_rows": counted, "accepted": len(data["pairs"]), "rejected": {},
+                 "data_stall_share": round(result.loader.stall_share, 4), "batches": result.loader.batches,
                  "resumed_from_epoch": result.resumed_from, "resumed_from_step": result.resumed_step,
                  "epoch_loss": [round(e.mean_loss, 5) for e in result.epochs],
                  "gmm": [gmm_epoch_stats(e) for e in result.epochs if e.confidence is not None]}
@@ -470,10 +693,12 @@ def run_training(ctx: RunContext, until: str | None, method: str, cfg: TrainConf
     """The body of both training flows: features, then (unless ``until='features'``) training —
     a pipeline of two stages, the second named after the method."""
     train_stage = Train(method, cfg)
-    pipeline = Pipeline(ctx.flow_name, (TrainingFeatures(), train_stage),
+    captions = Artifact(f"{_source_root(ctx)}/largefine")
+    layout = features_layout(ctx, captions.count_rows()) if captions.is_complete() else "features"
+    pipeline = Pipeline(ctx.flow_name, (TrainingFeatures(layout), train_stage),
                         until={"features": "training-features", "train": train_stage.name})
     results = run_pipeline(ctx, pipeline, until)
-    return training_summary(ctx, results, Artifact(f"{_source_root(ctx)}/largefine").count_rows())
+    return training_summary(ctx, results, captions.count_rows())
 
 
 def training_summary(ctx: RunContext, results: list[sharded.StageResult],

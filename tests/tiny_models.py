@@ -95,22 +95,27 @@ def build_tiny_dinov2(folder: Path) -> Path:
     return folder
 
 
-def build_tiny_clip(folder: Path) -> Path:
+def build_tiny_clip(folder: Path, width: int = 32, layers: int = 2, heads: int = 2, image_size: int = 32,
+                    patch_size: int = 8, text_width: int = 32, projection_dim: int = 16) -> Path:
+    """A CLIP of random weights (the defaults: tiny; the streamed-training benchmark asks for a
+    larger vision tower), saved with a tokenizer and an image processor."""
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
     torch.manual_seed(0)
     fast = tiny_tokenizer()
     config = CLIPConfig(
-        text_config={"vocab_size": len(fast), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                     "num_attention_heads": 2, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2,
-                     "pad_token_id": 0},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                       "image_size": 32, "patch_size": 8},
-        projection_dim=16)
+        text_config={"vocab_size": len(fast), "hidden_size": text_width, "intermediate_size": 2 * text_width,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 64,
+                     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        vision_config={"hidden_size": width, "intermediate_size": 2 * width if width <= 32 else 4 * width,
+                       "num_hidden_layers": layers, "num_attention_heads": heads, "image_size": image_size,
+                       "patch_size": patch_size},
+        projection_dim=projection_dim)
     CLIPModel(config).save_pretrained(folder)
     fast.save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": image_size},
+                       crop_size={"height": image_size, "width": image_size}).save_pretrained(folder)
     return folder
 
 

@@ -419,8 +419,9 @@ class LargeFineSpec(Strict):
 
 
 class TrainingSpec(Strict):
-    """``train-saft`` / ``train-gtr``: the CPU dual encoder over cached tower features, trained on the
-    captions of a ``build-largefine`` run (DSMM-TBIR Sec. 3.3 / Table 8; GTR+ Sec. 3.2)."""
+    """``train-saft`` / ``train-gtr``: a dual encoder trained on the captions of a ``build-largefine``
+    run (DSMM-TBIR Sec. 3.3 / Table 8; GTR+ Sec. 3.2): the CPU model over cached tower features in
+    memory, or a CLIP-like student from streamed pairs (``rde.training.pair_stream``)."""
 
     source_flow: str = Field("build-largefine", description="The flow whose largefine captions are the "
                              "training pairs.")
@@ -429,7 +430,8 @@ class TrainingSpec(Strict):
                                     "folder, its vision tower trained end to end.")
     max_pairs: int | None = Field(None, ge=2, description="Train on a seeded sample of this many pairs (the "
                                   "rest rejected as over_max_pairs); null = all.")
-    views: int = Field(3, ge=1, description="Views per image: view 0 the image, the others random resized crops.")
+    views: int = Field(3, ge=1, description="The CPU model's cached views per image: view 0 the image, the others "
+                       "random resized crops (a CLIP-like student draws a fresh crop at every step).")
     held_out_share: float = Field(0.3, gt=0.0, lt=1.0, description="Share of identities held out for the "
                                   "person-search evaluation.")
     epochs: int = Field(5, ge=1, description="Passes over the training pairs.")
@@ -460,8 +462,18 @@ class TrainingSpec(Strict):
                                    "for a fit of their own; fewer keep weight 1.")
     seed: int = Field(0, description="Seed of the split, the pair sample, the crops and the initialisation.")
     processes: int = Field(1, ge=1, description="Training processes on this machine: above 1, data-parallel "
-                           "(torch.distributed, gloo): each step's batch is shared out, and its loss taken over "
-                           "the whole gathered batch.")
+                           "(torch.distributed: gloo on the CPU, nccl with one GPU a rank when the student is on "
+                           "a GPU): each step's batch is shared out, and its loss taken over the whole gathered "
+                           "batch.")
+    stream_above: int | None = Field(100_000, ge=0, description="The CPU model's cached features are held in "
+                                     "memory up to this many captions and streamed from shards above it, as a "
+                                     "CLIP-like student's images always are (null: always in memory).")
+    shuffle_window: int = Field(4096, ge=2, description="Streamed pairs: each epoch takes the shards in a seeded "
+                                "order and shuffles windows of this many consecutive pairs; memory holds a "
+                                "window's ids and the shards it touches.")
+    loader_workers: int = Field(2, ge=0, description="DataLoader worker processes that read streamed batches "
+                                "(and decode, crop and preprocess a CLIP-like student's images); 0: in the "
+                                "training process.")
     checkpoint_every: int = Field(500, ge=0, description="Steps between the checkpoints taken within an epoch "
                                   "(0: only at each epoch's end). A killed run resumes from the newest one, at "
                                   "the next batch of that epoch.")

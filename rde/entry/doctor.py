@@ -82,6 +82,8 @@ def profile_models(prof: Profile) -> list[tuple[str, Any]]:
     for role in ("query_generator", "template_generator"):
         specs.append((role, getattr(prof.models, role) or ModelSpec(**BUNDLED_LLM)))
     specs.append(("vedje.joint_encoder", prof.vedje.joint_encoder))
+    if prof.training.model is not None:
+        specs.append(("training.model", prof.training.model))
     return specs
 
 

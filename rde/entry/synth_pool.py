@@ -141,3 +141,38 @@ def write_synth_pool(source_url: str, out: str, p: SynthParams,
     writer.finalize(shards, code_version=f"synth-pool-{SYNTH_VERSION}", config={"params": asdict(p)},
                     upstream=[source], stats=stats)
     return stats
+
+
+def write_synth_training_pairs(pool_url: str, out: str, captions_per_image: int = 3, teacher_dim: int = 16,
+                               seed: int = 0, held_out_share: float = 0.0) -> int:
+    """A pool artifact's images as streamed training pairs (``TRAINING_PAIRS``, one shard per pool
+    shard), for load tests of the streamed trainer with no captioner and no teacher: each image gets
+    ``captions_per_image`` fixed captions and a seeded random teacher vector per image and per
+    caption; a seeded ``held_out_share`` of the images is held out. Returns the training pairs."""
+    from rde.common.seeds import draw_seed
+    from storage.schemas import TRAINING_PAIRS
+
+    pool = Artifact(pool_url)
+    writer = ArtifactWriter(out, "training_pairs", TRAINING_PAIRS,
+                            content_key(kind="synth-pairs", source=pool.manifest().fingerprint,
+                                        params=[captions_per_image, teacher_dim, seed, held_out_share]))
+    writer.begin()
+    numbered, shards = {"train": 0, "heldout": 0}, []
+    for index, table in pool.iter_shards(["pool_id", "domain", "identity", "image_bytes"]):
+        rows = []
+        for r in table.to_pylist():
+            image_seed = draw_seed(seed, r["pool_id"])
+            rng = np.random.default_rng(image_seed)
+            split = "heldout" if rng.random() < held_out_share else "train"
+            teacher_image = rng.standard_normal(teacher_dim).astype(np.float32)
+            for k in range(captions_per_image):
+                rows.append({"split": split, "pair": numbered[split], "image_id": r["pool_id"],
+                             "image_key": image_seed, "identity": r["identity"],
+                             "text": f"a {r['domain']} seen by a surveillance camera, caption {k}",
+                             "q_txt": float(rng.uniform(0.5, 1.0)), "image": r["image_bytes"],
+                             "teacher_image": teacher_image.tolist(),
+                             "teacher_text": rng.standard_normal(teacher_dim).astype(np.float32).tolist()})
+                numbered[split] += 1
+        shards.append(writer.write_shard(index, pa.Table.from_pylist(rows, schema=TRAINING_PAIRS)))
+    writer.finalize(shards, code_version=SYNTH_VERSION, stats=dict(numbered))
+    return numbered["train"]

@@ -57,7 +57,7 @@ class CheckpointStore:
 
     def _load(self, name: str) -> dict[str, Any]:
         with self.fs.open(join(self.path, name), "rb") as handle:
-            return torch.load(io.BytesIO(handle.read()), weights_only=True)
+            return torch.load(io.BytesIO(handle.read()), weights_only=True, map_location="cpu")
 
     def _steps(self) -> list[str]:
         return self._names(STEP_FILE)

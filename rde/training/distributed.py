@@ -55,8 +55,8 @@ def gather_rows(x: torch.Tensor, ranks: Ranks | None) -> torch.Tensor:
     the collective, then trimmed."""
     if ranks is None:
         return x
-    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(ranks.world)]
-    dist.all_gather(sizes, torch.tensor([x.shape[0]], dtype=torch.long))
+    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(ranks.world)]
+    dist.all_gather(sizes, torch.tensor([x.shape[0]], dtype=torch.long, device=x.device))
     longest = max(int(s) for s in sizes)
     padded = torch.cat([x, x.new_zeros(longest - x.shape[0], *x.shape[1:])]) if x.shape[0] < longest else x
     with warnings.catch_warnings():  # its named successor is a private module (_functional_collectives)

@@ -1,10 +1,13 @@
 """Training loop for the retrieval dual encoder: SAFT objectives and baselines, GTR+ confidence
 weighting and baselines, AdamW with warmup + cosine, checkpoints every N steps and at each epoch's
-end with resume mid-epoch (``rde.training.checkpoints``), seeded and deterministic on the CPU.
+end with resume mid-epoch (``rde.training.checkpoints``), data-parallel over ranks
+(``rde.training.distributed``), seeded and deterministic on the CPU.
 
-Pairs index cached features (see ``rde/training/retrieval_features.py``): ``images`` holds V augmented views
-of each image's tower features, so "random resized crop" augmentation costs no tower forward
-during training; each step takes one random view per pair.
+A source of pairs gives each epoch's batches (``Batch``) from a position on. ``TrainingPairs``
+holds cached features in memory (the CPU model): ``images`` holds V augmented views of each image's
+tower features, so "random resized crop" augmentation costs no tower forward during training, and
+each step takes one random view per pair. ``rde.training.pair_stream.StreamedTraining`` streams a
+CLIP-like student's pairs from shards, decoded and cropped in DataLoader workers.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -29,11 +32,10 @@ from models.retrieval.losses import (
     sass_loss,
     weighted_itm_loss,
 )
-from rde.common.seeds import draw_seed
 from rde.training.checkpoints import CheckpointStore
 from rde.training.distributed import Ranks, average_gradients, current, gather_rows, local_part
 from rde.training.gmm_confidence import ConfidenceFit, confidence_weights, pair_confidence
-from rde.training.retrieval_features import random_resized_crop
+from rde.training.pair_stream import Batch, LoaderClock, StreamedTraining, steps_per_epoch
 
 Objective = Literal["itc", "itc+sass", "saft", "cusa", "hnm", "itc+iss"]
 Weighting = Literal["none", "fix", "ada"]
@@ -41,22 +43,17 @@ Weighting = Literal["none", "fix", "ada"]
 
 @dataclass
 class TrainingPairs:
-    """The training pairs. Cached path (CPU model): ``images`` V×N_img×D tower features of V views,
-    ``texts`` P×d text features. Raw path (CLIP-like models): ``raw_images`` (N_img RGB arrays) and
-    ``raw_texts`` (P strings), with ``views`` fixed views per image (view 0 the image, the others
-    seeded random resized crops), preprocessed by the model at each step. ``pair_image``: P image
-    indices; teacher vectors for images (N_img×t) and texts (P×t); ``q_txt``: P confidences."""
+    """The training pairs in memory, over cached tower features (the CPU model): ``images`` V×N_img×D
+    tower features of V views, ``texts`` P×d text features, ``pair_image`` P image indices, teacher
+    vectors for images (N_img×t) and texts (P×t), ``q_txt`` P confidences. Each step takes one
+    random view per pair. (A CLIP-like student reads images: ``rde.training.pair_stream``.)"""
 
-    images: torch.Tensor | None
+    images: torch.Tensor
     pair_image: torch.Tensor
-    texts: torch.Tensor | None
+    texts: torch.Tensor
     teacher_images: torch.Tensor | None = None
     teacher_texts: torch.Tensor | None = None
     q_txt: torch.Tensor | None = None
-    raw_images: list[np.ndarray] | None = None
-    raw_texts: list[str] | None = None
-    views: int = 1
-    seed: int = 0
 
     def __post_init__(self) -> None:
         # unit teacher vectors once here, not in every training step
@@ -70,21 +67,49 @@ class TrainingPairs:
 
     @property
     def n_views(self) -> int:
-        return self.images.shape[0] if self.images is not None else self.views
+        return self.images.shape[0]
 
-    def image_input(self, model: Any, views: torch.Tensor, rows: torch.Tensor) -> Any:
-        """What ``model.encode_image`` takes for these (view, image) pairs."""
-        if self.raw_images is None:
-            return self.images[views, rows]
-        crops = [self.raw_images[r] if v == 0 else random_resized_crop(
-            self.raw_images[r], np.random.default_rng(draw_seed(self.seed, f"{r}#view{v}")))
-            for v, r in zip(views.tolist(), rows.tolist(), strict=True)]
-        return model.pixel_values(crops)
+    def batch(self, idx: torch.Tensor, views: torch.Tensor, ranks: Ranks | None = None,
+              other_view: bool = False) -> Batch:
+        """The step's ``Batch`` for global batch ``idx`` (pair ids) with these views: this rank's
+        part of the model inputs, the global ids and teacher vectors."""
+        image_rows = self.pair_image[idx]
+        mine = local_part(torch.arange(len(idx)), ranks)
+        other = (views + 1) % self.n_views
+        return Batch(pairs=idx, image_keys=image_rows, images=self.images[views[mine], image_rows[mine]],
+                     texts=self.texts[idx[mine]],
+                     other_images=self.images[other[mine], image_rows[mine]] if other_view else None,
+                     teacher_images=None if self.teacher_images is None else self.teacher_images[image_rows],
+                     teacher_texts=None if self.teacher_texts is None else self.teacher_texts[idx])
 
-    def text_input(self, model: Any, idx: torch.Tensor) -> Any:
-        if self.raw_texts is None:
-            return self.texts[idx]
-        return model.tokens([self.raw_texts[i] for i in idx.tolist()])
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return steps_per_epoch(len(self), batch_size)
+
+    def epoch_batches(self, epoch: int, start_position: int, cfg: TrainConfig, ranks: Ranks | None,
+                      device: torch.device) -> Iterator[tuple[int, Batch]]:
+        """(position after the batch, the batch) of the epoch's seeded order from ``start_position``:
+        a permutation and a view per pair, drawn from (seed, epoch) alone, so a resumed epoch goes on
+        exactly where the killed one stopped."""
+        gen = torch.Generator().manual_seed(cfg.seed + 1000 * epoch)
+        order = torch.randperm(len(self), generator=gen)
+        views = torch.randint(self.n_views, (len(self),), generator=gen)
+        for start in range(start_position, len(self), cfg.batch_size):
+            idx = order[start:start + cfg.batch_size]
+            if len(idx) >= 2:
+                yield start + len(idx), self.batch(idx, views[idx], ranks, cfg.objective == "itc+iss").to(device)
+
+    @torch.no_grad()
+    def positive_cosines(self, model: Any, batch: int = 4096) -> np.ndarray:
+        """s of every training pair (original view) under the current model."""
+        out = []
+        for start in range(0, len(self), batch):
+            rows = self.pair_image[start:start + batch]
+            img = model.encode_image(self.images[0, rows])
+            out.append((img * model.encode_text(self.texts[start:start + len(rows)])).sum(dim=1).numpy())
+        return np.concatenate(out) if out else np.zeros(0)
+
+
+PairSource = TrainingPairs | StreamedTraining
 
 
 @dataclass
@@ -129,6 +154,7 @@ class TrainResult:
     epochs: list[EpochRecord]
     resumed_from: int  # the epoch the run started in (0: from scratch, or resumed within epoch 0)
     resumed_step: int = 0  # the step of the checkpoint it resumed from (0: none)
+    loader: LoaderClock = field(default_factory=LoaderClock)  # time spent waiting for batches
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -142,21 +168,20 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 def batch_loss(model: Any, pairs: TrainingPairs, idx: torch.Tensor, views: torch.Tensor,
                cfg: TrainConfig, weights: torch.Tensor | None, ranks: Ranks | None = None) -> dict[str, torch.Tensor]:
+    """``loss_terms`` of global batch ``idx`` of in-memory pairs with these views."""
+    return loss_terms(model, pairs.batch(idx, views, ranks, cfg.objective == "itc+iss"), cfg, weights, ranks)
+
+
+def loss_terms(model: Any, batch: Batch, cfg: TrainConfig, weights: torch.Tensor | None,
+               ranks: Ranks | None = None) -> dict[str, torch.Tensor]:
     """All loss terms of one batch for the configured objective; ``total`` is what is optimised.
-    With ``ranks`` (data-parallel training, ``rde.training.distributed``) ``idx`` is the global
-    batch: this process encodes its part, and the terms are those of the whole gathered batch."""
-    image_rows = pairs.pair_image[idx]
-    mine = local_part(torch.arange(len(idx)), ranks)
-
-    def encode_images(chosen: torch.Tensor) -> torch.Tensor:
-        return gather_rows(model.encode_image(pairs.image_input(model, chosen[mine], image_rows[mine])), ranks)
-
-    img = encode_images(views)
-    txt = gather_rows(model.encode_text(pairs.text_input(model, idx[mine])), ranks)
+    With ``ranks`` (data-parallel training, ``rde.training.distributed``) this process encodes its
+    part of the batch, and the terms are those of the whole gathered batch."""
+    img = gather_rows(model.encode_image(batch.images), ranks)
+    txt = gather_rows(model.encode_text(batch.texts), ranks)
     tau = model.tau
     out: dict[str, torch.Tensor] = {}
-    if cfg.objective in ("saft", "itc+sass", "cusa"):
-        t_img, t_txt = pairs.teacher_images[image_rows], pairs.teacher_texts[idx]
+    t_img, t_txt = batch.teacher_images, batch.teacher_texts
     if cfg.objective == "saft":  # the fused pass: shared student logits, teacher terms without autograd
         out = saft_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher, cfg.alpha, cfg.beta, weights)
         total = out.pop("total")
@@ -171,33 +196,21 @@ def batch_loss(model: Any, pairs: TrainingPairs, idx: torch.Tensor, views: torch
             out["sass"] = sass_loss(img, txt, tau, t_img, t_txt, cfg.tau_teacher)
             total = total + cfg.alpha * out["sass"]
         elif cfg.objective == "itc+iss":
-            other = (views + 1) % pairs.n_views
-            out["iss"] = iss_loss(img, encode_images(other), tau)
+            out["iss"] = iss_loss(img, gather_rows(model.encode_image(batch.other_images), ranks), tau)
             total = total + out["iss"]
     if cfg.use_itm:
+        n = len(batch.pairs)
         with torch.no_grad():
             sims = img @ txt.T
-            same = image_rows[:, None] == image_rows[None, :]
+            same = batch.image_keys[:, None] == batch.image_keys[None, :]
             hardest = sims.masked_fill(same, float("-inf")).argmax(dim=1)
         logits = torch.cat([model.itm_logits(img, txt), model.itm_logits(img, txt[hardest])])
-        labels = torch.cat([torch.ones(len(idx), dtype=torch.long), torch.zeros(len(idx), dtype=torch.long)])
+        labels = torch.cat([torch.ones(n, dtype=torch.long), torch.zeros(n, dtype=torch.long)]).to(img.device)
         pos_w = None if weights is None else torch.cat([weights, torch.ones_like(weights)])
         out["itm"] = weighted_itm_loss(logits, labels, pos_w)
         total = total + out["itm"]
     out["total"] = total
     return out
-
-
-@torch.no_grad()
-def positive_cosines(model: Any, pairs: TrainingPairs, batch: int = 4096) -> np.ndarray:
-    """s of every training pair (original view) under the current model."""
-    out = []
-    for start in range(0, len(pairs), batch):
-        rows = pairs.pair_image[start:start + batch]
-        img = model.encode_image(pairs.image_input(model, torch.zeros_like(rows), rows))
-        txt = model.encode_text(pairs.text_input(model, torch.arange(start, start + len(rows))))
-        out.append((img * txt).sum(dim=1).numpy())
-    return np.concatenate(out) if out else np.zeros(0)
 
 
 def _state(model: torch.nn.Module, optim: torch.optim.Optimizer, epoch: int, step: int, position: int | None,
@@ -209,7 +222,7 @@ def _state(model: torch.nn.Module, optim: torch.optim.Optimizer, epoch: int, ste
             "torch_rng": torch.get_rng_state()}
 
 
-def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
+def train(model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig,
           checkpoint_dir: Path | str | None = None, on_step: Callable[[int, int], None] | None = None,
           on_loss: Callable[[dict[str, float]], None] | None = None) -> TrainResult:
     """Train in place. With ``checkpoint_dir`` (a folder or an object-store URL) a checkpoint is
@@ -220,15 +233,14 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
     run's. ``on_step(steps done, steps in all)`` after every step, for progress displays, and
     ``on_loss(the step's loss terms, with its step and epoch)``, for live loss curves."""
     torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
     ranks = current()  # in a process group: data-parallel, every rank with the same seeded order
     leader = ranks is None or ranks.rank == 0  # the one that reports progress and saves checkpoints
+    device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=cfg.lr_start, weight_decay=cfg.weight_decay)
     # a batch of one pair has no in-batch negative and is skipped, so it is not a step: the schedule
     # and the progress total count only the batches that train (17 pairs in batches of 8: 2 a epoch)
-    steps_per_epoch = sum(min(cfg.batch_size, len(pairs) - at) >= 2 for at in range(0, len(pairs), cfg.batch_size))
-    total = max(1, steps_per_epoch * cfg.epochs)
+    total = max(1, pairs.steps_per_epoch(cfg.batch_size) * cfg.epochs)
     if cfg.weighting == "fix":
         if pairs.q_txt is None:
             raise ValueError("FixWeight needs q_txt for every pair")
@@ -250,20 +262,17 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
     losses: list[dict[str, float]] = []
     records: list[EpochRecord] = []
     gmm: ConfidenceFit | None = None  # the previous epoch's fits warm-start the next
+    clock = LoaderClock()
     for epoch in range(start_epoch, cfg.epochs):
         began = time.perf_counter()
-        gen.manual_seed(cfg.seed + 1000 * epoch)  # the epoch's shuffle does not depend on resuming
-        order = torch.randperm(len(pairs), generator=gen)
-        views = torch.randint(pairs.n_views, (len(pairs),), generator=gen)
         epoch_losses: list[float] = resumed_losses if epoch == start_epoch else []
         model.train()
-        for start in range(position if epoch == start_epoch else 0, len(pairs), cfg.batch_size):
-            idx = order[start:start + cfg.batch_size]
-            if len(idx) < 2:
-                continue
+        batches = pairs.epoch_batches(epoch, position if epoch == start_epoch else 0, cfg, ranks, device)
+        for at, batch in clock.timed(batches):
             for group in optim.param_groups:
                 group["lr"] = lr_at(step, total, cfg)
-            terms = batch_loss(model, pairs, idx, views[idx], cfg, None if weights is None else weights[idx], ranks)
+            batch_weights = None if weights is None else weights[batch.pairs.cpu()].to(device)
+            terms = loss_terms(model, batch, cfg, batch_weights, ranks)
             optim.zero_grad()
             terms["total"].backward()
             average_gradients(params, ranks)
@@ -276,14 +285,14 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
                 on_loss(losses[-1])
             epoch_losses.append(float(terms["total"].detach()))
             if store is not None and leader and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
-                    and start + cfg.batch_size < len(pairs):
-                store.save(_state(model, optim, epoch, step, start + cfg.batch_size, epoch_losses, weights))
+                    and at < len(pairs):
+                store.save(_state(model, optim, epoch, step, at, epoch_losses, weights))
         record = EpochRecord(epoch, float(np.mean(epoch_losses)) if epoch_losses else 0.0, 0.0,
                              weight_mean=float(weights.mean()) if weights is not None else 1.0)
         if cfg.weighting == "ada":
             model.eval()
             q = pairs.q_txt.numpy() if pairs.q_txt is not None else np.full(len(pairs), np.nan)
-            conf, s_hat, gmm = pair_confidence(positive_cosines(model, pairs), q, cfg.gamma, cfg.gmm_components,
+            conf, s_hat, gmm = pair_confidence(pairs.positive_cosines(model), q, cfg.gamma, cfg.gmm_components,
                                                gmm, cfg.gmm_min_fit_pairs)
             weights = torch.tensor(confidence_weights(conf, cfg.confidence_beta), dtype=torch.float32)
             fitted = gmm.with_q_txt or gmm.cosine_only
@@ -294,20 +303,24 @@ def train(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
         records.append(record)
         if store is not None and leader:
             store.save(_state(model, optim, epoch, step, None, [], weights))
-    return TrainResult(losses, records, start_epoch, state["step"] if state is not None else 0)
+    return TrainResult(losses, records, start_epoch, state["step"] if state is not None else 0, clock)
 
 
-def train_data_parallel(model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig, processes: int,
+def train_data_parallel(model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig, processes: int,
                         workdir: Path, checkpoint_dir: Path | str | None = None,
                         on_step: Callable[[int, int], None] | None = None,
                         on_loss: Callable[[dict[str, float]], None] | None = None) -> TrainResult:
-    """``train`` in ``processes`` ranks on this machine (``gloo``; ``rde.training.distributed``):
-    every rank starts from ``model``'s weights and the same seeded order, each step's global batch
-    is shared out and its loss taken over the gathered batch; rank 0 saves the checkpoints and hands
-    the trained weights and the result back, which land in ``model``. ``workdir`` holds the
-    rendezvous and the hand-over file."""
+    """``train`` in ``processes`` ranks on this machine (``rde.training.distributed``): every rank
+    starts from ``model``'s weights and the same seeded order, each step's global batch is shared
+    out and its loss taken over the gathered batch; rank 0 saves the checkpoints and hands the
+    trained weights and the result back, which land in ``model``. A model on a CUDA device trains
+    with ``nccl``, rank r on GPU r (``processes`` at most the GPUs there are); otherwise ``gloo`` on
+    the CPU. ``workdir`` holds the rendezvous and the hand-over file."""
     from rde.training.distributed import run_group
 
+    device = next(model.parameters()).device
+    if device.type == "cuda" and processes > torch.cuda.device_count():
+        raise ValueError(f"training.processes is {processes} but this machine has {torch.cuda.device_count()} GPUs")
     workdir.mkdir(parents=True, exist_ok=True)
     rendezvous, out = workdir / "rendezvous", workdir / "rank0.pt"
     for stale in (rendezvous, out):
@@ -323,21 +336,26 @@ def train_data_parallel(model: torch.nn.Module, pairs: TrainingPairs, cfg: Train
         if on_step is not None and total.value:
             on_step(int(done.value), int(total.value))
 
-    run_group(_rank_train, processes, str(rendezvous), "gloo", model, pairs, cfg, checkpoint_dir, done, total,
-              step_losses, str(out), on_poll=poll)
-    handed = torch.load(out, weights_only=False)
+    run_group(_rank_train, processes, str(rendezvous), "nccl" if device.type == "cuda" else "gloo", model.cpu(),
+              pairs, cfg, checkpoint_dir, device.type, done, total, step_losses, str(out), on_poll=poll)
+    handed = torch.load(out, weights_only=False, map_location="cpu")
     model.load_state_dict(handed["model"])
+    model.to(device)
     return handed["result"]
 
 
-def _rank_train(rank: int, world: int, model: torch.nn.Module, pairs: TrainingPairs, cfg: TrainConfig,
-                checkpoint_dir: Path | str | None, done: Any, total: Any, step_losses: Any, out: str) -> None:
+def _rank_train(rank: int, world: int, model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig,
+                checkpoint_dir: Path | str | None, device_type: str, done: Any, total: Any, step_losses: Any,
+                out: str) -> None:
     def progress(steps: int, steps_in_all: int) -> None:
         done.value, total.value = steps, steps_in_all
 
     # torch hands tensors to spawned processes in shared memory: without a private copy every rank's
     # optimiser would step the same weights
     model = copy.deepcopy(model)
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+        model.to(torch.device("cuda", rank))
     result = train(model, pairs, cfg, checkpoint_dir, progress, step_losses.put)
     if rank == 0:
         torch.save({"model": model.state_dict(), "result": result}, out)

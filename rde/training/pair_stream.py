@@ -1,0 +1,407 @@
+"""Streamed training pairs for a CLIP-like student: memory bounded by a shuffle window and a batch,
+never by the number of pairs.
+
+The pairs are an artifact of shards (``storage.schemas.TRAINING_PAIRS``): a row is one caption with
+its image's encoded bytes and the teacher's image and text vectors. An epoch's order is made from
+the shards' row counts alone (``epoch_order``): the shards in a seeded permutation, cut into windows
+of ``window`` consecutive pairs, each window shuffled. Global batch ``b`` is positions
+``[b·B, (b+1)·B)`` of that order, so the order depends on the seed and the epoch only: not on the
+number of DataLoader workers, the number of ranks, or where a resumed run starts.
+
+``StreamedPairs`` is the ``IterableDataset``: DataLoader worker ``w`` of ``W`` takes every ``W``-th
+batch from the start batch on (the DataLoader hands them out in that round-robin order), reads the
+rows of this rank's part of each (the shards the window touches cached), decodes them, draws the random
+resized crop (SAFT's scale and ratio ranges, seeded by pair and epoch, so a resumed run redraws the
+same crop) and runs the student's own preprocessing. ``StreamedTraining`` is the trainer's source:
+DataLoader per epoch, the rank's parts gathered into the global batch (``rde.training.distributed``),
+and the streamed pass that gives ŝ of every pair for the GMM refit, keeping only the scalars.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from rde.common.image_decoding import decode_rgb
+from rde.common.seeds import draw_seed
+from rde.training.distributed import Ranks, gather_rows, local_part
+from rde.training.retrieval_features import random_resized_crop
+from storage import Artifact
+
+IMAGE_COLUMNS = ("pair", "image_key", "image", "text", "teacher_image", "teacher_text")
+FEATURE_COLUMNS = ("pair", "image_key", "image_views", "text_vector", "teacher_image", "teacher_text")
+FEATURE_PAIRS_KIND = "training_feature_pairs"  # the CPU model's cached features (else images)
+
+
+@dataclass(frozen=True)
+class PairIndex:
+    """Where the pairs of one split are: per shard (manifest order) the artifact's shard index, the
+    rows of the split and their pair ids; ``q_txt`` by pair id (NaN: none). Built from three small
+    columns: ints and floats per pair, no text and no pixels. ``features``: the rows hold the CPU
+    model's cached tower features (``TRAINING_FEATURE_PAIRS``), not images (``TRAINING_PAIRS``)."""
+
+    url: str
+    shards: tuple[int, ...]
+    rows: tuple[np.ndarray, ...]
+    pairs: tuple[np.ndarray, ...]
+    q_txt: np.ndarray
+    features: bool = False
+
+    @classmethod
+    def scan(cls, url: str, split: str = "train") -> PairIndex:
+        shards, rows, pairs, q = [], [], [], []
+        for index, table in Artifact(url).iter_shards(["split", "pair", "q_txt"]):
+            mask = np.asarray(table.column("split").to_pylist()) == split
+            if not mask.any():
+                continue
+            shards.append(index)
+            rows.append(np.flatnonzero(mask))
+            pairs.append(table.column("pair").to_numpy()[mask].astype(np.int64))
+            q.append(table.column("q_txt").to_numpy(zero_copy_only=False)[mask].astype(np.float64))
+        ids = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
+        if len(ids) and not np.array_equal(np.sort(ids), np.arange(len(ids))):
+            raise ValueError(f"{url}: the {split} pairs' ids are not 0..{len(ids) - 1} each once")
+        q_txt = np.full(len(ids), np.nan)
+        if len(ids):
+            q_txt[ids] = np.concatenate(q)
+        features = Artifact(url).manifest().kind == FEATURE_PAIRS_KIND
+        return cls(url, tuple(shards), tuple(rows), tuple(pairs), q_txt, features)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return FEATURE_COLUMNS if self.features else IMAGE_COLUMNS
+
+    def __len__(self) -> int:
+        return len(self.q_txt)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(r) for r in self.rows]
+
+
+def epoch_order(lengths: Sequence[int], seed: int, epoch: int, window: int) -> Iterator[np.ndarray]:
+    """The epoch's order as arrays of (shard position, row position) slots, window by window: shards
+    in a permutation seeded by (seed, epoch), concatenated, cut into windows of ``window`` slots,
+    each window permuted. Holds one window."""
+    rng = np.random.default_rng([seed, epoch])
+    buffered: list[np.ndarray] = []
+    count = 0
+    for s in rng.permutation(len(lengths)):
+        buffered.append(np.stack([np.full(lengths[s], s), np.arange(lengths[s])], axis=1))
+        count += lengths[s]
+        while count >= window:
+            slots = np.concatenate(buffered)
+            yield slots[:window][rng.permutation(window)]
+            rest = slots[window:]
+            buffered, count = [rest], len(rest)
+    if count:
+        slots = np.concatenate(buffered)
+        yield slots[rng.permutation(len(slots))]
+
+
+def global_batches(order: Iterator[np.ndarray], batch_size: int) -> Iterator[np.ndarray]:
+    """Consecutive ``batch_size`` slots of the order, across window ends; a last batch of one pair
+    is dropped (it has no in-batch negative, as in the in-memory trainer)."""
+    pending = np.zeros((0, 2), np.int64)
+    for part in order:
+        pending = np.concatenate([pending, part])
+        while len(pending) >= batch_size:
+            yield pending[:batch_size]
+            pending = pending[batch_size:]
+    if len(pending) >= 2:
+        yield pending
+
+
+def steps_per_epoch(pairs: int, batch_size: int) -> int:
+    """Batches of at least two pairs in an epoch of ``pairs``."""
+    return pairs // batch_size + (pairs % batch_size >= 2)
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """The student's own input preparation, run in the DataLoader's workers."""
+
+    pixel_values: Callable[[list[np.ndarray]], Any]
+    tokens: Callable[[list[str]], Any]
+
+
+@dataclass
+class StreamedPairs(torch.utils.data.IterableDataset):
+    """One epoch's batches of this rank from ``start_batch`` on, as dicts of tensors (module docstring)."""
+
+    index: PairIndex
+    batch_size: int
+    window: int
+    seed: int
+    preprocess: Preprocess
+    other_view: bool = False  # a second crop of each image (ISS)
+    ranks: Ranks | None = None
+    epoch: int = 0
+    start_batch: int = 0
+    _cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    @property
+    def cached_shards(self) -> int:
+        """Shards kept read: as many as a window and a batch can touch (the window's pairs may start
+        in the last row of one shard and end in the first of another), so a shard is read once a
+        window; memory is about a window of rows and two shards more."""
+        shortest = min(self.index.lengths, default=1)
+        return 2 + -(-(self.window + self.batch_size) // max(1, shortest))
+
+    def at(self, epoch: int, start_batch: int) -> StreamedPairs:
+        return replace(self, epoch=epoch, start_batch=start_batch, _cache=OrderedDict())
+
+    def batch_slots(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(global batch number, its slots) of the epoch, every batch."""
+        yield from enumerate(global_batches(epoch_order(self.index.lengths, self.seed, self.epoch, self.window),
+                                            self.batch_size))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # a forked tokenizer must not start threads
+            torch.set_num_threads(1)
+        for b, slots in self.batch_slots():
+            if b >= self.start_batch and (b - self.start_batch) % workers == worker:
+                yield self.load(b, local_part(torch.as_tensor(slots), self.ranks).numpy())
+
+    def _shard(self, position: int) -> dict[str, Any]:
+        if position not in self._cache:
+            table = Artifact(self.index.url).read_shard(self.index.shards[position], list(self.index.columns))
+            self._cache[position] = {c: table.column(c) for c in self.index.columns}
+            while len(self._cache) > self.cached_shards:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(position)
+        return self._cache[position]
+
+    def rows(self, slots: np.ndarray) -> dict[str, list]:
+        """The loaded columns of these slots, in slot order."""
+        out: dict[str, list] = {c: [] for c in self.index.columns}
+        for s, k in slots.tolist():
+            columns, row = self._shard(s), int(self.index.rows[s][k])
+            for c in self.index.columns:
+                out[c].append(columns[c][row].as_py())
+        return out
+
+    def load(self, number: int, slots: np.ndarray) -> dict[str, Any]:
+        """Batch ``number``'s part of this rank: images decoded, cropped and preprocessed, or the
+        cached features of one seeded view per pair."""
+        r = self.rows(slots)
+        out = {"number": number, "pairs": torch.tensor(r["pair"], dtype=torch.long),
+               "image_keys": torch.tensor(r["image_key"], dtype=torch.long),
+               "teacher_images": torch.tensor(np.asarray(r["teacher_image"], np.float32)),
+               "teacher_texts": torch.tensor(np.asarray(r["teacher_text"], np.float32))}
+        if self.index.features:
+            chosen = [draw_seed(self.seed, f"{p}#epoch{self.epoch}#view") % len(v)
+                      for p, v in zip(r["pair"], r["image_views"], strict=True)]
+            out["images"] = torch.tensor(np.asarray([v[c] for v, c in zip(r["image_views"], chosen, strict=True)],
+                                                    np.float32))
+            out["texts"] = torch.tensor(np.asarray(r["text_vector"], np.float32))
+            if self.other_view:
+                out["other_images"] = torch.tensor(np.asarray(
+                    [v[(c + 1) % len(v)] for v, c in zip(r["image_views"], chosen, strict=True)], np.float32))
+            return out
+        images = [_rgb(b) for b in r["image"]]
+        out["images"] = self.preprocess.pixel_values([
+            random_resized_crop(im, np.random.default_rng(draw_seed(self.seed, f"{p}#epoch{self.epoch}")))
+            for im, p in zip(images, r["pair"], strict=True)])
+        out["texts"] = self.preprocess.tokens(r["text"])
+        if self.other_view:
+            out["other_images"] = self.preprocess.pixel_values([
+                random_resized_crop(im, np.random.default_rng(draw_seed(self.seed, f"{p}#epoch{self.epoch}#other")))
+                for im, p in zip(images, r["pair"], strict=True)])
+        return out
+
+
+def _rgb(data: bytes) -> np.ndarray:
+    """Decoded, as a writable array (the preprocessing hands it to torch, which wants one)."""
+    return np.require(decode_rgb(data), requirements="W")
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(x, dim=-1)
+
+
+@dataclass
+class Batch:
+    """One step's batch as the loss sees it: ``pairs`` (pair ids), ``image_keys`` (equal for pairs of
+    one image) and the unit teacher vectors are the **global** batch's, in rank order; ``images``,
+    ``texts`` and ``other_images`` are this rank's model inputs."""
+
+    pairs: torch.Tensor
+    image_keys: torch.Tensor
+    images: Any
+    texts: Any
+    other_images: Any = None
+    teacher_images: torch.Tensor | None = None
+    teacher_texts: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> Batch:
+        def move(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.to(device, non_blocking=True)
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
+            return x
+        return Batch(**{k: move(v) for k, v in self.__dict__.items()})
+
+
+def gathered_batch(local: dict[str, Any], ranks: Ranks | None, device: torch.device) -> Batch:
+    """A rank's loaded part → the step's ``Batch`` on ``device``: ids and teacher vectors gathered
+    from every rank (fixed inputs, no gradient), the model inputs kept local."""
+    part = Batch(pairs=local["pairs"], image_keys=local["image_keys"], images=local["images"], texts=local["texts"],
+                 other_images=local.get("other_images"), teacher_images=local["teacher_images"],
+                 teacher_texts=local["teacher_texts"]).to(device)
+    return replace(part, pairs=gather_rows(part.pairs, ranks), image_keys=gather_rows(part.image_keys, ranks),
+                   teacher_images=unit(gather_rows(part.teacher_images, ranks)),
+                   teacher_texts=unit(gather_rows(part.teacher_texts, ranks)))
+
+
+@dataclass
+class LoaderClock:
+    """Time a training loop spent waiting for its next batch, and in all (the data stall share)."""
+
+    waiting: float = 0.0
+    total: float = 0.0
+    batches: int = 0
+
+    @property
+    def stall_share(self) -> float:
+        return self.waiting / self.total if self.total else 0.0
+
+    def timed(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items``, with the time spent getting each one, and the whole loop's, counted."""
+        began = time.perf_counter()
+        try:
+            while True:
+                asked = time.perf_counter()
+                item = next(items, None)
+                self.waiting += time.perf_counter() - asked
+                if item is None:
+                    return
+                self.batches += 1
+                yield item
+        finally:
+            self.total += time.perf_counter() - began
+
+
+@dataclass
+class StreamedTraining:
+    """The trainer's source over streamed pairs (``rde.training.retrieval_training.train``):
+    ``workers`` DataLoader workers, each with ``prefetch`` batches ahead."""
+
+    dataset: StreamedPairs
+    workers: int = 2
+    prefetch: int = 2
+
+    def __len__(self) -> int:
+        return len(self.dataset.index)
+
+    def for_model(self, model: Any) -> StreamedTraining:
+        """This source with the student's own preprocessing."""
+        return replace(self, dataset=replace(self.dataset, preprocess=Preprocess(model.pixel_values, model.tokens)))
+
+    @property
+    def q_txt(self) -> torch.Tensor:
+        return torch.tensor(self.dataset.index.q_txt, dtype=torch.float32)
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return steps_per_epoch(len(self), batch_size)
+
+    def epoch_batches(self, epoch: int, start_position: int, cfg: Any, ranks: Ranks | None,
+                      device: torch.device) -> Iterator[tuple[int, Batch]]:
+        """(position after the batch, the batch on ``device``) of the epoch from ``start_position``
+        (a multiple of the batch size): the stream's order for (``cfg.seed``, epoch), the ranks'
+        parts gathered."""
+        dataset = replace(self.dataset, ranks=ranks, batch_size=cfg.batch_size, seed=cfg.seed,
+                          other_view=cfg.objective == "itc+iss").at(epoch, start_position // cfg.batch_size)
+        # its own generator: making the iterator must not draw from the global RNG (the model's dropout)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=self.workers,
+                                             prefetch_factor=self.prefetch if self.workers else None,
+                                             pin_memory=device.type == "cuda",
+                                             generator=torch.Generator().manual_seed(0))
+        for local in loader:
+            yield min(len(self), (local["number"] + 1) * cfg.batch_size), gathered_batch(local, ranks, device)
+
+    @torch.no_grad()
+    def positive_cosines(self, model: Any, batch_size: int = 256) -> np.ndarray:
+        """s of every pair (the uncropped image, or view 0), by pair id, in one streamed pass in
+        shard order."""
+        out = np.zeros(len(self), np.float32)
+        index, pre = self.dataset.index, self.dataset.preprocess
+        for part in _parts(index, ["pair"], batch_size):
+            img = model.encode_image(_image_input(index, part, pre, _device_of(model)))
+            txt = model.encode_text(_text_input(index, part, pre, _device_of(model)))
+            out[np.asarray(part["pair"])] = (img * txt).sum(dim=1).float().cpu().numpy()
+        return out
+
+
+def _parts(index: PairIndex, columns: list[str], batch_size: int) -> Iterator[dict[str, list]]:
+    """The split's rows in shard order, ``batch_size`` at a time, with ``columns`` and what the
+    model's inputs are made of; one shard read at a time."""
+    wanted = [*columns, *(("image_views", "text_vector") if index.features else ("image", "text"))]
+    for position, shard in enumerate(index.shards):
+        table = Artifact(index.url).read_shard(shard, list(dict.fromkeys(wanted))).take(pa.array(index.rows[position]))
+        for start in range(0, table.num_rows, batch_size):
+            yield table.slice(start, batch_size).to_pydict()
+
+
+def _image_input(index: PairIndex, part: dict[str, list], pre: Preprocess | None, device: torch.device,
+                 rows: list[int] | None = None) -> Any:
+    """The model's input for these rows' images as they are (no crop; view 0 of cached features)."""
+    rows = list(range(len(part["pair"]))) if rows is None else rows
+    if index.features:
+        return torch.tensor(np.asarray([part["image_views"][k][0] for k in rows], np.float32), device=device)
+    return _moved(pre.pixel_values([_rgb(part["image"][k]) for k in rows]), device)
+
+
+def _text_input(index: PairIndex, part: dict[str, list], pre: Preprocess | None, device: torch.device) -> Any:
+    if index.features:
+        return torch.tensor(np.asarray(part["text_vector"], np.float32), device=device)
+    return _moved(pre.tokens(part["text"]), device)
+
+
+def _device_of(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _moved(x: Any, device: torch.device) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    return {k: v.to(device) for k, v in x.items()}
+
+
+@torch.no_grad()
+def held_out_embeddings(model: Any, index: PairIndex, preprocess: Preprocess | None,
+                        batch_size: int = 256) -> tuple[np.ndarray, list, np.ndarray, list] | None:
+    """The held-out pairs for person search, in one streamed pass: every caption's text vector and
+    identity, and one vector per image (the gallery, by image id) with its identity; None if no pair
+    is held out. Holds vectors, not images."""
+    if not len(index):
+        return None
+    device = _device_of(model)
+    texts, text_ids, gallery, gallery_ids, seen = [], [], {}, {}, set()
+    for part in _parts(index, ["pair", "image_id", "identity"], batch_size):
+        texts.append(model.encode_text(_text_input(index, part, preprocess, device)).float().cpu().numpy())
+        text_ids += part["identity"]
+        new = [k for k, i in enumerate(part["image_id"]) if i not in seen]
+        seen.update(part["image_id"])
+        if new:
+            vectors = model.encode_image(_image_input(index, part, preprocess, device, new)).float().cpu().numpy()
+            for k, v in zip(new, vectors, strict=True):
+                gallery[part["image_id"][k]], gallery_ids[part["image_id"][k]] = v, part["identity"][k]
+    ordered = sorted(gallery)
+    return (np.concatenate(texts), text_ids, np.stack([gallery[i] for i in ordered]),
+            [gallery_ids[i] for i in ordered])
