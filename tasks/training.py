@@ -30,7 +30,7 @@ from rde.common.expert_check import (
     relevance_lists,
 )
 from rde.common.image_decoding import decode_rgb, decoded_images
-from rde.common.metrics import mean_ap_at_k, person_search_metrics
+from rde.common.metrics import mean_ap_at_k, person_search_over_vectors
 from rde.common.reasons import Reason
 from rde.common.seeds import draw_seed
 from rde.training.pair_stream import FEATURE_PAIRS_KIND, PairIndex, StreamedPairs, StreamedTraining, held_out_embeddings
@@ -498,7 +498,7 @@ def evaluation_rows(model: torch.nn.Module, data: dict[str, Any], label: str) ->
                                  "value": mean_ap_at_k([rankings[i] for i in sel], [counts[i] for i in sel], k)})
         held = _held_out(model, data)
         if held is not None:
-            m = person_search_metrics(held[0] @ held[2].T, held[1], held[3])
+            m = person_search_over_vectors(held[0], held[1], held[2], held[3])
             rows += [{"benchmark": "held-out-identities", "labels": "track identities", "expert": label,
                       "domain": "pedestrian", "metric": k, "value": v, "queries": int(m["queries"])}
                      for k, v in m.items() if k != "queries"]
@@ -661,7 +661,8 @@ class Train(Stage):
 def gmm_epoch_stats(e: EpochRecord) -> dict[str, Any]:
     """What the GMM refit after an epoch decided (kept in the log manifest): its means, the share
     judged clean, the range of confidences, and the mean weight the epoch itself trained with."""
-    return {"epoch": e.epoch, "means": [round(m, 5) for m in e.gmm_means], "clean_share": e.clean_share,
+    return {"epoch": e.epoch, "means": [round(m, 5) for m in e.gmm_means], "em_iterations": e.gmm_iterations,
+            "clean_share": e.clean_share,
             "confidence_min": float(e.confidence.min()), "confidence_max": float(e.confidence.max()),
             "weight_mean_during_epoch": e.weight_mean}
 

@@ -183,3 +183,36 @@ def test_the_held_out_pairs_are_embedded_in_one_streamed_pass(pairs_url: str, cl
     assert len(queries) == len(query_ids) == len(rows) == len(held) > 0
     assert len(gallery) == len(gallery_ids) == len({r["image_id"] for r in rows})
     assert held_out_embeddings(model, PairIndex.scan(pairs_url, "nothing"), FAKE) is None
+
+
+def test_cached_features_stream_one_seeded_view_a_pair(tmp_path: Path) -> None:
+    """The CPU model's streamed layout: a batch holds, for each pair, the features of the view drawn
+    for (pair, epoch), the next view for ISS, and the pair's text vector; the draws use every view."""
+    import pyarrow as pa
+
+    from rde.training.pair_stream import FEATURE_PAIRS_KIND
+    from storage import ArtifactWriter
+    from storage.schemas import TRAINING_FEATURE_PAIRS
+
+    rng = np.random.default_rng(0)
+    rows = [{"split": "train", "pair": k, "image_id": f"img{k // 2}", "image_key": k // 2, "text": f"caption {k}",
+             "q_txt": 0.5, "image_views": rng.standard_normal((3, 5)).astype(np.float32).tolist(),
+             "text_vector": rng.standard_normal(4).astype(np.float32).tolist(),
+             "teacher_image": [1.0, 0.0], "teacher_text": [0.0, 1.0]} for k in range(30)]
+    url = str(tmp_path / "feature_pairs")
+    writer = ArtifactWriter(url, FEATURE_PAIRS_KIND, TRAINING_FEATURE_PAIRS, "key")
+    writer.begin()
+    writer.finalize([writer.write_shard(i, pa.Table.from_pylist(rows[i * 10:(i + 1) * 10],
+                                                                schema=TRAINING_FEATURE_PAIRS)) for i in range(3)],
+                    code_version="test")
+    index = PairIndex.scan(url)
+    assert index.features and len(index) == 30
+    chosen = []
+    for batch in StreamedPairs(index, 8, 12, seed=2, preprocess=None, other_view=True, epoch=1):
+        for k, pair in enumerate(batch["pairs"].tolist()):
+            view = draw_seed(2, f"{pair}#epoch1#view") % 3
+            chosen.append(view)
+            assert torch.allclose(batch["images"][k], torch.tensor(rows[pair]["image_views"][view]))
+            assert torch.allclose(batch["other_images"][k], torch.tensor(rows[pair]["image_views"][(view + 1) % 3]))
+            assert torch.allclose(batch["texts"][k], torch.tensor(rows[pair]["text_vector"]))
+    assert len(chosen) == 30 and set(chosen) == {0, 1, 2}

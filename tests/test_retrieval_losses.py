@@ -187,3 +187,21 @@ def test_person_search_metrics_by_hand() -> None:
     sims = np.array([[0.9, 0.8, 0.7, 0.1], [0.2, 0.1, 0.9, 0.3]])
     got = person_search_metrics(sims, ["a", "b"], ["x", "a", "b", "a"], ks=(1, 5))
     assert got == {"R@1": 0.5, "R@5": 1.0, "mAP": pytest.approx(0.75), "mINP": pytest.approx(0.75), "queries": 2.0}
+
+
+def test_person_search_in_chunks_equals_the_whole_matrix() -> None:
+    """Chunks of queries, each with its own number of queries that have a match, give the whole
+    matrix's metrics."""
+    from rde.common.metrics import person_search_metrics, person_search_over_vectors
+
+    rng = np.random.default_rng(3)
+    queries, gallery = rng.standard_normal((23, 6)), rng.standard_normal((17, 6))
+    # queries without a match (left out) make the chunks of 5 count 5, 3, 5, 5 and 1 queries
+    query_ids = ["nobody" if i in (7, 8, 21, 22) else f"p{i % 5}" for i in range(23)]
+    gallery_ids = [f"p{i % 6}" for i in range(17)]
+    whole = person_search_metrics(queries @ gallery.T, query_ids, gallery_ids)
+    chunked = person_search_over_vectors(queries, query_ids, gallery, gallery_ids, chunk=5)
+    assert chunked.keys() == whole.keys() and chunked["queries"] == whole["queries"] == 19.0
+    for name, value in whole.items():
+        assert chunked[name] == pytest.approx(value, abs=1e-12), name
+    assert person_search_over_vectors(queries[:0], [], gallery, gallery_ids)["queries"] == 0.0

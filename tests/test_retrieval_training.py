@@ -123,6 +123,22 @@ def test_adaptive_weighting_fits_a_gmm_after_each_epoch_and_fixweight_uses_q_txt
         train(_model(), TrainingPairs(pairs.images, pairs.pair_image, pairs.texts), TrainConfig(weighting="fix"))
 
 
+def test_a_resumed_run_warm_starts_its_gmm_refit_from_the_checkpointed_fit(tmp_path: Path) -> None:
+    """GTR+'s refit after each epoch starts EM from the previous epoch's fit; that fit is in the
+    checkpoint, so a run resumed after epoch 1 refits epoch 2 as the uninterrupted run does (as many
+    EM iterations, the same confidences), not from a cold k-means start."""
+    cfg = TrainConfig(weighting="ada", use_itm=True, epochs=3, batch_size=16, lr_start=1e-3, lr_peak=1e-2)
+    reference = train(_model(), _pairs(), cfg)
+    train(_model(), _pairs(), cfg, checkpoint_dir=tmp_path)
+    newest = sorted(tmp_path.glob("*.pt"))[-1]
+    newest.unlink()  # as if killed during the last epoch: resume from epoch 1's end
+    resumed = train(_model(), _pairs(), cfg, checkpoint_dir=tmp_path)
+    assert resumed.resumed_from == 2 and [e.epoch for e in resumed.epochs] == [2]
+    assert resumed.epochs[0].gmm_iterations == reference.epochs[2].gmm_iterations
+    assert reference.epochs[2].gmm_iterations[0] < reference.epochs[0].gmm_iterations[0]  # warm: fewer
+    assert np.allclose(resumed.epochs[0].confidence, reference.epochs[2].confidence, atol=1e-5)
+
+
 def test_production_clip_dual_encoder_trains_the_vision_tower_only(tmp_path: Path) -> None:
     from tiny_models import build_tiny_clip, random_images
 

@@ -77,3 +77,23 @@ def person_search_metrics(similarity: np.ndarray, query_ids: Sequence[str], gall
     out.update({"mAP": float(np.mean(aps)) if aps else 0.0, "mINP": float(np.mean(inps)) if inps else 0.0,
                 "queries": float(len(aps))})
     return out
+
+
+def person_search_over_vectors(queries: np.ndarray, query_ids: Sequence[str], gallery: np.ndarray,
+                               gallery_ids: Sequence[str], ks: Sequence[int] = (1, 5, 10),
+                               chunk: int = 1024) -> dict[str, float]:
+    """``person_search_metrics`` of the similarities ``queries @ gallery.T``, ``chunk`` queries at a
+    time: memory is chunk × gallery, not queries × gallery. Each metric is a mean over the queries
+    with a match, so the chunks' means are combined weighted by their such queries."""
+    if not len(queries):
+        return person_search_metrics(np.zeros((0, len(gallery_ids))), [], gallery_ids, ks)
+    totals: dict[str, float] = {}
+    counted = 0.0
+    for start in range(0, len(queries), chunk):
+        part = person_search_metrics(queries[start:start + chunk] @ gallery.T, query_ids[start:start + chunk],
+                                     gallery_ids, ks)
+        n = part.pop("queries")
+        counted += n
+        for name, value in part.items():
+            totals[name] = totals.get(name, 0.0) + value * n
+    return {name: value / counted if counted else 0.0 for name, value in totals.items()} | {"queries": counted}

@@ -15,6 +15,7 @@ no evidence to fit and keeps confidence 1 (weight 1, as before the first fit).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -111,6 +112,28 @@ class ConfidenceFit:
 
     with_q_txt: Mixture1D | None
     cosine_only: Mixture1D | None
+
+    def state(self) -> dict[str, Any]:
+        """The fits as plain lists and numbers (a checkpoint loads them with ``weights_only``)."""
+        return {name: None if fit is None else {"weights": fit.weights.tolist(), "means": fit.means.tolist(),
+                                                "variances": fit.variances.tolist(), "iterations": fit.iterations,
+                                                "converged": fit.converged}
+                for name, fit in (("with_q_txt", self.with_q_txt), ("cosine_only", self.cosine_only))}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None) -> ConfidenceFit | None:
+        if state is None:
+            return None
+
+        def mixture(d: dict[str, Any] | None) -> Mixture1D | None:
+            return None if d is None else Mixture1D(np.asarray(d["weights"]), np.asarray(d["means"]),
+                                                     np.asarray(d["variances"]), d["iterations"], d["converged"])
+        return cls(mixture(state["with_q_txt"]), mixture(state["cosine_only"]))
+
+    @property
+    def iterations(self) -> list[int]:
+        """EM iterations of each fit made (a warm start needs fewer)."""
+        return [f.iterations for f in (self.with_q_txt, self.cosine_only) if f is not None]
 
 
 def pair_confidence(cosine: np.ndarray, q_txt: np.ndarray, gamma: float = 0.2, k: int = 2,

@@ -142,6 +142,7 @@ class EpochRecord:
     mean_loss: float
     seconds: float
     gmm_means: list[float] = field(default_factory=list)
+    gmm_iterations: list[int] = field(default_factory=list)  # EM iterations of each fit (fewer: warm-started)
     clean_share: float | None = None
     s_hat: np.ndarray | None = None  # ŝ of every pair at the refit (for the histogram plot)
     confidence: np.ndarray | None = None
@@ -214,12 +215,12 @@ def loss_terms(model: Any, batch: Batch, cfg: TrainConfig, weights: torch.Tensor
 
 
 def _state(model: torch.nn.Module, optim: torch.optim.Optimizer, epoch: int, step: int, position: int | None,
-           epoch_losses: list[float], weights: torch.Tensor | None) -> dict[str, Any]:
+           epoch_losses: list[float], weights: torch.Tensor | None, gmm: ConfidenceFit | None) -> dict[str, Any]:
     """A checkpoint: ``position`` is where the epoch's seeded order goes on (None: the epoch is
     done); the learning rate needs no state of its own, it is ``lr_at(step)``."""
     return {"model": model.state_dict(), "optimizer": optim.state_dict(), "epoch": epoch, "step": step,
             "position": position, "epoch_losses": list(epoch_losses), "weights": weights,
-            "torch_rng": torch.get_rng_state()}
+            "torch_rng": torch.get_rng_state(), "gmm": None if gmm is None else gmm.state()}
 
 
 def train(model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig,
@@ -228,10 +229,11 @@ def train(model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig,
     """Train in place. With ``checkpoint_dir`` (a folder or an object-store URL) a checkpoint is
     saved every ``cfg.checkpoint_every`` steps and at the end of every epoch, and a rerun resumes
     from the newest one: mid-epoch, it goes on at the next batch of the epoch's seeded order, with
-    the optimiser, the step (so the schedule), the epoch's losses, the weights and the RNG state as
-    they were, so the pairs of that epoch are each seen once and the result is the uninterrupted
-    run's. ``on_step(steps done, steps in all)`` after every step, for progress displays, and
-    ``on_loss(the step's loss terms, with its step and epoch)``, for live loss curves."""
+    the optimiser, the step (so the schedule), the epoch's losses, the weights, the GMM fits that
+    warm-start the next refit and the RNG state as they were, so the pairs of that epoch are each
+    seen once and the result is the uninterrupted run's. ``on_step(steps done, steps in all)`` after
+    every step, for progress displays, and ``on_loss(the step's loss terms, with its step and
+    epoch)``, for live loss curves."""
     torch.manual_seed(cfg.seed)
     ranks = current()  # in a process group: data-parallel, every rank with the same seeded order
     leader = ranks is None or ranks.rank == 0  # the one that reports progress and saves checkpoints
@@ -248,6 +250,7 @@ def train(model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig,
     else:
         weights = None  # ada: 1 until the first GMM fit
     start_epoch, step, position, resumed_losses = 0, 0, 0, []
+    gmm: ConfidenceFit | None = None  # the previous epoch's fits warm-start the next (checkpointed too)
     store = CheckpointStore(str(checkpoint_dir)) if checkpoint_dir is not None else None
     state = store.latest() if store is not None else None
     if state is not None:
@@ -255,13 +258,13 @@ def train(model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig,
         optim.load_state_dict(state["optimizer"])
         step, weights = state["step"], state["weights"]
         torch.set_rng_state(state["torch_rng"])
+        gmm = ConfidenceFit.from_state(state.get("gmm"))  # checkpoints before the fits were kept: None
         if state["position"] is None:
             start_epoch = state["epoch"] + 1
         else:
             start_epoch, position, resumed_losses = state["epoch"], state["position"], list(state["epoch_losses"])
     losses: list[dict[str, float]] = []
     records: list[EpochRecord] = []
-    gmm: ConfidenceFit | None = None  # the previous epoch's fits warm-start the next
     clock = LoaderClock()
     for epoch in range(start_epoch, cfg.epochs):
         began = time.perf_counter()
@@ -286,7 +289,7 @@ def train(model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig,
             epoch_losses.append(float(terms["total"].detach()))
             if store is not None and leader and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
                     and at < len(pairs):
-                store.save(_state(model, optim, epoch, step, at, epoch_losses, weights))
+                store.save(_state(model, optim, epoch, step, at, epoch_losses, weights, gmm))
         record = EpochRecord(epoch, float(np.mean(epoch_losses)) if epoch_losses else 0.0, 0.0,
                              weight_mean=float(weights.mean()) if weights is not None else 1.0)
         if cfg.weighting == "ada":
@@ -297,12 +300,13 @@ def train(model: torch.nn.Module, pairs: PairSource, cfg: TrainConfig,
             weights = torch.tensor(confidence_weights(conf, cfg.confidence_beta), dtype=torch.float32)
             fitted = gmm.with_q_txt or gmm.cosine_only
             record.gmm_means = fitted.means.tolist() if fitted is not None else []
+            record.gmm_iterations = gmm.iterations
             record.clean_share = float((conf > 0.5).mean())
             record.s_hat, record.confidence = s_hat, conf
         record.seconds = time.perf_counter() - began
         records.append(record)
         if store is not None and leader:
-            store.save(_state(model, optim, epoch, step, None, [], weights))
+            store.save(_state(model, optim, epoch, step, None, [], weights, gmm))
     return TrainResult(losses, records, start_epoch, state["step"] if state is not None else 0, clock)
 
 
