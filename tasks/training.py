@@ -130,17 +130,19 @@ class PairSelection:
             for _, table in captions.iter_shards(["image_id", "text"]):
                 yield from zip(table.column("image_id").to_pylist(), table.column("text").to_pylist(), strict=True)
 
-        keys = [draw_seed(t.seed, i + text) for i, text in candidates() if identity.get(i) not in check_ids]
-        cutoff = None
-        if t.max_pairs is not None and len(keys) > t.max_pairs:
-            cutoff = int(np.partition(np.asarray(keys, dtype=np.uint64), t.max_pairs - 1)[t.max_pairs - 1])
-        selection = cls(identity, check_ids, cutoff, set(), t.seed)
+        selection = cls(identity, check_ids, None, set(), t.seed)
+        if t.max_pairs is not None:  # the seeded keys of the candidates, 8 bytes each
+            keys = np.fromiter((selection.key(i, text) for i, text in candidates() if identity.get(i) not in check_ids),
+                               dtype=np.uint64)
+            if len(keys) > t.max_pairs:
+                cutoff = int(np.partition(keys, t.max_pairs - 1)[t.max_pairs - 1])
+                selection = cls(identity, check_ids, cutoff, set(), t.seed)
         people = sorted({identity[i] for i, text in candidates()
                          if selection.verdict(i, text) == "train" and identity.get(i)})
         rng = np.random.default_rng(t.seed)
         held = set(rng.choice(people, size=max(1, int(t.held_out_share * len(people))), replace=False).tolist()) \
             if len(people) > 1 else set()
-        return cls(identity, check_ids, cutoff, held, t.seed)
+        return cls(identity, check_ids, selection.cutoff, held, t.seed)
 
 
 class PairCounts:

@@ -159,6 +159,24 @@ def test_the_cpu_models_features_stream_above_the_threshold_and_evaluate_as_in_m
     assert [f["epoch"] for f in stats["gmm"]] == [0, 1] and 0.0 <= stats["data_stall_share"] <= 1.0
 
 
+def test_max_pairs_keeps_the_pairs_with_the_smallest_seeded_keys(captions_root: str) -> None:
+    """``training.max_pairs: 20`` of 30 captions: the 20 whose seeded key (the run seed, the image
+    and the text) is smallest train or are held out, in the captions' order; 10 are rejected as
+    ``over_max_pairs``; the summary balances."""
+    from rde.common.seeds import draw_seed
+
+    overrides = {**TRAINING, "training": {**TRAINING["training"], "max_pairs": 20, "seed": 9}}
+    summary = train_saft(profile="demo", output_root=captions_root, until="features", overrides=overrides)
+    assert summary["balanced"] and sum(summary["splits"].values()) == 20
+    assert summary["rejected"] == {"training-features:over_max_pairs": 10}
+    captions = Artifact(str(Path(captions_root, "build-largefine", "demo", "largefine"))).rows(["image_id", "text"])
+    smallest = sorted(captions, key=lambda r: draw_seed(9, r["image_id"] + r["text"]))[:20]
+    expected = [(r["image_id"], r["text"]) for r in captions if r in smallest]  # in the captions' order
+    features = Artifact(summary["artifacts"]["training-features.features"]["url"]).rows(["kind", "key", "text"])
+    kept = [(r["key"], r["text"]) for r in features if r["kind"] in ("pair", "heldout")]
+    assert kept == expected
+
+
 def test_training_without_captions_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="run `rde build-largefine`"):
         train_saft(profile="demo", output_root=str(tmp_path), overrides=TRAINING)
