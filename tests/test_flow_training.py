@@ -183,10 +183,12 @@ def test_training_without_captions_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_clip_like_student_trains_end_to_end_on_the_images(captions_root: str, tmp_path: Path) -> None:
+    """The production path in small: a CLIP-like student from streamed pairs, in two data-parallel
+    processes (gloo), each with its own DataLoader workers."""
     from tiny_models import build_tiny_clip
 
     clip = str(build_tiny_clip(tmp_path / "clip"))
-    overrides = {**TRAINING, "training": {**TRAINING["training"], "epochs": 1,
+    overrides = {**TRAINING, "training": {**TRAINING["training"], "epochs": 1, "processes": 2,
                                          "model": {"backend": "transformers-clip", "model_id": clip}}}
     summary = train_saft(profile="demo", output_root=captions_root, overrides=overrides)
     assert not {s["stage"]: s for s in summary["stages"]}["train_saft"]["skipped"] and summary["balanced"]
