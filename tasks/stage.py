@@ -100,6 +100,23 @@ class Report:
     log: str = ""
 
 
+class DeclaredFields:
+    """A profile section as a stage that declared some of its fields sees it: those fields read
+    through, any other is an error (it would change the stage's work without changing its key)."""
+
+    def __init__(self, stage: str, name: str, section: Any, fields: set[str]) -> None:
+        self._stage, self._name, self._section, self._fields = stage, name, section, frozenset(fields)
+
+    def __getattr__(self, field_name: str) -> Any:
+        if field_name.startswith("_"):
+            raise AttributeError(field_name)
+        if field_name not in self._fields:
+            raise AttributeError(f"stage {self._stage!r} reads {self._name}.{field_name} without declaring it in "
+                                 f"`config` (declared of {self._name}: {sorted(self._fields)}); an undeclared field "
+                                 "is not in its key")
+        return getattr(self._section, field_name)
+
+
 class StageRun:
     """What a stage's work sees: its declared config sections, its reads as artifacts, the model
     registry, where its outputs go. ``prepared`` holds what ``lineage`` computed for the work to
@@ -112,11 +129,15 @@ class StageRun:
         self.key = ""  # the stage key, set by the runner before the work (e.g. to name checkpoints)
 
     def section(self, name: str) -> Any:
-        """The profile section ``name``; only a section the stage declares, whole or by field."""
-        if name not in self.stage.config and not any(c.startswith(f"{name}.") for c in self.stage.config):
+        """The profile section ``name``; only a section the stage declares, whole or by field. A
+        section declared by field comes as a view of those fields only (``DeclaredFields``): a field
+        that is not in the stage's key cannot be read."""
+        fields = {c.partition(".")[2] for c in self.stage.config if c.startswith(f"{name}.")}
+        if name not in self.stage.config and not fields:
             raise KeyError(f"stage {self.stage.name!r} reads config section {name!r} without declaring it in "
                            f"`config` (declared: {self.stage.config}); undeclared sections are not in its key")
-        return getattr(self.ctx.profile, name)
+        section = getattr(self.ctx.profile, name)
+        return section if name in self.stage.config else DeclaredFields(self.stage.name, name, section, fields)
 
     @property
     def models(self) -> ModelsSection:

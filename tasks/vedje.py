@@ -308,7 +308,7 @@ class Rerank(Stage):
     version = "1"
     writes = (Write("reranked", "reranked", RERANKED),
               Write("evaluation", "evaluation", RECALL, folder="rerank_evaluation"))
-    config = ("vedje.candidates", "vedje.score_batch")
+    config = ("vedje.candidates", "vedje.score_batch", "vedje.score_path")
     balance = True
 
     def __init__(self, queries: list[str] | None = None) -> None:

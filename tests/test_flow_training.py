@@ -136,7 +136,7 @@ def test_the_cpu_models_features_stream_above_the_threshold_and_evaluate_as_in_m
     per shard of captions, the check set in a last one) and trained from the stream (GTR+: the GMM
     refit takes ŝ in a streamed pass). The zero-shot model is the same on both layouts, so its
     evaluation (the demo's check set and the held-out person search) must come out the same."""
-    base = {"training": {"views": 2, "epochs": 2, "batch_size": 8, "held_out_share": 0.3, "seed": 4}}
+    base = {"training": {"views": 2, "epochs": 1, "batch_size": 8, "held_out_share": 0.3, "seed": 4}}
     folder = Path(captions_root, "train-gtr", "demo", "train_gtr-ada")
     in_memory = train_gtr(profile="demo", output_root=captions_root, overrides=base)
     memory_rows = Artifact(str(folder) + "_evaluation").rows()
@@ -156,7 +156,7 @@ def test_the_cpu_models_features_stream_above_the_threshold_and_evaluate_as_in_m
     for key, value in zero_shot(memory_rows).items():
         assert zero_shot(rows)[key] == pytest.approx(value, abs=1e-6), key
     stats = Artifact(str(folder) + "_log").manifest().stats
-    assert [f["epoch"] for f in stats["gmm"]] == [0, 1] and 0.0 <= stats["data_stall_share"] <= 1.0
+    assert [f["epoch"] for f in stats["gmm"]] == [0] and 0.0 <= stats["data_stall_share"] <= 1.0
 
 
 def test_max_pairs_keeps_the_pairs_with_the_smallest_seeded_keys(captions_root: str) -> None:

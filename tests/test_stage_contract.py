@@ -205,6 +205,11 @@ def test_a_stage_reads_only_what_it_declares(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="without declaring it"):
         run.input("gallery")
     assert run.config_dump() == {"queries.per_request": ctx.profile.queries.per_request}
+    # declared by field: that field reads through; another field of the section is not in the key
+    queries = run.section("queries")
+    assert queries.per_request == ctx.profile.queries.per_request
+    with pytest.raises(AttributeError, match=r"reads queries.seed without declaring it"):
+        _ = queries.seed
 
 
 def test_artifact_keys_are_what_prefect_accepts() -> None:
