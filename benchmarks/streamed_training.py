@@ -131,8 +131,7 @@ def train_child(pairs_url: str, student: str, steps: int, workers: int, batch: i
     return {"pairs": len(index), "steps": steps, "peak_rss_mb": round(peaks["own"], 1),
             "peak_tree_rss_mb": round(peaks["tree"], 1), "pairs_per_s": round((steps - 1) * batch / loop, 1),
             "stall_share": round(sum(waits[1:steps]) / loop, 3), "first_batch_s": round(waits[0], 2),
-            "index_mb": round((sum(r.nbytes + p.nbytes for r, p in zip(index.rows, index.pairs, strict=True))
-                               + index.q_txt.nbytes) / 2**20, 2)}
+            "index_mb": round((sum(r.nbytes for r in index.rows) + index.q_txt.nbytes) / 2**20, 2)}
 
 
 def main() -> None:

@@ -33,7 +33,14 @@ from rde.common.image_decoding import decode_rgb, decoded_images
 from rde.common.metrics import mean_ap_at_k, person_search_over_vectors
 from rde.common.reasons import Reason
 from rde.common.seeds import draw_seed
-from rde.training.pair_stream import FEATURE_PAIRS_KIND, PairIndex, StreamedPairs, StreamedTraining, held_out_embeddings
+from rde.training.pair_stream import (
+    FEATURE_PAIRS_KIND,
+    PairIndex,
+    StreamedPairs,
+    StreamedTraining,
+    held_out_embeddings,
+    to_device,
+)
 from rde.training.retrieval_features import image_features
 from rde.training.retrieval_training import (
     EpochRecord,
@@ -151,14 +158,16 @@ class PairCounts:
     def __init__(self) -> None:
         self.read, self.splits, self.rejected = 0, {"train": 0, "held_out": 0}, Counter()
 
-    def add(self, verdict: str) -> bool:
-        """Count one caption; True when it trains or is held out."""
+    def add(self, verdict: str) -> int | None:
+        """Count one caption: its pair id within its split (0, 1, ... in reading order) when it
+        trains or is held out, else None."""
         self.read += 1
         if verdict in ("train", "heldout"):
-            self.splits["train" if verdict == "train" else "held_out"] += 1
-            return True
+            split = "train" if verdict == "train" else "held_out"
+            self.splits[split] += 1
+            return self.splits[split] - 1
         self.rejected[verdict] += 1
-        return False
+        return None
 
     def stats(self) -> dict[str, Any]:
         return {"input_rows": self.read, "accepted": sum(self.splits.values()), "splits": dict(self.splits),
@@ -187,21 +196,11 @@ def features_layout(ctx: RunContext, captions: int) -> Layout:
 
 @dataclass
 class CaptionShard:
-    """One shard of captions that train or are held out, with their images' encoded bytes and pair
-    ids that go on from the previous shard's."""
+    """One shard of captions that train or are held out (each with its ``split`` and its ``pair`` id
+    within the split), with their images' encoded bytes."""
 
     caps: list[dict[str, Any]]
     encoded: dict[str, bytes]
-    numbered: dict[str, int]
-
-    def pair_ids(self) -> list[int]:
-        """Each caption's id within its split (train, held_out), in order."""
-        ids, at = [], dict(self.numbered)
-        for c in self.caps:
-            split = "train" if c["split"] == "train" else "held_out"
-            ids.append(at[split])
-            at[split] += 1
-        return ids
 
 
 class TrainingFeatures(Stage):
@@ -251,7 +250,7 @@ class TrainingFeatures(Stage):
         bridge, embedder, teacher = self._towers(run)
         identity, counts = selection.identity, PairCounts()
         caps = [dict(r, split=v) for r in captions.rows(["image_id", "text", "q_txt"])
-                if counts.add(v := selection.verdict(r["image_id"], r["text"]))]
+                if counts.add(v := selection.verdict(r["image_id"], r["text"])) is not None]
         image_ids = sorted({c["image_id"] for c in caps})
         images = _decoded_images(src, image_ids)
         feats = image_features([images[i] for i in image_ids], image_ids, bridge, embedder,
@@ -274,17 +273,15 @@ class TrainingFeatures(Stage):
                         counts.stats() | {"images": len(image_ids), "views": t.views,
                                           "held_out_identities": len(selection.held)})
 
-    def _caption_shards(self, run: StageRun, selection: PairSelection, counts: PairCounts,
-                        stats: dict[str, Any]) -> Iterator[CaptionShard]:
-        """The captions shard by shard, counted as read, with their images' bytes read from the
-        accepted shards that hold them."""
-        accepted = Artifact(f"{run.prepared['src']}/accepted")
+    def _caption_shards(self, run: StageRun, selection: PairSelection, stats: dict[str, Any]) -> Iterator[CaptionShard]:
+        """The captions shard by shard, counted as read (into ``stats``), with their images' bytes
+        read from the accepted shards that hold them."""
+        accepted, counts = Artifact(f"{run.prepared['src']}/accepted"), PairCounts()
         where = {i: index for index, table in accepted.iter_shards(["image_id"])
                  for i in table.column("image_id").to_pylist()}
         for _, table in run.prepared["captions"].iter_shards(["image_id", "text", "q_txt"]):
-            numbered = dict(counts.splits)
-            caps = [dict(r, split=v) for r in table.to_pylist()
-                    if counts.add(v := selection.verdict(r["image_id"], r["text"]))]
+            caps = [dict(r, split=v, pair=pair) for r in table.to_pylist()
+                    if (pair := counts.add(v := selection.verdict(r["image_id"], r["text"]))) is not None]
             stats.update(counts.stats() | {"images": stats.get("images", 0) + len({c["image_id"] for c in caps})})
             if not caps:
                 continue
@@ -294,7 +291,7 @@ class TrainingFeatures(Stage):
             encoded = {i: b for index, ids in sorted(wanted.items())
                        for i, b in zip(*accepted.read_matching(index, "image_id", ids, ["image_id", "image_bytes"])
                                        .to_pydict().values(), strict=True)}
-            yield CaptionShard(caps, encoded, numbered)
+            yield CaptionShard(caps, encoded)
 
     def _streamed(self, run: StageRun, selection: PairSelection) -> Work:
         """A shard per shard of captions: its images decoded once, for the teacher (and the towers)."""
@@ -307,7 +304,7 @@ class TrainingFeatures(Stage):
             stats["views"] = t.views
 
         def shards() -> Iterator[dict[str, pa.Table]]:
-            for shard in self._caption_shards(run, selection, PairCounts(), stats):
+            for shard in self._caption_shards(run, selection, stats):
                 image_ids = sorted(shard.encoded)
                 decoded = [decode_rgb(shard.encoded[i]) for i in image_ids]
                 texts = [c["text"] for c in shard.caps]
@@ -320,9 +317,9 @@ class TrainingFeatures(Stage):
                 at = {i: k for k, i in enumerate(image_ids)}
                 teacher_text = teacher.encode_text(texts)
                 rows = []
-                for k, (c, pair) in enumerate(zip(shard.caps, shard.pair_ids(), strict=True)):
+                for k, c in enumerate(shard.caps):
                     i = c["image_id"]
-                    row = {"split": c["split"], "pair": pair, "image_id": i, "image_key": image_key(i),
+                    row = {"split": c["split"], "pair": c["pair"], "image_id": i, "image_key": image_key(i),
                            "identity": selection.identity.get(i), "text": c["text"], "q_txt": c["q_txt"],
                            "teacher_image": teacher_vectors[at[i]].tolist(), "teacher_text": teacher_text[k].tolist()}
                     if cached:
@@ -461,15 +458,15 @@ def _encode_images(model: torch.nn.Module, items: Any, batch: int = 64) -> np.nd
     if isinstance(items, torch.Tensor):
         return model.encode_image(items).numpy()
     device = next(model.parameters()).device
-    return np.concatenate([model.encode_image(model.pixel_values(items[i:i + batch]).to(device)).float().cpu().numpy()
-                           for i in range(0, len(items), batch)])
+    return np.concatenate([model.encode_image(to_device(model.pixel_values(items[i:i + batch]), device))
+                           .float().cpu().numpy() for i in range(0, len(items), batch)])
 
 
 def _encode_texts(model: torch.nn.Module, items: Any, batch: int = 256) -> np.ndarray:
     if isinstance(items, torch.Tensor):
         return model.encode_text(items).numpy()
     device = next(model.parameters()).device
-    return np.concatenate([model.encode_text({k: v.to(device) for k, v in model.tokens(items[i:i + batch]).items()})
+    return np.concatenate([model.encode_text(to_device(model.tokens(items[i:i + batch]), device))
                            .float().cpu().numpy() for i in range(0, len(items), batch)])
 
 

@@ -44,20 +44,20 @@ FEATURE_PAIRS_KIND = "training_feature_pairs"  # the CPU model's cached features
 @dataclass(frozen=True)
 class PairIndex:
     """Where the pairs of one split are: per shard (manifest order) the artifact's shard index, the
-    rows of the split and their pair ids; ``q_txt`` by pair id (NaN: none). Built from three small
-    columns: ints and floats per pair, no text and no pixels. ``features``: the rows hold the CPU
-    model's cached tower features (``TRAINING_FEATURE_PAIRS``), not images (``TRAINING_PAIRS``)."""
+    rows of the split; ``q_txt`` by pair id (NaN: none). Built from three small columns, checking
+    that the split's pair ids are 0..P-1 each once; kept: two numbers a pair, no text, no pixels.
+    ``features``: the rows hold the CPU model's cached tower features (``TRAINING_FEATURE_PAIRS``),
+    not images (``TRAINING_PAIRS``)."""
 
     url: str
     shards: tuple[int, ...]
     rows: tuple[np.ndarray, ...]
-    pairs: tuple[np.ndarray, ...]
     q_txt: np.ndarray
     features: bool = False
 
     @classmethod
     def scan(cls, url: str, split: str = "train") -> PairIndex:
-        shards, rows, pairs, q = [], [], [], []
+        shards, rows, pairs, q = [], [], [], []  # pair ids: only to check them
         for index, table in Artifact(url).iter_shards(["split", "pair", "q_txt"]):
             mask = np.asarray(table.column("split").to_pylist()) == split
             if not mask.any():
@@ -73,7 +73,7 @@ class PairIndex:
         if len(ids):
             q_txt[ids] = np.concatenate(q)
         features = Artifact(url).manifest().kind == FEATURE_PAIRS_KIND
-        return cls(url, tuple(shards), tuple(rows), tuple(pairs), q_txt, features)
+        return cls(url, tuple(shards), tuple(rows), q_txt, features)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -177,22 +177,24 @@ class StreamedPairs(torch.utils.data.IterableDataset):
             if b >= self.start_batch and (b - self.start_batch) % workers == worker:
                 yield self.load(b, local_part(torch.as_tensor(slots), self.ranks).numpy())
 
-    def _shard(self, position: int) -> dict[str, Any]:
+    def _shard(self, position: int) -> pa.Table:
         if position not in self._cache:
-            table = Artifact(self.index.url).read_shard(self.index.shards[position], list(self.index.columns))
-            self._cache[position] = {c: table.column(c) for c in self.index.columns}
+            self._cache[position] = Artifact(self.index.url).read_shard(self.index.shards[position],
+                                                                        list(self.index.columns))
             while len(self._cache) > self.cached_shards:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(position)
         return self._cache[position]
 
     def rows(self, slots: np.ndarray) -> dict[str, list]:
-        """The loaded columns of these slots, in slot order."""
-        out: dict[str, list] = {c: [] for c in self.index.columns}
-        for s, k in slots.tolist():
-            columns, row = self._shard(s), int(self.index.rows[s][k])
+        """The loaded columns of these slots, in slot order: one ``take`` per shard they touch."""
+        out: dict[str, list] = {c: [None] * len(slots) for c in self.index.columns}
+        for s in np.unique(slots[:, 0]):
+            at = np.flatnonzero(slots[:, 0] == s)
+            part = self._shard(int(s)).take(pa.array(self.index.rows[s][slots[at, 1]])).to_pydict()
             for c in self.index.columns:
-                out[c].append(columns[c][row].as_py())
+                for k, value in zip(at.tolist(), part[c], strict=True):
+                    out[c][k] = value
         return out
 
     def load(self, number: int, slots: np.ndarray) -> dict[str, Any]:
@@ -249,13 +251,16 @@ class Batch:
     teacher_texts: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
-        def move(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                return x.to(device, non_blocking=True)
-            if isinstance(x, dict):
-                return {k: move(v) for k, v in x.items()}
-            return x
-        return Batch(**{k: move(v) for k, v in self.__dict__.items()})
+        return Batch(**{k: to_device(v, device) for k, v in self.__dict__.items()})
+
+
+def to_device(x: Any, device: torch.device) -> Any:
+    """A tensor, or a dict of them (a tokenizer's output), on ``device``; anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    return x
 
 
 def gathered_batch(local: dict[str, Any], ranks: Ranks | None, device: torch.device) -> Batch:
@@ -364,23 +369,17 @@ def _image_input(index: PairIndex, part: dict[str, list], pre: Preprocess | None
     rows = list(range(len(part["pair"]))) if rows is None else rows
     if index.features:
         return torch.tensor(np.asarray([part["image_views"][k][0] for k in rows], np.float32), device=device)
-    return _moved(pre.pixel_values([_rgb(part["image"][k]) for k in rows]), device)
+    return to_device(pre.pixel_values([_rgb(part["image"][k]) for k in rows]), device)
 
 
 def _text_input(index: PairIndex, part: dict[str, list], pre: Preprocess | None, device: torch.device) -> Any:
     if index.features:
         return torch.tensor(np.asarray(part["text_vector"], np.float32), device=device)
-    return _moved(pre.tokens(part["text"]), device)
+    return to_device(pre.tokens(part["text"]), device)
 
 
 def _device_of(model: Any) -> torch.device:
     return next(model.parameters()).device
-
-
-def _moved(x: Any, device: torch.device) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    return {k: v.to(device) for k, v in x.items()}
 
 
 @torch.no_grad()
@@ -392,12 +391,15 @@ def held_out_embeddings(model: Any, index: PairIndex, preprocess: Preprocess | N
     if not len(index):
         return None
     device = _device_of(model)
-    texts, text_ids, gallery, gallery_ids, seen = [], [], {}, {}, set()
+    texts, text_ids, gallery, gallery_ids = [], [], {}, {}
     for part in _parts(index, ["pair", "image_id", "identity"], batch_size):
         texts.append(model.encode_text(_text_input(index, part, preprocess, device)).float().cpu().numpy())
         text_ids += part["identity"]
-        new = [k for k, i in enumerate(part["image_id"]) if i not in seen]
-        seen.update(part["image_id"])
+        firsts: dict[str, int] = {}  # the rows of images not embedded yet, one a image
+        for k, i in enumerate(part["image_id"]):
+            if i not in gallery:
+                firsts.setdefault(i, k)
+        new = list(firsts.values())
         if new:
             vectors = model.encode_image(_image_input(index, part, preprocess, device, new)).float().cpu().numpy()
             for k, v in zip(new, vectors, strict=True):
