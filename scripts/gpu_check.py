@@ -21,6 +21,14 @@ generator a short 4-token generate at the same batch), timed with ``time.perf_co
 recorded (``status: oom``) instead of ending the run; ``--time-budget-s`` stops adding measurements
 (e.g. skips batch 64) once the next one would not fit.
 
+4. The whole production path on tiny models (``--path``, on by default): ``profiles/tiny-production.yaml``
+   (the production backends, each model a tiny random-weight one built from config) over a 24-crop slice
+   of the demo pool, running ``--path-flows`` (build-secmm and build-largefine) on ``--device`` with the
+   profile's ``batch_size: auto`` measured there, and in-process vLLM for the generators where the
+   ``vllm`` package is installed (else ``transformers-vlm``). Per flow: seconds, inputs, accepted,
+   rejects by reason, balanced, or the error it stopped with. It needs the project's environment
+   (``make setup``); where that is missing the check says so and goes on.
+
 It then projects a 1.2M-image three-tier build (per image: one DINOv2 embedding, one CLIP image
 embedding, base / intermediate / advanced captions with the request and token counts given by the
 ``--base-*``, ``--inter-*`` and ``--adv-*`` options) onto 1, 8 and 32 such GPUs and prints every assumption.
@@ -29,7 +37,7 @@ Run it on the GPU machine (torch and transformers installed, no vLLM, no network
 
     python scripts/gpu_check.py --json gpu-check.json
 
-On a CPU, ``--tiny`` runs the same code path with tiny configs and small batches in well under a minute:
+On a CPU, ``--tiny`` runs the same code path with tiny configs and small batches in about a minute:
 
     python scripts/gpu_check.py --tiny --device cpu --json /tmp/gpu-check.json
 """
@@ -42,6 +50,7 @@ import json
 import math
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -542,6 +551,53 @@ def print_projection(proj: dict[str, Any]) -> None:
 # -- main ----------------------------------------------------------------------------------------------------
 
 
+ROOT = Path(__file__).resolve().parents[1]
+PATH_FLOWS = ("build-secmm", "build-largefine")
+
+
+def flow_report(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a path check keeps of a flow's summary."""
+    return {"inputs": summary.get("inputs"), "balanced": bool(summary.get("balanced")),
+            "accepted": summary.get("accepted"), "rejected": summary.get("rejected", {}),
+            "stages": [{k: s.get(k) for k in ("stage", "input", "accepted", "rejected")}
+                       for s in summary.get("stages", [])]}
+
+
+def check_path(args: argparse.Namespace) -> dict[str, Any]:
+    """The tiny-production flows on ``args.device`` (see the module docstring, item 4)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from rde.entry.tiny_production import PathRun
+    except ImportError as exc:
+        return {"status": "skipped", "reason": f"the project's environment is not installed here ({exc}): "
+                                               "run `make setup` to check the path too"}
+    workdir = args.path_dir or Path(tempfile.mkdtemp(prefix="rde-tiny-production-"))
+    run = PathRun(workdir, device=args.device)
+    started = time.perf_counter()
+    outcomes = run.run(args.path_flows, stop_on=(Exception,))
+    flows = {o.flow: {"seconds": round(o.seconds, 1),
+                      **({"error": o.error[:2000]} if o.error else flow_report(o.summary or {}))} for o in outcomes}
+    ok = all("error" not in f and f["balanced"] for f in flows.values())
+    return {"status": "ok" if ok else "failed", "device": args.device, "generator_backend": run.generator_backend,
+            "workdir": str(run.workdir), "seconds": round(time.perf_counter() - started, 1), "flows": flows}
+
+
+def print_path(path: dict[str, Any]) -> None:
+    print(f"\nProduction path on tiny models: {path['status']}")
+    if path["status"] == "skipped":
+        print(f"  {path['reason']}")
+        return
+    print(f"  device {path['device']}, generators through {path['generator_backend']}, {path['seconds']} s, "
+          f"artifacts in {path['workdir']}")
+    for flow, entry in path["flows"].items():
+        if "error" in entry:
+            print(f"  {flow}: stopped after {entry['seconds']} s: {entry['error'][:300]}")
+            continue
+        rejected = sum(entry["rejected"].values())
+        print(f"  {flow}: {entry['seconds']} s, {entry['inputs']} inputs, balanced {entry['balanced']}, "
+              f"{rejected} rejected rows ({len(entry['rejected'])} stage:reason kinds)")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = " (default: %(default)s)"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -560,6 +616,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=None, help="timed embedder iterations (default 10; tiny 2)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="text tokens around the image in each prompt" + d)
     p.add_argument("--image-size", type=int, default=224, help="generator input image side (multiple of 28)" + d)
+    p.add_argument("--path", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the production path on tiny models (profiles/tiny-production.yaml)" + d)
+    p.add_argument("--path-flows", type=lambda s: tuple(s.split(",")), default=PATH_FLOWS,
+                   help="flows of the path check, comma-separated (default: build-secmm,build-largefine)")
+    p.add_argument("--path-dir", type=Path, default=None,
+                   help="working folder of the path check (tiny models, slice, artifacts; default: a temp folder)")
     g = p.add_argument_group("projection")
     g.add_argument("--images", type=int, default=1_200_000, help="images in the projected build" + d)
     g.add_argument("--projection-batch", type=int, default=None,
@@ -618,8 +680,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print("Qwen2-VL generator ...", flush=True)
     results["generator"] = check_generator(args, device, dtype, budget)
     release(device)
-    results["meta"]["elapsed_s"] = round(budget.elapsed(), 1)
     results["projection"] = project(args, results)
+    if args.path:
+        print("production path on tiny models ...", flush=True)
+        results["path"] = check_path(args)
+    results["meta"]["elapsed_s"] = round(budget.elapsed(), 1)
     return results
 
 
@@ -628,10 +693,12 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     print_table(results)
     print_projection(results["projection"])
+    if "path" in results:
+        print_path(results["path"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.json} ({results['meta']['elapsed_s']} s)")
-    return 0
+    return 1 if results.get("path", {}).get("status") == "failed" else 0
 
 
 if __name__ == "__main__":

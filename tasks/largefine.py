@@ -244,7 +244,7 @@ class QaTiers(_TierStage):
     """Base and intermediate tiers, one task per neighbours shard holding a GPU slot."""
 
     name = "qa-tiers"
-    version = "3"  # 3: each image's video-track facts go with it into the requests
+    version = "4"  # 3: each image's video-track facts go with it into the requests; 4: garbled texts rejected
     reads = ("neighbours", "accepted")
     writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="tier12_captions"),
               Write("qa", "qa_pairs", QA_PAIRS, folder="qa_pairs"),
@@ -322,7 +322,7 @@ class AdvancedTier(_TierStage):
     """T_adv per image from a drawn template and its T_base + T_inter; one task per shard."""
 
     name = "adv-tier"
-    version = "3"  # 3: each image's video-track facts go with it into the requests
+    version = "4"  # 3: each image's video-track facts go with it into the requests; 4: garbled texts rejected
     reads = ("neighbours", "tier12_captions", "template_gallery", "accepted")
     writes = (Write("captions", "tier_captions", TIER_CAPTIONS, folder="adv_captions"),
               Write("rejects", "rejects", REJECTS, folder="adv_rejects", rejects=True))

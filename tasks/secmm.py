@@ -58,8 +58,9 @@ class CaptionPool(Stage):
 
     name = "caption-pool"
     # 4: repeated sentences, verbs without object and colours without noun dropped; 5: the images'
-    # track facts (motion, direction, distance) go to the captioner and into rendered captions
-    version = "5"
+    # track facts (motion, direction, distance) go to the captioner and into rendered captions;
+    # 6: garbled sentences (control or replacement characters) dropped
+    version = "6"
     reads = ("accepted",)
     writes = (Write("captions", "captions", CAPTIONS, folder="caption_pool"),
               Write("rejects", "rejects", REJECTS, folder="caption_pool_rejects", rejects=True))
@@ -188,7 +189,8 @@ class DapQueries(Stage):
     (rde/secmm/dap.py) until ``queries.per_domain`` are kept."""
 
     name = "dap"
-    version = "6"  # 5: a combination needs grammar_min_pair_count captions; 6: actions, diversity stats
+    # 5: a combination needs grammar_min_pair_count captions; 6: actions, diversity stats; 7: garbled lines
+    version = "7"
     reads = ("caption_stats", "caption_pool")
     writes = (Write("queries", "queries", QUERIES),
               Write("rejects", "rejects", REJECTS, folder="query_rejects", rejects=True))

@@ -21,6 +21,7 @@ import torch
 from models.backends.registry import models_lineage
 from models.backends.torch_runtime import resolve_device
 from models.retrieval.dual_encoder import FeatureDualEncoder, HFClipDualEncoder
+from rde.common.caption_source import finished_captions
 from rde.common.expert_check import (
     CheckSet,
     gallery_pool_ids,
@@ -226,10 +227,7 @@ class TrainingFeatures(Stage):
 
     def lineage(self, run: StageRun) -> Lineage:
         src = _source_root(run.ctx)
-        captions = Artifact(f"{src}/largefine")
-        if not captions.is_complete():
-            raise ValueError(f"no finished captions at {captions.url}: run `rde build-largefine` (profile "
-                             f"{run.profile_name}) first; its captions are the training pairs")
+        captions = finished_captions(src, f"training (profile {run.profile_name})")
         run.prepared.update(src=src, captions=captions)
         return Lineage(models={"models": models_lineage(run.models)}, upstream=[captions],
                        extra={"captions": captions.manifest().fingerprint, "layout": self.layout})

@@ -61,7 +61,8 @@ TEST_ARTIFACTS = ROOT / "test-artifacts"  # screenshots and reports kept by test
 # and largefine flows 113 and 104, the CLI 87, Dask 44, then the rest; they keep collection order.
 LONG_FIRST = ("test_flow_build_secmm", "test_deployment_stack", "test_pool_fanout", "test_deployment_stack_postgres",
               "test_task_runners",
-              "test_cli", "test_faults", "test_flow_vedje", "test_flow_build_largefine", "test_flow_training",
+              "test_cli", "test_faults", "test_tiny_production", "test_flow_vedje", "test_flow_build_largefine",
+              "test_flow_training",
               "test_auto_batch", "test_lost_rows")
 
 
@@ -139,20 +140,9 @@ def _pool_slice(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str, na
                 shard_rows: int) -> str:
     """Every ``step``-th row of the demo pool, ``count`` rows, written as a pool artifact of
     ``shard_rows``-row shards (crops and filter exercises alike)."""
-    import pyarrow as pa
+    from rde.entry.demo_pool import write_pool_slice
 
-    from storage import Artifact, ArtifactWriter
-    from storage.schemas import POOL
-
-    rows = Artifact(demo_pool_url).rows()[::step][:count]
-    assert len(rows) == count, f"the demo pool gives {len(rows)} rows every {step}th, not {count}"
-    url = str(tmp_path_factory.mktemp(name) / "pool")
-    writer = ArtifactWriter(url, "pool", POOL, name)
-    writer.begin()
-    shards = [writer.write_shard(i, pa.Table.from_pylist(rows[at:at + shard_rows], schema=POOL))
-              for i, at in enumerate(range(0, len(rows), shard_rows))]
-    writer.finalize(shards, code_version="test")
-    return url
+    return write_pool_slice(demo_pool_url, str(tmp_path_factory.mktemp(name) / "pool"), step, count, shard_rows, name)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from artifact_readers import assert_every_artifact_opens, run_card_snippet
-from tiny_models import build_tiny_qwen2vl
 
 from flows.build_largefine import build_largefine
 from rde.common.profiles import load_profile
@@ -206,35 +205,6 @@ def test_rerun_skips_and_a_lost_shard_is_redone_alone(offline_run: tuple[str, di
     root = Path(out, "build-largefine", "demo")
     assert Artifact(str(root / "largefine")).count_rows() + Artifact(str(root / "caption_rejects")).count_rows() \
         == 3 * Artifact(str(root / "neighbours")).count_rows()
-
-
-def test_transformers_generator_path_runs_the_same_flow(tmp_path: Path, small_pool_url: str) -> None:
-    tiny = str(build_tiny_qwen2vl(tmp_path / "qwen2vl"))
-    spec = {"backend": "transformers-vlm", "model_id": tiny, "batch_size": 4}
-    overrides = _small(small_pool_url, largefine={
-        "max_images": 4, "shard_size": 2, "tier_prompt": "gtr_tiers", "qa_max_tokens": 24, "summary_max_tokens": 24,
-        "templates": {"sample_captions": 2, "rounds": 1, "max_tokens": 24}},
-        models={"generators": [spec, {**spec, "batch_size": 2}], "template_generator": spec})
-    summary = build_largefine(profile="demo", output_root=str(tmp_path / "out"), overrides=overrides)
-    root = tmp_path / "out" / "build-largefine" / "demo"
-    captions, rejects = Artifact(str(root / "largefine")).rows(), Artifact(str(root / "caption_rejects")).rows()
-    assert summary["balanced"] and len(captions) + len(rejects) == 3 * 4
-    # random weights write random tokens: every tier is rejected, each with a reason, none lost. The Q&A
-    # calls of the base and intermediate tiers give no two answered "Q:"/"A:" pairs, so those tiers end
-    # as malformed_qa before any summary is asked for, and the advanced tier lacks both of its inputs
-    assert captions == []
-    neighbours = Artifact(str(root / "neighbours")).rows()
-    images = {r["image_id"] for r in neighbours}
-    tiers = {"tier-base": "malformed_qa", "tier-inter": "malformed_qa", "tier-adv": "missing_tier_input"}
-    assert len(images) == 4 and sorted((r["image_id"], r["stage"]) for r in rejects) == sorted(
-        (image, stage) for image in images for stage in tiers)
-    assert all(r["reason"] == tiers[r["stage"]] for r in rejects), [(r["stage"], r["reason"]) for r in rejects]
-    _assert_summary_lists_rejects(root, summary, ("hard-negatives", "qa-tiers", "adv-tier"))
-    # both generators caption some of the images: the seeded draw by image id gives 3 and 1 here, and the
-    # next-ranked pool image also goes to the second, so one image more or less in the draw keeps both
-    assert {r["generator_index"] for r in neighbours} == {0, 1}
-    generators = Artifact(str(root / "tier12_captions")).manifest().models["generators"]
-    assert [(g["model_id"], g["batch_size"]) for g in generators] == [(tiny, 4), (tiny, 2)]
 
 
 def test_webdataset_export_reads_back_with_the_webdataset_loader(offline_run: tuple[str, dict, dict],

@@ -1,5 +1,6 @@
 """Smoke test of scripts/gpu_check.py: the --tiny CPU run goes through the same code path as the GPU check
-(random-weight DINOv2, CLIP and Qwen2-VL built from config, image-conditioned generate, projection)."""
+(random-weight DINOv2, CLIP and Qwen2-VL built from config, image-conditioned generate, projection, and
+the production path on tiny models: here build-secmm only, against the session's Prefect server)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ NEW_TOKENS = 8
 BATCHES = (1, 2, 4)
 
 
+pytestmark = pytest.mark.slow  # the path check runs a flow
+
+
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def report(tmp_path_factory: pytest.TempPathFactory, shared_server_env: dict[str, str]) -> dict:
     out = tmp_path_factory.mktemp("gpu_check") / "gpu-check.json"
     cmd = [sys.executable, str(SCRIPT), "--tiny", "--device", "cpu", "--json", str(out),
-           "--new-tokens", str(NEW_TOKENS), "--batches", ",".join(map(str, BATCHES))]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+           "--new-tokens", str(NEW_TOKENS), "--batches", ",".join(map(str, BATCHES)), "--path-flows", "build-secmm",
+           "--path-dir", str(out.parent / "path")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=shared_server_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Projection:" in proc.stdout and "assumptions:" in proc.stdout
     return json.loads(out.read_text())
@@ -59,3 +64,14 @@ def test_projection_scales_linearly_with_gpus(report: dict) -> None:
     for part in ("dinov2", "clip_image", "caption_base", "caption_inter", "caption_adv", "captions_total", "total"):
         assert one[part] > 0 and eight[part] > 0, part
         assert eight[part] == pytest.approx(one[part] / 8), part
+
+
+def test_the_path_check_runs_build_secmm_on_the_tiny_production_profile(report: dict) -> None:
+    path = report["path"]
+    assert path["status"] == "ok" and path["device"] == "cpu" and path["generator_backend"] == "transformers-vlm"
+    assert list(path["flows"]) == ["build-secmm"]
+    secmm = path["flows"]["build-secmm"]
+    assert secmm["balanced"] and secmm["inputs"] == 24
+    stages = {s["stage"]: s for s in secmm["stages"]}
+    assert stages["denoise"]["accepted"] > 0 and stages["cgds"]["accepted"] > 0
+    assert (Path(path["workdir"]) / "artifacts" / "build-secmm" / "tiny-production" / "gallery").is_dir()

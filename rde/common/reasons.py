@@ -75,6 +75,7 @@ class Reason(StrEnum):
     NO_TEMPLATE = "no_template"
     REPETITIVE = "repetitive"
     META_COMMENTARY = "meta_commentary"
+    GARBLED = "garbled"
     NOT_ABOUT_PERSON = "not_about_person"
     CONCRETE_DETAIL = "concrete_detail"
     REPEATED_SLOT = "repeated_slot"
@@ -146,6 +147,7 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.REFUSED: ("caption-pool, tiers", "the generator refused the request"),
     Reason.UNSUPPORTED: ("caption-pool, tiers", "the generator cannot take this input (e.g. no image support)"),
     Reason.TIMEOUT: ("caption-pool, tiers", "the generator did not answer in time, after its retries"),
+    Reason.GARBLED: ("caption-pool, dap, tiers", "control or replacement characters: not text (a broken generator)"),
     Reason.MALFORMED_OUTPUT: ("tiers", "not the asked format: Q/A markers in a description, an unfilled [slot]"),
     Reason.MALFORMED_QA: ("qa-tiers", "a Q&A answer with fewer than largefine.min_qa_pairs distinct answered pairs"),
     Reason.NO_HARD_NEGATIVE: ("qa-tiers", "no intermediate tier: the pool holds no other distinct image"),

@@ -30,8 +30,9 @@ clips_app = typer.Typer(help="The demo video-clip set for the cached reranker.",
 app.add_typer(clips_app, name="clips")
 labels_app = typer.Typer(help="Human label refinement: import reviewed decisions.", no_args_is_help=True)
 app.add_typer(labels_app, name="labels")
-models_app = typer.Typer(help="The profile's models: whether each loads or is here (`rde models`), and "
-                         "fetching them (`rde models fetch`).", invoke_without_command=True)
+models_app = typer.Typer(help="The profile's models: whether each loads or is here (`rde models`), "
+                         "fetching them (`rde models fetch`), building the tiny ones (`rde models tiny`).",
+                         invoke_without_command=True)
 app.add_typer(models_app, name="models")
 stack_app = typer.Typer(help="A local Prefect server, work pools (cpu, gpu), workers and deployments.",
                         no_args_is_help=True)
@@ -44,7 +45,7 @@ if not console.is_terminal and "COLUMNS" not in os.environ:
 err_console = Console(stderr=True, soft_wrap=True)
 
 ProfileOpt = Annotated[
-    str, typer.Option("--profile", "-p", help="Bundled profile name (demo, production) or YAML path.")
+    str, typer.Option("--profile", "-p", help="Bundled profile name (demo, production, tiny-production) or YAML path.")
 ]
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also print Prefect's per-task lines (one per shard: "
@@ -648,6 +649,30 @@ def models_fetch_cmd(
                    as_json)
     if any(r.status == "missing" for r in results):
         raise typer.Exit(1)
+
+
+@models_app.command("tiny")
+def models_tiny_cmd(
+    folder: Annotated[Path, typer.Option(help="Where to build them; the tiny-production profile's model paths "
+                                         "start at .rde/tiny-models, relative to where a run starts.")]
+    = Path(".rde/tiny-models"),
+    force: Annotated[bool, typer.Option("--force", help="Build again those already there.")] = False,
+) -> None:
+    """Build the tiny random-weight models the tiny-production profile names (the production
+    architectures: YOLOv8n, DINOv2, SigLIP, Qwen2-VL, CLIP, BERT), from config, offline, in seconds;
+    then `rde build-secmm --profile tiny-production` runs the production backends end to end."""
+    from rde.entry.tiny_models import build_tiny_production
+
+    with err_console.status(f"building the tiny models in {folder}"):
+        built = build_tiny_production(folder, force=force)
+    table = Table(title=f"tiny models in {folder}")
+    for col in ("model", "path", "size"):
+        table.add_column(col)
+    for name, path in built.items():
+        size = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() \
+            else Path(path).stat().st_size
+        table.add_row(name, escape(path), f"{size / 1e6:.1f} MB")
+    console.print(table)
 
 
 @app.command("doctor")

@@ -207,3 +207,21 @@ def write_pool(rows: list[dict], out_dir: str, video: str, street_video: str | N
                            "vehicle_identities": len(vehicles)})
     return table.num_rows
 
+
+
+def write_pool_slice(source_url: str, out_url: str, step: int, count: int, shard_rows: int,
+                     name: str = "slice") -> str:
+    """Every ``step``-th row of a pool artifact, ``count`` rows, written as a pool artifact of
+    ``shard_rows``-row shards at ``out_url`` (a small run over real crops); returns ``out_url``."""
+    from storage import Artifact
+
+    rows = Artifact(source_url).rows()[::step][:count]
+    if len(rows) != count:
+        raise ValueError(f"the pool at {source_url} gives {len(rows)} rows every {step}th, not {count}")
+    writer = ArtifactWriter(out_url, "pool", POOL, content_key(kind="pool-slice", source=source_url, step=step,
+                                                               count=count, shard_rows=shard_rows, name=name))
+    writer.begin()
+    shards = [writer.write_shard(i, pa.Table.from_pylist(rows[at:at + shard_rows], schema=POOL))
+              for i, at in enumerate(range(0, len(rows), shard_rows))]
+    writer.finalize(shards, code_version="pool-slice")
+    return out_url

@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rde.common.garbled_text import garbled_detail
 from rde.largefine.qa_pairs import has_qa_markers
 
 _SENTENCE = re.compile(r"[^.!?]+[.!?]?")
@@ -110,7 +111,10 @@ def gate_caption(text: str, *, min_words: int, max_words: int, boilerplate: Sequ
     is off) and decide: ``malformed_output`` (still Q&A-shaped or an unfilled [slot]), ``repetitive``
     (more than ``max_repeated_sentence_share`` of the sentences repeated an earlier one before the
     repeats were dropped, or five words said twice inside one sentence: ``repeated_run``),
-    ``too_short`` or ``too_long`` (on the cleaned text); None passes."""
+    ``too_short`` or ``too_long`` (on the cleaned text), after ``garbled`` (control or replacement
+    characters anywhere: not text at all); None passes."""
+    if garbled := garbled_detail(text):
+        return GateResult(text, "garbled", garbled, ())
     cleaning: list[str] = []
     if negative_mentions:
         text, removed = drop_negative_mentions(text, negative_mentions)

@@ -1,7 +1,8 @@
 """Distribution-Aware Prompting (DSMM-TBIR Sec. 3.1, Table 11): caption-pool statistics →
 keyword-filled prompts → an LLM writes queries → post-processing keeps the good ones.
 
-Post-processing rules, each a rejection reason: ``empty``, ``too_short`` / ``too_long`` (words
+Post-processing rules, each a rejection reason: ``empty``, ``garbled`` (control or replacement
+characters, ``rde.common.garbled_text``), ``too_short`` / ``too_long`` (words
 outside [min, max]), ``not_a_query`` (a question, a label such as "Query:", meta talk such as
 "Here is", or first-person speech: a search query describes a scene), ``degenerate`` (fewer than
 60 % distinct words: a repetition loop), ``off_domain`` (no domain word), ``unsafe`` (safety word list),
@@ -39,6 +40,7 @@ from models.backends.interfaces import (
 from models.prompt_files import PromptFile
 from rde.common import caption_stats
 from rde.common.caption_stats import NounUse
+from rde.common.garbled_text import garbled_detail
 from rde.common.profiles import QueriesSpec
 from rde.common.reasons import Reason, rejected_row
 
@@ -263,6 +265,8 @@ def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str
         reason, detail = None, None
         if not words:
             reason = "empty"
+        elif garbled := garbled_detail(text):
+            reason, detail = "garbled", garbled
         elif len(words) < spec.min_words:
             reason, detail = "too_short", f"{len(words)} words < {spec.min_words}"
         elif len(words) > spec.max_words:

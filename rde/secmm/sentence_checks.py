@@ -8,6 +8,7 @@
 * ``ungrounded_words``: content words (nouns, adjectives, verbs, numbers) that are neither in the
   image's measured facts nor in the prompt file's generic words ("person", "wear"): "eyes",
   "auburn", "complexion" name attributes nothing measured.
+* ``garbled``: a sentence with control or replacement characters (``rde.common.garbled_text``).
 * ``clean_caption``: keep the complete, grounded sentences of a caption, each once; report the others.
 
 Shared by the caption pool (DSMM-TBIR statistics) and usable by other caption gates; the words
@@ -27,6 +28,7 @@ from typing import Any
 from models.backends.attributes import COLOUR_SYNONYMS
 from models.fact_wording import fill_values, render_sentence
 from rde.common.caption_stats import load_tagger
+from rde.common.garbled_text import garbled_detail
 
 CONTENT_POS = frozenset({"NOUN", "PROPN", "ADJ", "VERB", "NUM"})
 # Parts of speech / dependencies that cannot end a complete sentence (they need a word after them).
@@ -152,6 +154,9 @@ def check_captions(texts: Iterable[str], allowed: Iterable[set[str] | None], gen
         verdicts = []
         said: set[str] = set()
         for sent in doc.sents:
+            if garbled := garbled_detail(sent.text):
+                verdicts.append(SentenceVerdict(sent.text, "garbled", garbled))
+                continue
             if not any(t.is_alpha for t in sent):
                 continue
             words = " ".join(t.lower_ for t in sent if t.is_alpha)

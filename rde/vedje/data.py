@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rde.common.caption_source import finished_captions
 from rde.common.image_decoding import decode_rgb
 from rde.common.profiles import Profile
 from rde.common.seeds import draw_seed
@@ -72,10 +73,7 @@ def _clips(path: str) -> ItemSet:
 
 
 def _largefine(source_root: str, test_share: float, seed: int) -> ItemSet:
-    captions = Artifact(join(source_root, "largefine"))
-    if not captions.is_complete():
-        raise FileNotFoundError(f"no finished captions at {captions.url}: run `rde build-largefine` first "
-                                "(vedje.source is 'largefine')")
+    captions = finished_captions(source_root, "train-vedje (vedje.source 'largefine')")
     identity = {r["image_id"]: r["identity"] for r in Artifact(join(source_root, "neighbours")).rows(
         ["image_id", "identity"])}
     caps = captions.rows(["image_id", "text"])
