@@ -3,8 +3,8 @@
 run back to back in one invocation.
 
 For each flow and N: seconds per stage (from the run's summary), milliseconds per image and images
-per second of the stages that touch every image (per-shard: ingest, measure, qa-tiers, adv-tier,
-export; whole-pool: denoise, CGDS, hard-negatives), the run's peak RSS (the CLI process and its
+per second of the stages that touch every image (per-shard: ingest, measure, embed-images, qa-tiers,
+adv-tier, export; whole-pool: denoise, CGDS, hard-negatives), the run's peak RSS (the CLI process and its
 children, sampled every 0.2 s with psutil) and the load average before and after the run (the
 machine may be shared). build-secmm's generator work (caption pool, DAP) does not grow with N — it
 captions a fixed sample per domain and writes a fixed number of queries — so it runs with a small
@@ -16,7 +16,8 @@ captioning stages' time is then the pipeline's own (decoding, requests, gates, w
 captioning stages are per captioned image (the pool's pedestrians after denoise), the pool stages
 per pool image. Targets: peak RSS at the largest N ≤ 1.5 × at the previous one; the
 per-image time of every per-shard stage within ±25 % across N; the growth exponent of CGDS
-(embedding + k-means), of the hard negatives (embedding + exact kNN) and of MECF (whose gallery is
+(embedding + k-means), of the hard negatives (exact kNN; their embedding is the per-shard
+embed-images stage) and of MECF (whose gallery is
 bounded by the draw, so it should not grow).
 
 The time outside the stages is reported too; for build-largefine it includes the dataset card
@@ -30,7 +31,8 @@ with spaCy as they write), timed from the run's log.
 workdir: its ingest, measure and denoise outputs are hard-linked into build-largefine's output folder
 (the runner skips them only when their content keys match, i.e. same pool, code and config), so the
 detector is not run twice; those stages read "reused" in the table and their time and memory are the
-build-secmm run's. The embedding cache is not shared: the hard negatives embed as they would alone.
+build-secmm run's. build-largefine's embed-images does not use the embedding cache, so it embeds as it
+would alone.
 
 A (flow, size) already measured in the workdir (``result-<flow>-N.json``) is not run again; the
 tables cover every size measured there, so sizes can be added in later invocations. ``--project``
@@ -60,7 +62,7 @@ from storage.artifact import IMAGE_ROW_GROUP
 ROOT = Path(__file__).resolve().parent.parent
 # stages timed per image: per pool image, or per captioned image (build-largefine's chosen pedestrians)
 PER_POOL_IMAGE = ("ingest", "measure", "denoise", "cgds")
-PER_CAPTIONED_IMAGE = ("hard-negatives", "qa-tiers", "adv-tier", "export-largefine")
+PER_CAPTIONED_IMAGE = ("embed-images", "hard-negatives", "qa-tiers", "adv-tier", "export-largefine")
 FLOWS = ("secmm", "largefine")
 
 
@@ -247,7 +249,7 @@ def print_table(flow: str, results: list[dict]) -> None:
         print(f"- N={r['n']:,}: load average (1/5/15 min) {r['load_before']} before, {r['load_after']} after; "
               f"rejected {r['rejected']}{extra}")
     if grows:
-        for name in ("ingest", "measure", "qa-tiers", "adv-tier"):
+        for name in ("ingest", "measure", "embed-images", "qa-tiers", "adv-tier"):
             if name not in results[0]["stages"] or name in reused:
                 continue
             per = [r["stages"][name]["seconds"] / (r["n"] if name in PER_POOL_IMAGE else r["captioned"])
@@ -282,6 +284,7 @@ DETECTOR_GPU_S = 2 * 3.53e-3  # YOLOv8x 640 px: 3.53 ms/image on A100 TensorRT (
 # measured 23.4-26.4 s for 20k queries over 100k 768-d vectors (build + search, nprobe 32) on these 2 cores;
 # ASSUMED to grow as queries x sqrt(N) x dim (nlist = 4 sqrt N, so a query scans nprobe/nlist of N)
 KNN_MEASURED_S, KNN_Q, KNN_N, KNN_DIM, PROJECT_DIM = 26.4, 20_000, 100_000, 768, 1024  # DINOv2-L: 1024-d
+PARENT_CORES = 32  # ASSUMED: the CPU cores of a GPU node that runs the parent (a DGX H100 node has 112)
 # qa-tiers reads, per captioning shard, the row groups (of IMAGE_ROW_GROUP rows) that hold one of its
 # images or hard negatives (tasks/largefine.py `_images`, Artifact.read_matching); on the synthetic pool
 # every captioning shard read from every accepted shard. Production shard sizes (profiles/production.yaml
@@ -339,13 +342,15 @@ def print_projection(r: dict, work: Path) -> None:
     prefill, decode = generator_seconds_per_image()
     # (part, where, seconds per image, source)
     parent = [("ingest + denoise", (st["ingest"]["seconds"] + st["denoise"]["seconds"]) / n, "measured"),
-              ("hard-negatives: embedding (EfficientNet-Lite0, CPU)", st["hard-negatives"]["seconds"] / cap,
+              ("hard-negatives: select, read the vectors, write", st["hard-negatives"]["seconds"] / cap,
                "measured (includes the exact kNN, trivial at this N)"),
               ("hard-negatives: kNN at 1.2M (faiss IVF)", knn / PROJECT_IMAGES, "extrapolated from ann_recall"),
               ("template gallery", st["template-gallery"]["seconds"] / PROJECT_IMAGES, "measured (fixed)"),
               ("export", st["export-largefine"]["seconds"] / cap, "measured"),
               ("dataset card (after the export stage)", (r.get("card_s") or 0.0) / cap, "measured")]
     fanned = [("measure: detector on GPU (YOLOv8x)", DETECTOR_GPU_S, "ASSUMED (Ultralytics A100 TRT x2)"),
+              ("embed-images: decode, embed, write", st["embed-images"]["seconds"] / cap,
+               "measured with EfficientNet-Lite0 on this CPU; ASSUMED no faster with DINOv2-L on a GPU"),
               ("captioning pipeline (decode, requests, gates, Table 1 counts, writes)",
                (st["qa-tiers"]["seconds"] + st["adv-tier"]["seconds"]) / cap, "measured (scripted generator)"),
               ("generation: prefill (7 image encodes, 5 prompts)", prefill, "ASSUMED (roofline, H100)"),
@@ -375,6 +380,14 @@ def print_projection(r: dict, work: Path) -> None:
             print(f"| {name} | {where} | {1000 * per:.2f} | {source} | " + " | ".join(f"{h[w]:.2f}" for w in WORKERS)
                   + " |")
     print("| **total** | | | | " + " | ".join(f"**{totals[w]:.1f}**" for w in WORKERS) + " |")
+    parent_h = sum(per for _, per, _ in parent) * PROJECT_IMAGES / 3600
+    print("| parent share of the total | | | | " + " | ".join(f"{100 * parent_h / totals[w]:.0f} %" for w in WORKERS)
+          + " |")
+    # the kNN is faiss's search, parallel over queries: ASSUMED to scale with cores, on a parent of
+    # PARENT_CORES cores against this 2-core machine
+    many = parent_h - knn / 3600 * (1 - 2 / PARENT_CORES)
+    print(f"| parent share with the kNN on a {PARENT_CORES}-core parent (ASSUMED linear in cores) | | | | "
+          + " | ".join(f"{100 * many / (totals[w] - parent_h + many):.0f} %" for w in WORKERS) + " |")
     if worst is not None:
         h = hours(worst[1], "gpu workers")
         print(f"| {worst[0]} | gpu workers | {1000 * worst[1]:.2f} | {worst[2]} | "

@@ -1,6 +1,7 @@
 """``build-largefine``: the GTR+ generation stage into LargeFine-Person-style shards, as a list of stages.
 
-ingest → measure → denoise → select + hard-negative neighbours → base + intermediate tiers (per
+ingest → measure → denoise → embed the domains' images (per shard, GPU) → select + hard-negative
+neighbours → base + intermediate tiers (per
 shard, holding a GPU slot) → template gallery (extract and expand) → advanced tier (per shard) →
 export + dataset card.
 """

@@ -206,6 +206,15 @@ EVALUATION = pa.schema(
     ]
 )
 
+# build-largefine: the image embedder's vector of each accepted image in largefine.domains, one shard
+# per accepted shard, its rows in the accepted shard's order (the hard negatives' search reads them)
+IMAGE_VECTORS = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("vector", pa.list_(pa.float32()), nullable=False),  # the embedder's dimension
+    ]
+)
+
 # build-largefine: the images chosen for captioning, their neighbours and hard negative (GTR+ Eq. 1),
 # the generator assigned to each, and where the image bytes live in the accepted artifact.
 NEIGHBOURS = pa.schema(

@@ -7,34 +7,31 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
-from itertools import count
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
-from models.backends.registry import BUNDLED_LLM
+from models.backends.registry import BUNDLED_IMAGE_EMBEDDER, BUNDLED_LLM, spec_lineage
 from models.backends.track_facts import motion_facts
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common import caption_stats
 from rde.common.dataset_cards import card_folder_note, configs_header, loading_snippet
-from rde.common.embedding_cache import EmbeddingCache
 from rde.common.image_decoding import decode_rgb
 from rde.common.profiles import TrackFactsSpec
 from rde.common.reasons import Reason, rejected_row
 from rde.common.seeds import draw_seed
 from rde.common.track_context import motion_options
 from rde.largefine import webdataset_export
-from rde.largefine.hard_negatives import hard_negative_neighbours_streamed
+from rde.largefine.hard_negatives import chosen_vectors, hard_negative_neighbours_streamed
 from rde.largefine.template_gallery import Gallery, Template, build_gallery
 from rde.largefine.tiered_captions import TIERS, TierCaptioner, TierImage, TierOutputs, assign_generator
 from storage import Artifact
 from storage.filesystem import atomic_write_bytes, join, resolve
 from storage.hashing import sha256_bytes
-from storage.schemas import NEIGHBOURS, QA_PAIRS, REJECTS, TEMPLATES, TIER_CAPTIONS, WDS_INDEX
+from storage.schemas import IMAGE_VECTORS, NEIGHBOURS, QA_PAIRS, REJECTS, TEMPLATES, TIER_CAPTIONS, WDS_INDEX
 from tasks import sharded
 from tasks.context import RunContext
 from tasks.sharded import StageResult
@@ -56,50 +53,81 @@ def _generator_lineage(run: StageRun) -> dict[str, Any]:
 
 # -- select + neighbours ----------------------------------------------------------------------------
 
+class EmbedImages(Stage):
+    """The profile's image embedder over every accepted image of ``largefine.domains``, one task per
+    accepted shard. A GPU stage, so with ``prefect.fanout`` its shards run on the pool's workers:
+    the parent keeps only the hard negatives' index and search. Rows of other domains are not this
+    stage's input; each input row is embedded (an accepted image decodes)."""
+
+    name = "embed-images"
+    version = "1"
+    reads = ("accepted",)
+    writes = (Write("vectors", "image_vectors", IMAGE_VECTORS, folder="image_vectors"),)
+    config = ("largefine.domains",)
+    resources = Resources(device="gpu", hold_slot=False, batch_size="models.image_embedder.batch_size")
+    balance = True
+    title = "Embed the images of largefine.domains for the hard-negative search"
+    row_unit = "images"
+    decode_batch: ClassVar[int] = 512  # images decoded and handed to the embedder at once (its own batches inside)
+
+    def lineage(self, run: StageRun) -> Lineage:
+        return Lineage(models={"image_embedder": spec_lineage(run.models.image_embedder or BUNDLED_IMAGE_EMBEDDER)})
+
+    def shard_count(self, run: StageRun) -> int:
+        return len(run.input("accepted").manifest().shards)
+
+    def process(self, run: StageRun, index: int) -> Work:
+        table = run.input("accepted").read_shard(index, ["image_id", "domain", "image_bytes"])
+        domains = set(run.section("largefine").domains)
+        keep = [i for i, d in enumerate(table.column("domain").to_pylist()) if d in domains]
+        ids = table.column("image_id").take(keep).to_pylist() if keep else []
+        embedder, column, vectors = run.registry().image_embedder(), table.column("image_bytes"), []
+        for start in range(0, len(keep), self.decode_batch):  # decoded pixels: one batch at a time
+            images = [decode_rgb(column[i].as_py()) for i in keep[start:start + self.decode_batch]]
+            vectors += [v.astype(np.float32) for v in embedder.embed(images)]
+        out = pa.table({"image_id": ids, "vector": pa.array(vectors, type=IMAGE_VECTORS.field("vector").type)},
+                       schema=IMAGE_VECTORS)
+        return Work.one({"vectors": out}, {"input_rows": len(keep), "accepted": len(keep), "rejected": {}})
+
+
 class HardNegatives(Stage):
-    """Choose the images to caption (profile domains, optional seeded cap), embed them with the
-    profile's image embedder (cached by content hash), find each one's top-k neighbours and draw its
-    hard negative (GTR+ Eq. 1), assign a generator; written in shards of ``largefine.shard_size``."""
+    """Choose the images to caption (profile domains, optional seeded cap), read their vectors
+    (``embed-images``), find each one's top-k neighbours and draw its hard negative (GTR+ Eq. 1),
+    assign a generator; written in shards of ``largefine.shard_size``."""
 
     name = "hard-negatives"
-    version = "3"  # 3: exact scores the same on any CPU and for any query batch (rde.common.topk)
-    reads = ("accepted",)
+    # 3: exact scores the same on any CPU and for any query batch (rde.common.topk); 4: the vectors come
+    # from embed-images (fanned out), not from the embedding cache
+    version = "4"
+    reads = ("accepted", "image_vectors")
     writes = (Write("neighbours", "neighbours", NEIGHBOURS),
               Write("rejects", "rejects", REJECTS, folder="select_rejects", rejects=True))
     config = ("largefine.domains", "largefine.max_images", "largefine.neighbours_k", "largefine.seed",
               "largefine.shard_size", "largefine.neighbour_index_above", "largefine.neighbour_ann")
-    resources = Resources(device="gpu", hold_slot=False, batch_size="models.image_embedder.batch_size")
     balance = True
     # images whose neighbours are searched together in the exact search (4096 × 1280 floats: 21 MB),
-    # one pass over the cached vectors per batch; not a profile field, because a field in ``config``
-    # enters the stage key, which every shard records, and would rewrite identical neighbours
+    # one pass over the vectors per batch; not a profile field, because a field in ``config`` enters
+    # the stage key, which every shard records, and would rewrite identical neighbours
     query_batch: ClassVar[int] = 4096
 
     def lineage(self, run: StageRun) -> Lineage:
         if not run.models.generators:
             raise ValueError("build-largefine: the profile names no models.generators to caption with")
-        cache = EmbeddingCache(run.ctx.base, run.registry().image_embedder())
-        run.prepared["cache"] = cache
         # the generator count decides each image's generator (assign_generator)
-        return Lineage(models={"image_embedder": cache.identity,
-                               "generators": [g.model_dump(mode="json") for g in run.models.generators]})
+        return Lineage(models={"generators": [g.model_dump(mode="json") for g in run.models.generators]})
 
     def run(self, run: StageRun) -> Work:
-        """Select, then search the chosen rows' neighbours with their vectors left in the embedding
-        cache (``hard_negative_neighbours_streamed``): a query batch and one pool shard of vectors
-        in memory where the search is exact; all of them only above ``neighbour_index_above``,
-        where the IVF index is built over the whole pool."""
-        lf, cache = run.section("largefine"), run.prepared["cache"]
+        """Select, then search the chosen rows' neighbours with their vectors left in ``image_vectors``
+        (``hard_negative_neighbours_streamed``): a query batch and one pool shard of vectors in memory
+        where the search is exact; all of them only above ``neighbour_index_above``, where the IVF
+        index is built over the whole pool."""
+        lf = run.section("largefine")
         accepted = run.input("accepted")
         rows = [dict(r, accepted_shard=index) for index, table in
                 accepted.iter_shards(["image_id", "source", "domain", "identity"]) for r in table.to_pylist()]
         positions, rejects = _select(rows, lf.domains, lf.max_images, lf.seed)
         chosen = [rows[p] for p in positions]
-        # misses embedded one accepted shard's bytes at a time; ``rows`` is in artifact order, so the
-        # cache's kept rows are the chosen ones, in their order (a duplicate image by its position)
-        embedded_rows, vectors = cache.index_artifact(accepted, ["image_id"], keep=_at_positions(positions))
-        if [r["image_id"] for r in embedded_rows] != [r["image_id"] for r in chosen]:
-            raise RuntimeError("hard-negatives: the accepted artifact changed while it was read")
+        vectors = chosen_vectors(run.input("image_vectors"), rows, positions, set(lf.domains))
         found = hard_negative_neighbours_streamed(vectors.take, vectors.blocks, [r["image_id"] for r in chosen],
                                                   lf.neighbours_k, lf.seed, lf.neighbour_index_above,
                                                   lf.neighbour_ann, self.query_batch)
@@ -118,14 +146,13 @@ class HardNegatives(Stage):
         shards = [{"neighbours": table.slice(i * lf.shard_size, lf.shard_size),
                    "rejects": reject_table if i == 0 else REJECTS.empty_table()} for i in range(n_shards)]
         return Work(shards, {"input_rows": len(rows), "accepted": len(chosen),
-                             "rejected": dict(Counter(r["reason"] for r in rejects)), "embedded": cache.embedded,
+                             "rejected": dict(Counter(r["reason"] for r in rejects)),
                              "without_hard_negative": sum(nb.hard_negative_id is None for nb in found)})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         stats = run.output_artifact("neighbours").manifest().stats
-        return Report(log=f"hard-negatives: top-{run.section('largefine').neighbours_k} neighbours, "
-                          f"{0 if result.skipped else stats.get('embedded', 0)} embedded (rest cached), "
-                          f"{stats.get('without_hard_negative', 0)} without a hard negative")
+        return Report(log=f"hard-negatives: top-{run.section('largefine').neighbours_k} neighbours of "
+                          f"{result.accepted} images, {stats.get('without_hard_negative', 0)} without a hard negative")
 
 
 def _select(rows: list[dict[str, Any]], domains: list[str], max_images: int | None, seed: int
@@ -149,13 +176,6 @@ def _select(rows: list[dict[str, Any]], domains: list[str], max_images: int | No
                     for r in (rows[p] for p in kept) if r["image_id"] not in chosen_ids]
         kept = [p for p in kept if rows[p]["image_id"] in chosen_ids]
     return kept, rejects
-
-
-def _at_positions(positions: list[int]) -> Callable[[dict[str, Any]], bool]:
-    """A ``keep`` for ``EmbeddingCache.index_artifact`` accepting the rows at ``positions`` (it is
-    asked once per row, in artifact order): rows are told apart by place, as ``_select`` chose them."""
-    wanted, place = set(positions), count()
-    return lambda _row: next(place) in wanted
 
 
 def _accepted_rows(accepted_url: str, wanted: dict[int, set[str]], columns: list[str]) -> dict[str, dict[str, Any]]:
@@ -444,8 +464,8 @@ WDS_SNIPPET = ("WebDataset tars in `largefine_wds/` (one sample per captioned im
                "    break", "```")
 
 
-LARGEFINE_STAGES: tuple[Stage, ...] = (HardNegatives(), QaTiers(), TemplateGallery(), AdvancedTier(),
-                                       ExportLargeFine(), ExportWebDataset())
+LARGEFINE_STAGES: tuple[Stage, ...] = (EmbedImages(), HardNegatives(), QaTiers(), TemplateGallery(),
+                                       AdvancedTier(), ExportLargeFine(), ExportWebDataset())
 CAPTIONING = ("qa-tiers", "adv-tier")  # the stages whose throughput the run summary reports
 
 

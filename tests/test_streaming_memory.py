@@ -21,7 +21,7 @@ from rde.largefine.hard_negatives import hard_negative_neighbours
 from rde.secmm import cgds
 from storage import Artifact, ArtifactWriter
 from storage.hashing import sha256_bytes
-from storage.schemas import ACCEPTED_IMAGES
+from storage.schemas import ACCEPTED_IMAGES, IMAGE_VECTORS
 from tasks import largefine as largefine_tasks
 from tasks import secmm as secmm_tasks
 from tasks.context import RunContext
@@ -296,29 +296,47 @@ def decoded_list(pool: Artifact) -> list[np.ndarray]:
     return [np.asarray(Image.open(io.BytesIO(r["image_bytes"])).convert("RGB")) for r in pool.rows(["image_bytes"])]
 
 
+def _embedded(folder: Path, embedder: MeanEmbedder, monkeypatch: pytest.MonkeyPatch) -> BytesReads:
+    """``embed-images`` over the accepted artifact under ``folder``, shard by shard as the runner
+    maps it, its shards written as the ``image_vectors`` artifact; the reads it made."""
+    stage = largefine_tasks.EmbedImages()
+    run = _prepared(stage, "build-largefine", folder, {}, embedder, monkeypatch)
+    writer = ArtifactWriter(str(folder / "build-largefine" / "demo" / "image_vectors"), "image_vectors",
+                            IMAGE_VECTORS, "test")
+    writer.begin()
+    with monkeypatch.context() as patch:
+        reads = BytesReads(patch)
+        shards = [writer.write_shard(i, stage.process(run, i).shards[0]["vectors"])
+                  for i in range(stage.shard_count(run))]
+    writer.finalize(shards, code_version="test")
+    return reads
+
+
 def test_hard_negatives_decode_and_read_one_shard_of_images_at_a_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """HardNegatives on 48 and 192 images, 16 per shard: the embedder is never handed more than one
-    shard's images, every read of image bytes is one shard (each shard read once), and the
-    neighbours and hard negatives are those computed from all the chosen rows' vectors in pool
-    order. Fails when the stage decodes every missing image of the pool in one call (as
-    ``cache.embed(ids, load)`` did)."""
+    """embed-images then hard-negatives on 48 and 192 images, 16 per shard: the embedder is never
+    handed more than one shard's images, every read of image bytes is one shard (each shard read
+    once, by embed-images; hard-negatives reads no bytes), and the neighbours and hard negatives
+    are those computed from all the chosen rows' vectors in pool order. Fails when a stage decodes
+    every image of the pool in one call."""
     for n in (48, 192):
         folder = tmp_path / f"h{n}"
         pool = _accepted(folder / "build-largefine" / "demo" / "accepted", n)
         embedder = MeanEmbedder()
+        embed_reads = _embedded(folder, embedder, monkeypatch)
         stage = largefine_tasks.HardNegatives()
         run = _prepared(stage, "build-largefine", folder, {"largefine": {"shard_size": 10}}, embedder, monkeypatch)
         with monkeypatch.context() as patch:
             reads = BytesReads(patch)
             work = stage.run(run)
             out = [r for t in work.shards for r in t["neighbours"].to_pylist()]
+        assert reads.batches == []
         every = pool.rows(["image_id", "domain", "image_bytes"])
         chosen = [i for i, r in enumerate(every) if r["domain"] == "pedestrian"]
         assert embedder.calls == len(chosen) and embedder.largest_call <= SHARD, embedder.largest_call
         shard_bytes = [sum(len(r["image_bytes"]) for r in every[at:at + SHARD]) for at in range(0, n, SHARD)]
-        assert [reader for reader, _ in reads.batches] == ["read_shard"] * len(shard_bytes)
-        assert reads.largest <= max(shard_bytes)
+        assert [reader for reader, _ in embed_reads.batches] == ["read_shard"] * len(shard_bytes)
+        assert embed_reads.largest <= max(shard_bytes)
         images = decoded_list(pool)
         lf = run.section("largefine")
         found = hard_negative_neighbours(MeanEmbedder().embed([images[i] for i in chosen]),
@@ -329,12 +347,26 @@ def test_hard_negatives_decode_and_read_one_shard_of_images_at_a_time(
         assert [r["hard_negative_id"] for r in out] == [f.hard_negative_id for f in found]
 
 
+def test_hard_negatives_refuse_vectors_of_another_accepted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """Vectors embedded from one accepted artifact are not read as another's: the ids are checked."""
+    folder = tmp_path / "stale"
+    _accepted(folder / "build-largefine" / "demo" / "accepted", 32)
+    _embedded(folder, MeanEmbedder(), monkeypatch)
+    _accepted(folder / "build-largefine" / "demo" / "accepted", 32, copies={5: 9})  # row 5 holds another image
+    stage = largefine_tasks.HardNegatives()
+    run = _prepared(stage, "build-largefine", folder, {"largefine": {"shard_size": 10}}, MeanEmbedder(), monkeypatch)
+    with pytest.raises(RuntimeError, match="does not hold the accepted images"):
+        stage.run(run)
+
+
 def _hard_negative_run(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch, copies: dict[int, int] | None = None
                        ) -> tuple[VectorCounts, list[dict], list[dict], StageRun, Artifact]:
     """HardNegatives on an n-image pool, 16 per shard, queries searched 16 at a time, with every
     vector reader counted; (counts, neighbour rows, reject rows, the run, the pool)."""
     folder = tmp_path / f"hv{n}"
     pool = _accepted(folder / "build-largefine" / "demo" / "accepted", n, copies)
+    _embedded(folder, MeanEmbedder(), monkeypatch)
     monkeypatch.setattr(largefine_tasks.HardNegatives, "query_batch", SHARD)
     stage = largefine_tasks.HardNegatives()
     run = _prepared(stage, "build-largefine", folder, {"largefine": {"shard_size": 10}}, MeanEmbedder(), monkeypatch)

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rde.common.embedding_cache import CachedVectors
 from rde.common.profiles import AnnSpec
 from rde.common.seeds import draw_seed
 from rde.common.topk import topk, topk_exact_blocks, uses_index
+from storage import Artifact
 
 
 @dataclass(frozen=True)
@@ -121,3 +123,32 @@ def _draw(query_ids: list[str], ids: list[str], idx: np.ndarray, val: np.ndarray
             choice = unique[int(rng.integers(len(unique)))][0]
         out.append(Neighbours(own, [i for i, _ in unique], [s for _, s in unique], choice))
     return out
+
+
+def chosen_vectors(vectors: Artifact, rows: Sequence[dict], positions: Sequence[int],
+                   domains: set[str]) -> CachedVectors:
+    """The vectors of ``rows[positions]`` in an ``embed-images`` artifact, read on demand. Its shard s
+    holds accepted shard s's rows of ``domains`` in order, so a row's vector is at (its
+    ``accepted_shard``, its rank among that shard's rows of ``domains``). The ids at those places are
+    checked against the rows (an artifact of another accepted run is refused)."""
+    seen: Counter = Counter()
+    rank = []
+    for row in rows:
+        if row["domain"] in domains:
+            rank.append(seen[row["accepted_shard"]])
+            seen[row["accepted_shard"]] += 1
+        else:
+            rank.append(-1)
+    places = np.array([(rows[p]["accepted_shard"], rank[p]) for p in positions], np.int64).reshape(len(positions), 2)
+    dim = 0
+    for shard in np.unique(places[:, 0]):
+        mine = np.flatnonzero(places[:, 0] == shard)
+        table = vectors.read_shard(int(shard), ["image_id"])
+        stored = table.column("image_id").to_pylist()
+        if len(stored) != seen[int(shard)] or any(stored[places[k, 1]] != rows[positions[k]]["image_id"] for k in mine):
+            raise RuntimeError(f"hard-negatives: {vectors.url} shard {int(shard)} does not hold the accepted images "
+                               "of this run in their order (the accepted artifact changed after embed-images)")
+        if not dim:
+            first = vectors.read_shard(int(shard), ["vector"]).slice(0, 1).column("vector")[0].as_py()
+            dim = len(first)
+    return CachedVectors(vectors.url, dim, places, places[:, 0].copy())
