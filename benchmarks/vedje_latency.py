@@ -37,6 +37,7 @@ import torch
 from models.backends.registry import ModelRegistry
 from models.reranker.cache_codec import decode
 from models.reranker.cache_store import CacheIndex, cache_rows
+from models.reranker.onnx_scoring import score_onnx
 from rde.common.profiles import load_profile
 from rde.vedje.features import cached_tensors
 from rde.vedje.training import build_model, joint_scores
@@ -220,7 +221,7 @@ def options(args: argparse.Namespace, spec, data, stage1, tmp: str) -> None:
         "score_fast (PyTorch)": torch.inference_mode()(lambda t, c, r: reranker.score_fast(t, rows, c, r)),
         "score_fast, 1 thread": threads(1, torch.inference_mode()(lambda t, c, r: reranker.score_fast(t, rows, c, r))),
         "score_fast graph in ONNX Runtime (kept)": torch.inference_mode()(
-            lambda t, c, r: reranker.score_onnx(t, rows, c, r)),
+            lambda t, c, r: score_onnx(reranker, t, rows, c, r)),
         "ONNX Runtime, idle threads spinning (its default)": torch.inference_mode()(
             lambda t, c, r: spin(words(t), t.mask, rows, c, r)),
         "ONNX Runtime, 1 thread": torch.inference_mode()(lambda t, c, r: one(words(t), t.mask, rows, c, r)),

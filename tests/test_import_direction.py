@@ -97,3 +97,41 @@ def test_an_upward_import_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / "rde" / "secmm" / "ok.py").write_text("from rde.common.profiles import Profile\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert upward_imports() == [f"{source}:{text.count(chr(10))} imports {target}"]
+
+
+def import_cycles() -> list[list[str]]:
+    """Project modules that import each other in a circle (lazy imports and ``TYPE_CHECKING`` ones
+    count: a circle hides which of the two is the lower one), each circle once, from its smallest name."""
+    modules = _modules()
+    graph = {m: sorted({t for _, t in _imports(p, m) if t in modules and t != m}) for m, p in modules.items()}
+    cycles, state = set(), {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                ring = path[path.index(nxt):]
+                start = ring.index(min(ring))
+                cycles.add(tuple(ring[start:] + ring[:start]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return [list(c) for c in sorted(cycles)]
+
+
+def test_no_two_modules_import_each_other() -> None:
+    assert import_cycles() == []
+
+
+def test_an_import_circle_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: two modules of one package, one importing the other lazily."""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "models" / "a.py").write_text("from models.b import f\n")
+    (tmp_path / "models" / "b.py").write_text("def f():\n    from models.a import g\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert import_cycles() == [["models.a", "models.b"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict
+from functools import partial
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from ranking import unambiguous_top
 from tiny_models import build_tiny_bert
 from torch import nn
 
+from models.reranker import onnx_scoring
 from models.reranker.cache_store import CacheIndex, CacheLineageError, cache_rows, check_lineage
 from models.reranker.compressor import FrameCompressor
 from models.reranker.future_delta import FutureDeltaHead, delta_loss, horizon_patch_queries, valid_pairs
@@ -189,7 +191,7 @@ def test_mean_readout_averages_unpadded_tokens_and_leaves_the_fast_path(tiny_ber
         assert n_short < text.ids.shape[1]  # the second caption is padded
         manual = torch.stack([hidden[0].mean(0), torch.cat([hidden[1, :n_short], hidden[1, -3:]]).mean(0)])
         assert torch.allclose(c, manual, atol=1e-6)
-    assert not reranker.fast_scoring_supported() and not reranker.onnx_scoring_supported()
+    assert not reranker.fast_scoring_supported() and not onnx_scoring.onnx_scoring_supported(reranker)
     with pytest.raises(ValueError, match="readout"):
         reranker.score_embedded(torch.zeros(1, 2, reranker.d), torch.ones(1, 2, dtype=torch.long),
                                 torch.tensor([0]), cache[:1], torch.zeros(1))
@@ -329,7 +331,7 @@ def test_fast_and_onnx_scoring_equal_the_reference_forward(encoder: str, tiny_be
     bert, tok = load_bert(str(tiny_bert_dir)) if encoder == "tiny" else load_bert(BUNDLED_MINILM, layers=3)
     rr = JointReranker(bert, tok, item_dim=12, max_text_tokens=16).eval()
     _spread_head(rr)
-    assert rr.fast_scoring_supported() and rr.onnx_scoring_supported()
+    assert rr.fast_scoring_supported() and onnx_scoring.onnx_scoring_supported(rr)
     # data whose scores are far apart within each query: seed 75's smallest gap is 7.8e-3 · max(1,
     # |score|) over both encoders, 3.9 × the order check's margin below (seed 0's was 1.8e-5)
     g = torch.Generator().manual_seed(75)
@@ -343,7 +345,7 @@ def test_fast_and_onnx_scoring_equal_the_reference_forward(encoder: str, tiny_be
             ref = rr.score(text, torch.tensor(rows), cache, rho)
         with torch.inference_mode():
             fast = rr.score_fast(text, torch.tensor(rows), cache, rho)
-            onnx = rr.score_onnx(text, torch.tensor(rows), cache, rho)
+            onnx = onnx_scoring.score_onnx(rr, text, torch.tensor(rows), cache, rho)
             graph = rr.fast_scores(rr.bert.embeddings.word_embeddings(text.ids), text.mask, torch.tensor(rows), cache,
                                    rho, always_mask=True)  # what is exported, run by PyTorch
         assert float(ref.std()) > 0.05
@@ -360,7 +362,7 @@ def test_fast_and_onnx_scoring_equal_the_reference_forward(encoder: str, tiny_be
     scorer = scorer_for(rr)
     assert scorer is not None and scorer_for(rr) is scorer  # really ONNX Runtime, exported once, not per call
     too_long = torch.zeros(1, rr.max_positions, rr.d)
-    for score in (rr.score_fast, rr.score_onnx):
+    for score in (rr.score_fast, partial(onnx_scoring.score_onnx, rr)):
         with pytest.raises(ValueError, match="positions"), torch.inference_mode():
             score(rr.tokenize(["a man"]), torch.tensor([0]), too_long, torch.rand(1))
 
@@ -380,13 +382,13 @@ def test_onnx_scorer_follows_the_weights(reranker: JointReranker, caplog) -> Non
     g = torch.Generator().manual_seed(2)
     rows, cache, rho = torch.zeros(4, dtype=torch.long), torch.randn(4, 8, reranker.d, generator=g), torch.rand(4)
     with torch.inference_mode():
-        before = reranker.score_onnx(text, rows, cache, rho)
+        before = onnx_scoring.score_onnx(reranker, text, rows, cache, rho)
     first = scorer_for(reranker)
     with torch.no_grad():
         reranker.head[2].weight.mul_(-2.0)  # in place, like an optimiser step or load_state_dict
         ref = reranker.score(text, rows, cache, rho)
     with torch.inference_mode():
-        after = reranker.score_onnx(text, rows, cache, rho)
+        after = onnx_scoring.score_onnx(reranker, text, rows, cache, rho)
     assert scorer_for(reranker) is not first
     torch.testing.assert_close(after, ref, atol=1e-4, rtol=1e-4)
     assert not torch.allclose(after, before, atol=1e-3)
@@ -398,7 +400,6 @@ def test_onnx_scorer_follows_the_weights(reranker: JointReranker, caplog) -> Non
         assert changed is not current and changed.session.get_session_options().intra_op_num_threads == other
     finally:
         torch.set_num_threads(old)
-    import models.reranker.onnx_scoring as onnx_scoring
 
     def broken(*a, **k):
         raise RuntimeError("exporter gone")
@@ -407,8 +408,9 @@ def test_onnx_scorer_follows_the_weights(reranker: JointReranker, caplog) -> Non
     with pytest.MonkeyPatch.context() as mp, caplog.at_level("WARNING"):
         mp.setattr(onnx_scoring, "OnnxScorer", broken)
         with torch.inference_mode():  # falls back to score_fast, says why once
-            torch.testing.assert_close(reranker.score_onnx(text, rows, cache, rho), ref, atol=1e-4, rtol=1e-4)
-            reranker.score_onnx(text, rows, cache, rho)
+            torch.testing.assert_close(onnx_scoring.score_onnx(reranker, text, rows, cache, rho), ref,
+                                       atol=1e-4, rtol=1e-4)
+            onnx_scoring.score_onnx(reranker, text, rows, cache, rho)
     assert [r.getMessage() for r in caplog.records].count(
         "ONNX Runtime scoring unavailable (RuntimeError: exporter gone); scoring with score_fast in PyTorch") == 1
     reranker.__dict__.pop("_onnx_slot")
@@ -416,7 +418,7 @@ def test_onnx_scorer_follows_the_weights(reranker: JointReranker, caplog) -> Non
     twin = copy.deepcopy(reranker)
     assert pickle.loads(pickle.dumps(twin))._onnx_slot.scorer is None
     with torch.inference_mode():
-        torch.testing.assert_close(twin.score_onnx(text, rows, cache, rho), after)
+        torch.testing.assert_close(onnx_scoring.score_onnx(twin, text, rows, cache, rho), after)
     assert scorer_for(twin) is not scorer_for(reranker)
 
 
@@ -425,6 +427,7 @@ def test_joint_scores_paths_agree_and_fall_back(reranker: JointReranker, monkeyp
     'reference' within atol 1e-4, chunked or not; without onnxruntime 'onnx' runs 'fast', and an
     encoder the fast path cannot read is scored by the reference forward."""
     import models.reranker.onnx_scoring
+    import rde.vedje.training
     from rde.common.profiles import VedjeSpec
     from rde.vedje.training import SCORE_PATHS, joint_scores
 
@@ -445,7 +448,7 @@ def test_joint_scores_paths_agree_and_fall_back(reranker: JointReranker, monkeyp
     assert models.reranker.onnx_scoring.scorer_for(reranker) is not None  # 'onnx' ran in ONNX Runtime
     fast = joint_scores(model, texts, pairs, caches, rho, path="fast")
     monkeypatch.setattr(models.reranker.onnx_scoring, "runtime_available", lambda: False)
-    monkeypatch.setattr(JointReranker, "score_onnx", lambda *a: pytest.fail("onnx path used without onnxruntime"))
+    monkeypatch.setattr(rde.vedje.training, "score_onnx", lambda *a: pytest.fail("onnx path used without onnxruntime"))
     np.testing.assert_allclose(joint_scores(model, texts, pairs, caches, rho), fast, atol=0)
     monkeypatch.setattr(JointReranker, "fast_scoring_supported", lambda self: False)
     monkeypatch.setattr(JointReranker, "score_fast", lambda *a: pytest.fail("fast path used on an unsupported encoder"))

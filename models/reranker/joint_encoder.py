@@ -183,30 +183,10 @@ class JointReranker(nn.Module):
         words = self.bert.embeddings.word_embeddings(text.ids)
         return self.fast_scores(words, text.mask, rows.to(text.ids.device), cache, rho)
 
-    def score_onnx(self, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-        """``score_fast``'s graph run by ONNX Runtime on the CPU (``models/reranker/onnx_scoring.py``):
-        exported once per weights and thread count, then each call runs it. Equal to ``score`` up
-        to float rounding; eval mode only (no dropout). Needs ``onnx_scoring_supported()``; should
-        the export fail (a future exporter, say), it logs why and scores with ``score_fast``."""
-        from models.reranker.onnx_scoring import scorer_for
-
-        self._check_positions(cache.shape[1])  # the graph checked them once, at export
-        words = self.bert.embeddings.word_embeddings(text.ids)
-        scorer = scorer_for(self)
-        if scorer is None:  # the export failed for these weights (logged): the same function in PyTorch
-            return self.fast_scores(words, text.mask, rows.to(text.ids.device), cache, rho)
-        return scorer(words, text.mask, rows, cache, rho)
-
     def _check_positions(self, k: int) -> None:
         if self.max_text_tokens + k > self.max_positions:
             raise ValueError(f"{self.max_text_tokens} text + {k} cached tokens exceed the encoder's "
                              f"{self.max_positions} positions")
-
-    def onnx_scoring_supported(self) -> bool:
-        """Whether ``score_onnx`` can run: ``score_fast``'s encoder on the CPU, onnx and onnxruntime installed."""
-        from models.reranker.onnx_scoring import runtime_available
-
-        return self.device.type == "cpu" and self.fast_scoring_supported() and runtime_available()
 
     def fast_scores(self, words: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, cache: torch.Tensor,
                     rho: torch.Tensor, always_mask: bool = False) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from models.reranker.joint_encoder import JointReranker
+    from models.reranker.joint_encoder import JointReranker, TextBatch
 
 OPSET = 17  # LayerNormalization as one op
 log = logging.getLogger(__name__)
@@ -38,6 +38,26 @@ log = logging.getLogger(__name__)
 def runtime_available() -> bool:
     """onnxruntime to run the graph and onnx for torch's exporter to write it."""
     return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
+
+
+def onnx_scoring_supported(reranker: JointReranker) -> bool:
+    """Whether ``score_onnx`` can run: ``score_fast``'s encoder on the CPU, onnx and onnxruntime installed."""
+    return reranker.device.type == "cpu" and reranker.fast_scoring_supported() and runtime_available()
+
+
+def score_onnx(reranker: JointReranker, text: TextBatch, rows: torch.Tensor, cache: torch.Tensor,
+               rho: torch.Tensor) -> torch.Tensor:
+    """``JointReranker.score_fast``'s graph run by ONNX Runtime on the CPU: exported once per weights
+    and thread count, then each call runs it. Equal to ``score`` up to float rounding; eval mode only
+    (no dropout). Needs ``onnx_scoring_supported``; should the export fail (a future exporter, say),
+    it logs why and scores with ``score_fast``. A function here, not a method of the reranker, so
+    the encoder module does not import this one (imports run one way)."""
+    reranker._check_positions(cache.shape[1])  # the graph checked them once, at export
+    words = reranker.bert.embeddings.word_embeddings(text.ids)
+    scorer = scorer_for(reranker)
+    if scorer is None:  # the export failed for these weights (logged): the same function in PyTorch
+        return reranker.fast_scores(words, text.mask, rows.to(text.ids.device), cache, rho)
+    return scorer(words, text.mask, rows, cache, rho)
 
 
 class _Graph(nn.Module):

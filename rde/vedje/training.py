@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 
 from models.reranker.future_delta import delta_loss
 from models.reranker.losses import cache_structure_loss, mlm_loss, vtc_loss, vtm_loss
+from models.reranker.onnx_scoring import onnx_scoring_supported, score_onnx
 from models.reranker.vedje import Vedje
 from rde.vedje.data import ItemSet, negatives_for
 
@@ -276,7 +278,7 @@ def joint_scores(model: Vedje, texts: Sequence[str], pairs: Sequence[tuple[int, 
     """s_θ for (query index, cache row) pairs, in chunks of ``batch`` pairs (Alg. 1, lines 9–11).
 
     ``path`` "onnx" (default) runs ``JointReranker.score_fast``'s graph in ONNX Runtime
-    (``score_onnx``; on the CPU, with onnxruntime installed, else it falls back to "fast"); "fast"
+    (``onnx_scoring.score_onnx``; on the CPU, with onnxruntime installed, else it falls back to "fast"); "fast"
     scores through ``score_fast`` under inference mode (the same scores up to float rounding, fewer
     operations; a non-BERT encoder falls back to the reference); "reference" runs the encoder's own
     forward over every token (``score``)."""
@@ -286,7 +288,8 @@ def joint_scores(model: Vedje, texts: Sequence[str], pairs: Sequence[tuple[int, 
     reranker = model.reranker
     score = reranker.score
     if path in ("onnx", "fast") and reranker.fast_scoring_supported():
-        score = reranker.score_onnx if path == "onnx" and reranker.onnx_scoring_supported() else reranker.score_fast
+        score = partial(score_onnx, reranker) if path == "onnx" and onnx_scoring_supported(reranker) \
+            else reranker.score_fast
     with torch.inference_mode():
         text = reranker.tokenize(list(texts))
         out = []
