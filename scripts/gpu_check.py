@@ -22,7 +22,7 @@ recorded (``status: oom``) instead of ending the run; ``--time-budget-s`` stops 
 (e.g. skips batch 64) once the next one would not fit.
 
 4. The whole production path on tiny models (``--path``, on by default): ``profiles/tiny-production.yaml``
-   (the production backends, each model a tiny random-weight one built from config) over a 24-crop slice
+   (the production backends, each model a tiny random-weight one built from config) over a 12-crop slice
    of the demo pool, running ``--path-flows`` (build-secmm and build-largefine) on ``--device`` with the
    profile's ``batch_size: auto`` measured there, and in-process vLLM for the generators where the
    ``vllm`` package is installed (else ``transformers-vlm``). Per flow: seconds, inputs, accepted,

@@ -117,10 +117,11 @@ def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
     # the live loss curve, republished while training ran and once at its end
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
-    with get_client(sync_client=True) as client:
+    with get_client(sync_client=True) as client:  # the newest version first: a slow run also published mid-way
         live = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["train-gtr-train-gtr-ada-live-loss"])))
+            key=ArtifactFilterKey(any_=["train-gtr-train-gtr-ada-live-loss"])), sort=ArtifactSort.CREATED_DESC)
     steps = len(Artifact(str(folder) + "_log").rows())
     assert live and f"{steps} steps so far." in str(live[0].data) and "data:image/png;base64," in str(live[0].data)
     fits = Artifact(str(folder) + "_log").manifest().stats["gmm"]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rde.entry.tiny_production import SLICE_IMAGES
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 NEW_TOKENS = 8
@@ -71,7 +73,7 @@ def test_the_path_check_runs_build_secmm_on_the_tiny_production_profile(report: 
     assert path["status"] == "ok" and path["device"] == "cpu" and path["generator_backend"] == "transformers-vlm"
     assert list(path["flows"]) == ["build-secmm"]
     secmm = path["flows"]["build-secmm"]
-    assert secmm["balanced"] and secmm["inputs"] == 24
+    assert secmm["balanced"] and secmm["inputs"] == SLICE_IMAGES
     stages = {s["stage"]: s for s in secmm["stages"]}
     assert stages["denoise"]["accepted"] > 0 and stages["cgds"]["accepted"] > 0
     assert (Path(path["workdir"]) / "artifacts" / "build-secmm" / "tiny-production" / "gallery").is_dir()

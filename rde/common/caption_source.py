@@ -16,8 +16,10 @@ from storage.filesystem import join
 TOP_REASONS = 4  # reasons named in the message
 
 
-class NoCaptionsError(FileNotFoundError):
-    """The source run has no finished captions, or kept none (the message says which and why)."""
+class NoCaptionsError(FileNotFoundError, ValueError):
+    """The source run has no finished captions, or kept none (the message says which and why). A
+    missing input (FileNotFoundError) and a bad one (ValueError) alike: callers catching either
+    for a message, as the CLI does, get this one too."""
 
 
 def finished_captions(source_root: str, flow: str) -> Artifact:

@@ -35,9 +35,9 @@ FLOWS = ("build-secmm", "build-largefine", "train-saft", "train-gtr", "train-ved
 REPO = PROFILE_DIR.parent
 DEMO_POOL = REPO / "data" / "demo_pool"
 CHECK_SET = REPO / "data" / "check_set" / "queries.yaml"
-# every 23rd crop of the demo pool, in 12-row shards: 23 pedestrians and a vehicle; the tiny detector
+# every 45th crop of the demo pool, in 6-row shards: 11 pedestrians and a vehicle; the tiny detector
 # sees one person in every image, so the vehicle ends as no_target
-SLICE_STEP, SLICE_IMAGES, SLICE_SHARD_ROWS = 23, 24, 12
+SLICE_STEP, SLICE_IMAGES, SLICE_SHARD_ROWS = 45, 12, 6
 
 
 def flow_function(name: str) -> Callable[..., dict[str, Any]]:
