@@ -648,6 +648,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.dtype is None:
         args.dtype = "bf16" if args.device.startswith("cuda") else "fp32"
+    # rde.entry.tiny_production.FLOWS, spelled out: this script parses its arguments without the project
+    known = ("build-secmm", "build-largefine", "train-saft", "train-gtr", "train-vedje", "index-cache", "rerank")
+    if unknown := [f for f in args.path_flows if f not in known]:
+        p.error(f"--path-flows: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     if args.image_size % 28:
         p.error("--image-size must be a multiple of 28 (patch 14 x merge 2)")
     return args

@@ -1,4 +1,4 @@
-"""Denoise stages: measure (per shard, model work) then decide (one streaming pass)."""
+"""Denoise stages: measure (per shard, model work) then denoise, which decides (one streaming pass)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Measure(Stage):
                         {"input_rows": images.num_rows, "accepted": table.num_rows, "rejected": {}})
 
 
-class Decide(Stage):
+class Denoise(Stage):
     """Apply the size, blur and target-count thresholds and remove exact duplicates → ``accepted``
     + ``denoise_rejects``, streaming shard by shard."""
 
@@ -77,5 +77,5 @@ class Decide(Stage):
 
 
 # every building flow starts with these (videos only for video input)
-CLEAN_POOL: tuple[Stage, ...] = (Videos(), Ingest(), Measure(), Decide())
+CLEAN_POOL: tuple[Stage, ...] = (Videos(), Ingest(), Measure(), Denoise())
 

@@ -476,7 +476,7 @@ def run_fanned_out(ctx: RunContext, stage: str, outputs: Sequence[sharded.Output
         f"({len(before)} reused) in {tries} shard-range runs for {len(ranges)} ranges, {timer.seconds:.1f}s")
     return StageResult(stage, False, {o.name: o.url for o in outputs}, int(total.get("input_rows", 0)),
                        int(total.get("accepted", 0)), dict(total.get("rejected", {})), n_shards, len(before),
-                       timer.seconds, balanced=balanced)
+                       timer.seconds, balanced=balanced, stats={**total, "balanced": balanced})
 
 
 def collect_shards(outputs: Sequence[sharded.Output], key: str, n_shards: int, stage: str, balance: bool

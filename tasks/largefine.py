@@ -150,7 +150,7 @@ class HardNegatives(Stage):
                              "without_hard_negative": sum(nb.hard_negative_id is None for nb in found)})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
-        stats = run.output_artifact("neighbours").manifest().stats
+        stats = result.stats
         return Report(log=f"hard-negatives: top-{run.section('largefine').neighbours_k} neighbours of "
                           f"{result.accepted} images, {stats.get('without_hard_negative', 0)} without a hard negative")
 
@@ -325,7 +325,7 @@ class TemplateGallery(Stage):
                          "by_origin": dict(Counter(t.origin for t in gallery.templates))})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
-        version = run.output_artifact("templates").manifest().stats.get("gallery_version")
+        version = result.stats.get("gallery_version")
         return Report(log=f"template-gallery: {result.accepted} templates ({version}), "
                           f"{sum(result.rejected.values())} candidates rejected")
 
@@ -338,7 +338,7 @@ def load_gallery(url: str) -> Gallery:
 
 # -- advanced tier ----------------------------------------------------------------------------------
 
-class AdvancedTier(_TierStage):
+class AdvTier(_TierStage):
     """T_adv per image from a drawn template and its T_base + T_inter; one task per shard."""
 
     name = "adv-tier"
@@ -465,7 +465,7 @@ WDS_SNIPPET = ("WebDataset tars in `largefine_wds/` (one sample per captioned im
 
 
 LARGEFINE_STAGES: tuple[Stage, ...] = (EmbedImages(), HardNegatives(), QaTiers(), TemplateGallery(),
-                                       AdvancedTier(), ExportLargeFine(), ExportWebDataset())
+                                       AdvTier(), ExportLargeFine(), ExportWebDataset())
 CAPTIONING = ("qa-tiers", "adv-tier")  # the stages whose throughput the run summary reports
 
 
@@ -551,7 +551,7 @@ def throughput_rows(results: list[sharded.StageResult], ctx: RunContext) -> list
     time (shards run concurrently, so summed per-shard generator time would double count)."""
     rows = []
     for result in results:
-        stats = Artifact(next(iter(result.artifacts.values()))).manifest().stats
+        stats = result.stats
         images, tokens = int(stats.get("images", 0)), int(stats.get("generated_tokens", 0))
         wall = result.seconds
         rows.append({"stage": result.stage, "input": result.input_rows, "accepted": result.accepted,

@@ -222,7 +222,8 @@ def _run_whole(ctx: RunContext, stage: Stage, run: StageRun, outs: Sequence[shar
                          stats={**stats, "balanced": balanced}, prompt_versions=prompt_versions)
     result = StageResult(stage.name, False, {o.name: o.url for o in outs}, int(stats.get("input_rows", 0)),
                          int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), len(done["shards"]), 0,
-                         timer.seconds, splits=dict(stats.get("splits", {})), balanced=balanced)
+                         timer.seconds, splits=dict(stats.get("splits", {})), balanced=balanced,
+                         stats={**stats, "balanced": balanced})
     log(f"{stage.name}: {result.accepted}/{result.input_rows} accepted, rejected {result.rejected}, "
         f"{timer.seconds:.1f}s")
     return result

@@ -134,7 +134,7 @@ class CaptionPool(Stage):
                          "rejects": pa.Table.from_pylist(rejects, schema=REJECTS)}, stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
-        stats = run.output_artifact("captions").manifest().stats
+        stats = result.stats
         return Report(tables=[("caption-pool-diversity", stats.get("diversity") or [{"domain": "-"}],
                                "Caption pool: how varied the captions DAP samples from are, per domain")],
                       log=f"caption-pool: {result.accepted}/{result.input_rows} captions kept, sentences dropped "
@@ -184,7 +184,7 @@ class CaptionStats(Stage):
                         {"input_rows": len(rows), "accepted": len(out)})
 
 
-class DapQueries(Stage):
+class Dap(Stage):
     """Distribution-Aware Prompting per domain: sampled keywords → generated queries, checked
     (rde/secmm/dap.py) until ``queries.per_domain`` are kept."""
 
@@ -235,7 +235,7 @@ class DapQueries(Stage):
                          "diversity": diversity_by_domain(queries)})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
-        stats = run.output_artifact("queries").manifest().stats
+        stats = result.stats
         return Report(tables=[("dap-diversity", stats.get("diversity") or [{"domain": "-"}],
                                "DAP: how varied the kept queries are, per domain (distinct-n, facets, length)")],
                       log=f"dap: {result.accepted} queries kept of {result.input_rows} generated lines, "
@@ -279,7 +279,7 @@ class Cgds(Stage):
         return Work(_gallery_shards(accepted, drawn), stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
-        stats = run.output_artifact("gallery").manifest().stats
+        stats = result.stats
         clusters = stats.get("clusters", [])
         return Report(tables=[("cgds-clusters", clusters or [{"domain": "-", "cluster": 0, "size": 0}],
                                "CGDS: cluster sizes and how many images each contributed to the gallery")],
@@ -378,7 +378,7 @@ class Mecf(Stage):
         return Work.one({"candidates": pa.Table.from_pylist(rows, schema=CANDIDATES)}, stats)
 
     def report(self, run: StageRun, result: StageResult) -> Report:
-        stats = run.output_artifact("candidates").manifest().stats
+        stats = result.stats
         table = [{"expert": k, "candidates": v} for k, v in stats.get("per_expert_candidates", {}).items()]
         table.append({"expert": "union (Eq. 1)", "candidates": stats.get("union_candidates", 0)})
         return Report(tables=[("mecf-union", table, "MECF: top-K candidates per expert and their union")],
@@ -574,7 +574,7 @@ class Evaluate(Stage):
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         out = run.output_artifact("evaluation")
-        table, stats = out.to_pandas(), out.manifest().stats
+        table, stats = out.to_pandas(), result.stats
         wide = [{"benchmark": b, "labels": lab, "expert": e, "domain": d,
                  **{r.metric: round(r.value, 4) for r in g.itertuples()}}
                 for (b, lab, e, d), g in table.groupby(["benchmark", "labels", "expert", "domain"])] \
@@ -590,4 +590,4 @@ class Evaluate(Stage):
                       log="\n".join(lines))
 
 
-SECMM_STAGES: tuple[Stage, ...] = (CaptionPool(), CaptionStats(), DapQueries(), Cgds(), Mecf(), Export(), Evaluate())
+SECMM_STAGES: tuple[Stage, ...] = (CaptionPool(), CaptionStats(), Dap(), Cgds(), Mecf(), Export(), Evaluate())

@@ -64,6 +64,9 @@ class StageResult:
     splits: dict[str, int] = field(default_factory=dict)  # accepted rows by split (train, held_out...)
     rejects_from_upstream: bool = False  # its rejected rows were gathered from earlier stages (counted there)
     balanced: bool | None = None  # input == accepted + rejected, checked by the runner; None: not a 1:1 stage
+    # every stat the stage recorded in its manifests (the counts above and its extras: clusters, losses, ...),
+    # so that its report reads them here, not from its own manifest on disk
+    stats: dict[str, Any] = field(default_factory=dict)
 
     def summary_row(self) -> dict[str, Any]:
         """This stage's line in a run summary."""
@@ -182,7 +185,7 @@ def skipped_result(stage: str, outputs: Sequence[Output], accepted_output: str) 
     return StageResult(stage=stage, skipped=True, artifacts={o.name: o.url for o in outputs},
                        input_rows=stats.get("input_rows", 0), accepted=stats.get("accepted", 0),
                        rejected=stats.get("rejected", {}), shards=len(manifests[accepted_output].shards),
-                       splits=stats.get("splits", {}), balanced=stats.get("balanced"))
+                       splits=stats.get("splits", {}), balanced=stats.get("balanced"), stats=dict(stats))
 
 
 def gather(futures: Sequence[Any], progress: Progress) -> list[Any]:
@@ -383,7 +386,7 @@ def run_sharded(ctx: RunContext, stage: str, outputs: Sequence[Output], stage_ke
         f"({resumed} reused), {timer.seconds:.1f}s")
     return StageResult(stage, False, {o.name: o.url for o in outputs}, int(stats.get("input_rows", 0)),
                        int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), n_shards, resumed,
-                       timer.seconds, balanced=balanced)
+                       timer.seconds, balanced=balanced, stats={**stats, "balanced": balanced})
 
 
 def sum_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -634,7 +634,7 @@ class Train(Stage):
     def report(self, run: StageRun, result: StageResult) -> Report:
         folder = Path(run.output_url(self.name))
         evaluation = run.output_artifact("evaluation").rows()
-        epoch_loss = run.output_artifact("log").manifest().stats.get("epoch_loss", [])
+        epoch_loss = result.stats.get("epoch_loss", [])
         trained = run.prepared.get("result")
         if trained is not None and trained.epochs and trained.epochs[-1].s_hat is not None:
             gmm_plot(trained, folder / "s_hat.png")

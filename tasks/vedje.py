@@ -228,7 +228,7 @@ class VedjeTrain(Stage):
     def report(self, run: StageRun, result: StageResult) -> Report:
         folder = model_folder(run.ctx)
         evaluation = run.output_artifact("evaluation").rows()
-        losses = run.output_artifact("log").manifest().stats.get("epoch_loss", [])
+        losses = result.stats.get("epoch_loss", [])
         loss = "\n".join(["# train-vedje: loss per epoch", "", "| epoch | loss |", "|---|---|",
                           *[f"| {i} | {v:.4f} |" for i, v in enumerate(losses)], "",
                           f"Weights: `{folder / 'model.pt'}`"])
@@ -378,7 +378,7 @@ class Rerank(Stage):
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         evaluation = run.output_artifact("evaluation").rows()
-        stats = run.output_artifact("reranked").manifest().stats
+        stats = result.stats
         tables = [("evaluation", rounded_rows(evaluation, 2),
                    "Stage-1 vs VEDJE rerank (R@K, test split) from the stored caches")] if evaluation else []
         return Report(tables=tables, log=f"rerank: {result.accepted} queries, median {stats.get('median_query_ms')} "

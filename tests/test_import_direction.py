@@ -135,3 +135,27 @@ def test_an_import_circle_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / "models" / "b.py").write_text("def f():\n    from models.a import g\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert import_cycles() == [["models.a", "models.b"]]
+
+
+def test_every_stage_class_is_named_after_its_stage() -> None:
+    """``denoise`` is ``Denoise``, ``adv-tier`` ``AdvTier``: a newcomer who reads a stage's name in a
+    log finds its class by that name. Per-method stages (``Train``) name their stage at construction."""
+    import inspect
+
+    import tasks.denoise
+    import tasks.ingest
+    import tasks.largefine
+    import tasks.secmm
+    import tasks.training
+    import tasks.vedje
+    import tasks.video
+    from tasks.stage import Stage
+
+    found = []
+    for module in (tasks.ingest, tasks.video, tasks.denoise, tasks.secmm, tasks.largefine, tasks.training, tasks.vedje):
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            stage = cls.__dict__.get("name")
+            if issubclass(cls, Stage) and cls.__module__ == module.__name__ and isinstance(stage, str):
+                found.append((name, "".join(part.capitalize() for part in stage.split("-"))))
+    # case aside: LargeFine and WebDataset keep their own spelling
+    assert len(found) >= 20 and [f for f in found if f[0].lower() != f[1].lower()] == []

@@ -74,8 +74,8 @@ def run_overrides(profile: Profile, device: str, generator_backend: str, pool_ur
     for spec in models["generators"]:
         spec["backend"] = generator_backend
     out: dict[str, Any] = {"input": {"kind": "pool", "path": pool_url}, "models": models,
-           "queries": {"max_rounds": 1},
-           "evaluation": {"check_sets": [str(CHECK_SET)], "check_set_pool": str(DEMO_POOL)}}
+                           "queries": {"max_rounds": 1},
+                           "evaluation": {"check_sets": [str(CHECK_SET)], "check_set_pool": str(DEMO_POOL)}}
     for section, spec in (("training", profile.training.model), ("vedje", profile.vedje.backbone)):
         if spec is not None:
             key = "model" if section == "training" else "backbone"
