@@ -133,7 +133,7 @@ def _by_flow(outcomes: list[FlowOutcome]) -> dict[str, FlowOutcome]:
 
 @pytest.fixture(scope="module")
 def random_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[PathRun, dict[str, FlowOutcome]]:
-    # four images captioned: random weights write every token they are allowed, the slowest part
+    # four images captioned: the tiers' accounting needs no more
     run = PathRun(tmp_path_factory.mktemp("tiny-production"), extra={"largefine": {"max_images": 4, "shard_size": 2}})
     return run, _by_flow(run.run(FLOWS[:5], stop_on=(NoCaptionsError,)))
 
