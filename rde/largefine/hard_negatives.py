@@ -143,12 +143,11 @@ def chosen_vectors(vectors: Artifact, rows: Sequence[dict], positions: Sequence[
     dim = 0
     for shard in np.unique(places[:, 0]):
         mine = np.flatnonzero(places[:, 0] == shard)
-        table = vectors.read_shard(int(shard), ["image_id"])
+        table = vectors.read_shard(int(shard), ["image_id"] if dim else ["image_id", "vector"])  # dim: once
         stored = table.column("image_id").to_pylist()
         if len(stored) != seen[int(shard)] or any(stored[places[k, 1]] != rows[positions[k]]["image_id"] for k in mine):
             raise RuntimeError(f"hard-negatives: {vectors.url} shard {int(shard)} does not hold the accepted images "
                                "of this run in their order (the accepted artifact changed after embed-images)")
         if not dim:
-            first = vectors.read_shard(int(shard), ["vector"]).slice(0, 1).column("vector")[0].as_py()
-            dim = len(first)
+            dim = len(table.column("vector")[0].as_py())
     return CachedVectors(vectors.url, dim, places, places[:, 0].copy())

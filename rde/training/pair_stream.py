@@ -395,7 +395,7 @@ def held_out_embeddings(model: Any, index: PairIndex, preprocess: Preprocess | N
     for part in _parts(index, ["pair", "image_id", "identity"], batch_size):
         texts.append(model.encode_text(_text_input(index, part, preprocess, device)).float().cpu().numpy())
         text_ids += part["identity"]
-        firsts: dict[str, int] = {}  # the rows of images not embedded yet, one a image
+        firsts: dict[str, int] = {}  # the rows of images not embedded yet, one an image
         for k, i in enumerate(part["image_id"]):
             if i not in gallery:
                 firsts.setdefault(i, k)
