@@ -1,6 +1,6 @@
 """What marks a lost flow run Crashed when the server has **no** zombie-detection automation.
 
-The reason the fanned-out parent keeps a fallback of its own (tasks/fanout.py), measured: a fresh
+The reason the fanned-out parent keeps a fallback of its own (tasks/framework/fanout.py), measured: a fresh
 local stack (two gpu workers, one cpu worker) whose zombie automation is deleted after ``rde stack
 up`` created it; build-largefine/pool up to the Q&A tiers on a slice of the demo pool, qa-tiers
 fanned out, with an OpenAI-compatible stub generator answering after a fixed delay
@@ -41,8 +41,8 @@ def main() -> None:
     from pool_scaling import _slice_pool
     from stack_checks import api, engine_pids, kill_with_its_worker
 
+    from entry.stack import StackConfig, down, free_port, up
     from rde.common.prefect_automations import ZOMBIE_NAME, detects_zombies
-    from rde.entry.stack import StackConfig, down, free_port, up
 
     folder = Path(tempfile.mkdtemp(prefix="lost-worker-"))
     pool = _slice_pool(folder, 96)

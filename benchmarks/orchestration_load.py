@@ -16,8 +16,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from rde.entry.orchestration_load import submit_and_wait
-from rde.entry.stack import StackConfig, down, free_port, up
+from entry.orchestration_load import submit_and_wait
+from entry.stack import StackConfig, down, free_port, up
 
 
 def main() -> None:

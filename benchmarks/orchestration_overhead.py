@@ -1,7 +1,7 @@
 """Orchestration overhead: the same flow through a deployment (server + worker) and run directly,
 side by side in one run.
 
-Starts a local stack (`rde.entry.stack.up`) on a free port, then alternates: ``prefect deployment run
+Starts a local stack (`entry.stack.up`) on a free port, then alternates: ``prefect deployment run
 'build-secmm/demo' --watch`` (through the cpu worker) and ``rde build-secmm`` (ephemeral Prefect in
 the calling process), each on a fresh output folder so neither skips work. Input: a slice of the
 demo pool (``--images``), ``--until denoise``. Reports wall time of each path, their ratio, and
@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 
-from rde.entry.stack import StackConfig, down, up
+from entry.stack import StackConfig, down, up
 from storage import Artifact, ArtifactWriter
 from storage.locations import project_root
 from storage.schemas import POOL
@@ -69,7 +69,7 @@ def main() -> None:
             started = datetime.fromisoformat(run["start_time"])
             pickup.append((started - created).total_seconds())
             start = time.monotonic()
-            subprocess.run([sys.executable, "-m", "rde.entry.cli", "build-secmm", "--until", "denoise", "--input", pool,
+            subprocess.run([sys.executable, "-m", "entry.cli", "build-secmm", "--until", "denoise", "--input", pool,
                             "--set", "ingest.shard_size=16", "--output", str(work / f"direct-{i}")],
                            check=True, capture_output=True, cwd=project_root())
             direct.append(time.monotonic() - start)

@@ -94,7 +94,7 @@ def main() -> None:
 
     from pool_checks import fanout_params, stub_server
 
-    from rde.entry.stack import StackConfig, down, free_port, up
+    from entry.stack import StackConfig, down, free_port, up
 
     base = Path(tempfile.mkdtemp(prefix="rde-pool-scaling-"))
     pool = _slice_pool(base, 96)

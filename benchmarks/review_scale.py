@@ -1,7 +1,7 @@
 """The review at the paper's scale: a 50k-image, 200-query benchmark whose queries have 4,000
 candidates each (the union of four experts' top-1000), against a tenth of its queries.
 
-The gallery is ``--images`` synthetic images (``rde.entry.synth_pool``: the demo crops, transformed
+The gallery is ``--images`` synthetic images (``entry.synth_pool``: the demo crops, transformed
 and seeded); the candidates are drawn per query (distinct images, a random non-empty set of four
 experts, a best rank in 1..1000) and written as MECF writes them, one shard grouped by query. Each
 size builds its review (``rde.secmm.review_site.build_review``, the code the export stage runs, fed
@@ -33,7 +33,7 @@ def write_gallery(url: str, n: int) -> None:
     """``n`` synthetic gallery images (image_id, image_bytes), in shards of 1,000."""
     import pyarrow as pa
 
-    from rde.entry.synth_pool import SynthParams, load_sources, synth_row
+    from entry.synth_pool import SynthParams, load_sources, synth_row
     from storage import ArtifactWriter, content_key
 
     schema = pa.schema([pa.field("image_id", pa.string()), pa.field("image_bytes", pa.binary())])

@@ -88,7 +88,7 @@ def run_cli(args: list[str], log: Path) -> tuple[float, int, str]:
     stop, peak = threading.Event(), []
     start = time.perf_counter()
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "rde.entry.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "entry.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=err, text=True)
         sampler = threading.Thread(target=peak_rss, args=(proc, stop, peak), daemon=True)
         sampler.start()

@@ -1,7 +1,7 @@
 """The streamed trainer at 10k and 100k images: peak memory, speed and the data-loader stall share
 of a small CLIP-like student, side by side in one run.
 
-Each size is the synthetic scale pool (``rde.entry.synth_pool``: demo crops, transformed and
+Each size is the synthetic scale pool (``entry.synth_pool``: demo crops, transformed and
 seeded) written as streamed training pairs (``write_synth_training_pairs``: 2 captions an image,
 random teacher vectors). A fresh process per size trains the same student, built from config (a
 ViT with 4 layers of width 128 on 96×96 inputs, a 2-layer text tower), for the same number of SAFT
@@ -43,8 +43,8 @@ def build_student(folder: Path) -> Path:
 def write_inputs(work: Path, n: int) -> tuple[str, int, int]:
     """The pool of ``n`` synthetic images and its pairs (kept in ``work`` between runs); returns the
     pairs' URL, their count and the decoded bytes of the pool's images."""
+    from entry.synth_pool import SynthParams, write_synth_pool, write_synth_training_pairs
     from rde.common.image_decoding import read_header
-    from rde.entry.synth_pool import SynthParams, write_synth_pool, write_synth_training_pairs
     from storage import Artifact
 
     pool, pairs = str(work / f"pool-{n}"), str(work / f"pairs-{n}")

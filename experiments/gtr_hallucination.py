@@ -107,7 +107,7 @@ def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest],
     from rde.common.profiles import load_profile
     from rde.largefine.qa_pairs import QAPair, format_qa_pairs
     from storage import Artifact
-    from tasks.largefine import load_gallery
+    from rde.largefine.template_gallery import load_gallery
 
     profile = load_profile("demo")
     prompt = load_prompt(profile.largefine.tier_prompt)

@@ -34,7 +34,7 @@ from rde.training.retrieval_features import image_features
 from rde.training.retrieval_training import TrainConfig, TrainingPairs, train
 from storage import Artifact
 from storage.locations import state_dir
-from tasks.context import RunContext
+from tasks.framework.context import RunContext
 
 CONDITIONS = {"ITC": "itc", "ITC+SASS": "itc+sass", "ITC+SASS+ISD (SAFT)": "saft", "CUSA": "cusa"}
 

@@ -1,6 +1,6 @@
 """Can the cached joint reranker (VEDJE) read motion that a frame average cannot see?
 
-Data: the motion clip set of vtest.avi (``rde.entry.motion_clips``): one tracked person per clip,
+Data: the motion clip set of vtest.avi (``entry.motion_clips``): one tracked person per clip,
 T frames from one fixed crop window, captioned with measured clothing colours and the direction
 they move; each clip's time-reversed twin (same frames, opposite order, opposite direction) is in
 the same split. Stage 1 embeds a clip as the normalised mean of its frames' embeddings, so a clip
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rde.entry.motion_clips import directions_of, twins_of
+from entry.motion_clips import directions_of, twins_of
 from rde.vedje.training import (
     VedjeTensors,
     build_model,
@@ -63,10 +63,10 @@ def motion_tensors(video: str, stage1_backend: str = "attributes", profile_name:
     once per video, parameters and models and kept in ``.rde/cache/vedje_motion_<key>/``."""
     import pyarrow.parquet as pq
 
+    from entry.demo_clips import ClipParams
+    from entry.motion_clips import VERSION, MotionParams, build_motion_set
     from models.backends.registry import ModelRegistry
     from rde.common.profiles import load_profile
-    from rde.entry.demo_clips import ClipParams
-    from rde.entry.motion_clips import VERSION, MotionParams, build_motion_set
     from rde.vedje.features import build_tables, tensors_from_tables
     from storage import content_key
     from storage.locations import state_dir

@@ -13,13 +13,15 @@ from typing import Any
 from prefect import flow
 
 from rde.common.task_runners import default_task_runner
+from rde.largefine.card import throughput_rows
 from tasks import largefine
-from tasks.context import RunContext, run_locked
-from tasks.denoise import CLEAN_POOL
-from tasks.reporting import publish_table
-from tasks.runner import run_pipeline
-from tasks.stage import Pipeline
-from tasks.summary import publish_summary, run_summary
+from tasks.framework.context import RunContext, run_locked
+from tasks.framework.reporting import publish_table
+from tasks.framework.runner import run_pipeline
+from tasks.framework.stage import Pipeline
+from tasks.framework.summary import publish_summary
+from tasks.pool import CLEAN_POOL
+from tasks.pool.summary import run_summary
 
 FLOW_NAME = "build-largefine"
 PIPELINE = Pipeline(FLOW_NAME, CLEAN_POOL + largefine.LARGEFINE_STAGES,
@@ -41,7 +43,7 @@ def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
     summary = run_summary(ctx, results)
     captioning = [r for r in results if r.stage in largefine.CAPTIONING]
     if captioning:
-        rows = largefine.throughput_rows(captioning, ctx)
+        rows = throughput_rows(captioning)
         summary["captioning"] = rows
         publish_table(f"{FLOW_NAME}-throughput", rows,
                       "Captioning stages: retention, generator calls, tokens, images/s and tokens/s")

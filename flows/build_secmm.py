@@ -1,6 +1,6 @@
 """``build-secmm``: the DSMM-TBIR engine flow, as a list of stages.
 
-ingest → measure → denoise → caption pool → statistics → DAP queries → CGDS gallery → MECF
+ingest → measure → denoise → near-duplicates → caption pool → statistics → DAP queries → CGDS gallery → MECF
 candidates (Eq. 1) → benchmark export (unverified until reviewed) → evaluation.
 """
 
@@ -11,12 +11,13 @@ from typing import Any
 from prefect import flow
 
 from rde.common.task_runners import default_task_runner
-from tasks.context import RunContext, run_locked
-from tasks.denoise import CLEAN_POOL
-from tasks.runner import run_pipeline
+from tasks.framework.context import RunContext, run_locked
+from tasks.framework.runner import run_pipeline
+from tasks.framework.stage import Pipeline
+from tasks.framework.summary import publish_summary
+from tasks.pool import CLEAN_POOL
+from tasks.pool.summary import run_summary
 from tasks.secmm import SECMM_STAGES
-from tasks.stage import Pipeline
-from tasks.summary import publish_summary, run_summary
 
 FLOW_NAME = "build-secmm"
 PIPELINE = Pipeline(FLOW_NAME, CLEAN_POOL + SECMM_STAGES,

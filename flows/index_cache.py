@@ -11,12 +11,13 @@ from prefect import flow
 
 from rde.common.task_runners import default_task_runner
 from tasks import vedje
-from tasks.context import RunContext, run_locked
-from tasks.runner import run_pipeline
-from tasks.stage import Pipeline
+from tasks.framework.context import RunContext, run_locked
+from tasks.framework.runner import run_pipeline
+from tasks.framework.stage import Pipeline
+from tasks.vedje.index_cache import IndexCache
 
 FLOW_NAME = "index-cache"
-PIPELINE = Pipeline(FLOW_NAME, (vedje.IndexCache(),), until={"index": "index-cache"})
+PIPELINE = Pipeline(FLOW_NAME, (IndexCache(),), until={"index": "index-cache"})
 STAGES = PIPELINE.stop_names
 
 

@@ -10,9 +10,10 @@ from prefect import flow
 
 from rde.common.task_runners import default_task_runner
 from tasks import vedje
-from tasks.context import run_locked
-from tasks.runner import run_pipeline
-from tasks.stage import Pipeline
+from tasks.framework.context import run_locked
+from tasks.framework.runner import run_pipeline
+from tasks.framework.stage import Pipeline
+from tasks.vedje.rerank import Rerank
 
 FLOW_NAME = "rerank"
 STAGES = ("rerank",)
@@ -28,7 +29,7 @@ def rerank(profile: str = "demo", overrides: dict[str, Any] | None = None, outpu
 
 def _pipeline(queries: list[str] | None) -> Pipeline:
     """One stage; the queries to rerank are the stage's input (in its key)."""
-    return Pipeline(FLOW_NAME, (vedje.Rerank(queries),))
+    return Pipeline(FLOW_NAME, (Rerank(queries),))
 
 
 if __name__ == "__main__":

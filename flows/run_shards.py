@@ -1,6 +1,6 @@
 """``run-shards``: one range of a fanned-out stage's shards, run by any worker of the pool.
 
-A parent flow whose profile turns ``prefect.fanout`` on submits these runs (``tasks.fanout``) for
+A parent flow whose profile turns ``prefect.fanout`` on submits these runs (``tasks.framework.fanout``) for
 its per-shard GPU stages; each loads the same profile, finds the same stage of the same pipeline,
 checks that it computes the parent's stage key, loads its models once and runs the stage's own
 shard tasks for its range. The parent writes the manifest.
@@ -15,9 +15,9 @@ from prefect import flow
 
 from rde.common.profiles import load_profile
 from rde.common.task_runners import default_task_runner
-from tasks.context import RunContext
-from tasks.runner import run_shard_range
-from tasks.stage import Pipeline, Stage
+from tasks.framework.context import RunContext
+from tasks.framework.runner import run_shard_range
+from tasks.framework.stage import Pipeline, Stage
 
 FLOW_NAME = "run-shards"
 # flow name -> the module that declares its PIPELINE, imported only when a run asks for that flow: a

@@ -12,7 +12,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from rde.common.task_runners import default_task_runner
-from tasks.reporting import publish_table
+from tasks.framework.reporting import publish_table
 
 FLOW_NAME = "stack-probe"
 

@@ -10,7 +10,7 @@ from prefect import flow
 
 from rde.common.task_runners import default_task_runner
 from tasks import training
-from tasks.context import RunContext, run_locked
+from tasks.framework.context import RunContext, run_locked
 
 FLOW_NAME = "train-gtr"
 STAGES = ("features", "train")
@@ -25,7 +25,7 @@ def train_gtr(profile: str = "demo", overrides: dict[str, Any] | None = None, ou
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
     weighting = ctx.profile.training.gtr_weighting
-    cfg = training.train_config(ctx, objective="itc", weighting=weighting, use_itm=True)
+    cfg = training.train_config(ctx.profile, objective="itc", weighting=weighting, use_itm=True)
     return training.run_training(ctx, until, f"gtr-{weighting}", cfg)
 
 

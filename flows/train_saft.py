@@ -10,7 +10,7 @@ from prefect import flow
 
 from rde.common.task_runners import default_task_runner
 from tasks import training
-from tasks.context import RunContext, run_locked
+from tasks.framework.context import RunContext, run_locked
 
 FLOW_NAME = "train-saft"
 STAGES = ("features", "train")
@@ -24,7 +24,7 @@ def train_saft(profile: str = "demo", overrides: dict[str, Any] | None = None, o
 
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:
-    cfg = training.train_config(ctx, objective=ctx.profile.training.saft_objective)
+    cfg = training.train_config(ctx.profile, objective=ctx.profile.training.saft_objective)
     return training.run_training(ctx, until, cfg.objective, cfg)
 
 

@@ -10,12 +10,14 @@ from prefect import flow
 
 from rde.common.task_runners import default_task_runner
 from tasks import vedje
-from tasks.context import RunContext, run_locked
-from tasks.runner import run_pipeline
-from tasks.stage import Pipeline
+from tasks.framework.context import RunContext, run_locked
+from tasks.framework.runner import run_pipeline
+from tasks.framework.stage import Pipeline
+from tasks.vedje.features import VedjeFeatures
+from tasks.vedje.train import VedjeTrain
 
 FLOW_NAME = "train-vedje"
-PIPELINE = Pipeline(FLOW_NAME, (vedje.VedjeFeatures(), vedje.VedjeTrain()),
+PIPELINE = Pipeline(FLOW_NAME, (VedjeFeatures(), VedjeTrain()),
                     until={"features": "vedje-features", "train": "vedje-train"})
 STAGES = PIPELINE.stop_names
 

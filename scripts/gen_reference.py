@@ -4,7 +4,7 @@
   ``denoise.min_laplacian_variance``) with its type, default, constraints and description, walked from
   the pydantic models of ``rde/common/profiles.py`` (and ``models/specs.py``, which they compose).
 - ``docs/reference/cli.md``: every ``rde`` command and sub-command with its options and arguments,
-  types, defaults and help text, walked from the typer app of ``rde/entry/cli.py``.
+  types, defaults and help text, walked from the typer app of ``entry/cli.py``.
 - ``docs/reference/reasons.md``: every reject reason code with the stages that emit it and its
   meaning, from the registry in ``rde/common/reasons.py``.
 
@@ -425,7 +425,7 @@ def render_cli(app: Any) -> str:
     lines = [
         "# Command line",
         "",
-        HEADER.format(source="rde/entry/cli.py"),
+        HEADER.format(source="entry/cli.py"),
         "",
         _paragraphs(root.help),
         "",
@@ -483,7 +483,7 @@ def generate(model: type[BaseModel] | None = None, app: Any = None) -> dict[Path
     if model is None:
         model = Profile
     if app is None:
-        from rde.entry.cli import app
+        from entry.cli import app
     offenders = undocumented_keys(model) + undocumented_commands(app)
     if offenders:
         raise Undocumented(offenders)

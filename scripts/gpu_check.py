@@ -567,7 +567,7 @@ def check_path(args: argparse.Namespace) -> dict[str, Any]:
     """The tiny-production flows on ``args.device`` (see the module docstring, item 4)."""
     sys.path.insert(0, str(ROOT))
     try:
-        from rde.entry.tiny_production import PathRun
+        from entry.tiny_production import PathRun
     except ImportError as exc:
         return {"status": "skipped", "reason": f"the project's environment is not installed here ({exc}): "
                                                "run `make setup` to check the path too"}
@@ -648,7 +648,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.dtype is None:
         args.dtype = "bf16" if args.device.startswith("cuda") else "fp32"
-    # rde.entry.tiny_production.FLOWS, spelled out: this script parses its arguments without the project
+    # entry.tiny_production.FLOWS, spelled out: this script parses its arguments without the project
     known = ("build-secmm", "build-largefine", "train-saft", "train-gtr", "train-vedje", "index-cache", "rerank")
     if unknown := [f for f in args.path_flows if f not in known]:
         p.error(f"--path-flows: unknown {', '.join(unknown)} (known: {', '.join(known)})")

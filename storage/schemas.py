@@ -346,3 +346,28 @@ TRAINING_FEATURE_PAIRS = pa.schema(
         pa.field("teacher_text", pa.list_(pa.float32())),
     ]
 )
+
+
+# training-features, the CPU model's in-memory layout: one row per image view, pair, held-out pair,
+# check-set gallery image and query (``kind``), with its tower vector and the teacher's
+TRAINING_FEATURES = pa.schema([
+    pa.field("kind", pa.string(), nullable=False),  # pair | heldout | image | gallery | query
+    pa.field("key", pa.string(), nullable=False), pa.field("index", pa.int32(), nullable=False),
+    pa.field("identity", pa.string()), pa.field("q_txt", pa.float64()), pa.field("text", pa.string()),
+    pa.field("vector", pa.list_(pa.float32()), nullable=False), pa.field("teacher", pa.list_(pa.float32()))])
+
+# a training stage's loss log: one row per step, the loss terms as JSON
+TRAINING_LOG = pa.schema([pa.field("step", pa.int32(), nullable=False), pa.field("epoch", pa.int32(), nullable=False),
+                          pa.field("terms", pa.string(), nullable=False)])
+
+
+# the cached reranker: recall per ranking and candidate count (train-vedje, rerank), and the stage-1 index
+RECALL = pa.schema([pa.field("ranking", pa.string(), nullable=False), pa.field("n_candidates", pa.int32()),
+                    pa.field("metric", pa.string(), nullable=False), pa.field("value", pa.float64(), nullable=False),
+                    pa.field("queries", pa.int32()), pa.field("gallery", pa.int32()),
+                    pa.field("precision", pa.string())])
+
+
+STAGE1_INDEX = pa.schema([pa.field("item_id", pa.string(), nullable=False), pa.field("group", pa.string()),
+                          pa.field("split", pa.string()),
+                          pa.field("embedding", pa.list_(pa.float32()), nullable=False)])

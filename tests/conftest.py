@@ -140,7 +140,7 @@ def _pool_slice(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str, na
                 shard_rows: int) -> str:
     """Every ``step``-th row of the demo pool, ``count`` rows, written as a pool artifact of
     ``shard_rows``-row shards (crops and filter exercises alike)."""
-    from rde.entry.demo_pool import write_pool_slice
+    from entry.demo_pool import write_pool_slice
 
     return write_pool_slice(demo_pool_url, str(tmp_path_factory.mktemp(name) / "pool"), step, count, shard_rows, name)
 

@@ -16,7 +16,7 @@ from typing import Any
 from openai_stub import StubServer, _completion
 from stack_checks import api
 
-from rde.entry.stack import StackConfig
+from entry.stack import StackConfig
 
 QA = ("Q1: What is on the top? A1: A dark jacket with long sleeves.\n"
       "Q2: What is on the bottom? A2: Grey trousers.\n"

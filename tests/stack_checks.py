@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rde.entry.stack import StackConfig
+from entry.stack import StackConfig
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-dev-shm-usage", "--window-size=1440,1000", "--virtual-time-budget=20000"]
@@ -94,7 +94,7 @@ def measure_row(summary_markdown: str) -> list[str]:
 def probe_load(cfg: StackConfig, test_artifacts_dir: Path) -> dict:
     """The bounded version of benchmarks/orchestration_load.py: 6 concurrent runs of the probe
     deployment, 20 shard tasks each; every run and task completes. Its row is kept per database."""
-    from rde.entry.orchestration_load import submit_and_wait
+    from entry.orchestration_load import submit_and_wait
 
     result = submit_and_wait(cfg, concurrent=6, shards=20, work_ms=10, timeout_s=600, label="ci-")
     row = result.row()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rde.entry.cli import app
+from entry.cli import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def test_profile_validate_reports_key(tmp_path: Path) -> None:
 
 def _rde(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ}
-    return subprocess.run([sys.executable, "-m", "rde.entry.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "entry.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=120)
 
 
@@ -71,7 +71,7 @@ def _in_terminal(args: list[str], timeout: float = 600, env: dict[str, str] | No
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "rde.entry.cli", *args], stdin=slave, stdout=slave, stderr=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "entry.cli", *args], stdin=slave, stdout=slave, stderr=slave,
                             cwd=ROOT, env={**(env or os.environ), "TERM": "xterm-256color"}, close_fds=True)
     os.close(slave)
     raw, deadline = b"", time.monotonic() + timeout
@@ -116,7 +116,7 @@ def test_progress_is_live_on_a_terminal_and_absent_in_a_pipe(tmp_path: Path, tin
     # the piped run stops after ingest (six shards, so a progress line would be drawn): what it must
     # not print is the same for every stage, and the models' minute is spent once, above
     piped_args = [*args[:args.index("--until")], "--until", "ingest", *args[args.index("--until") + 2:]]
-    piped = subprocess.run([sys.executable, "-m", "rde.entry.cli", *piped_args, "--output", str(tmp_path / "pipe")],
+    piped = subprocess.run([sys.executable, "-m", "entry.cli", *piped_args, "--output", str(tmp_path / "pipe")],
                            capture_output=True, text=True, cwd=ROOT, timeout=600, env=shared_server_env)
     assert piped.returncode == 0, piped.stderr[-3000:]
     everything = piped.stdout + piped.stderr
@@ -143,7 +143,7 @@ def test_a_model_load_draws_no_bar_of_its_own() -> None:
     """transformers draws a "Loading weights" bar per model load: carriage returns in a pipe or log
     file, a second bar beside the stage lines on a terminal. The CLI's environment turns it off."""
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
-    probe = ("import rde.entry.cli\nfrom transformers.utils import logging\n"
+    probe = ("import entry.cli\nfrom transformers.utils import logging\n"
              "print('bars', logging.is_progress_bar_enabled())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 0 and "bars False" in out.stdout, out.stderr[-2000:]
@@ -152,7 +152,7 @@ def test_a_model_load_draws_no_bar_of_its_own() -> None:
 def test_each_cli_flow_ref_names_the_flow_it_loads() -> None:
     """FlowRef derives the flow's name (its artifacts' folder, locked before import) from the
     module name: it must be the loaded flow's own name."""
-    from rde.entry.cli import FlowRef
+    from entry.cli import FlowRef
 
     for module in ("build_secmm", "build_largefine", "train_saft", "train_gtr", "train_vedje", "index_cache",
                    "rerank"):
@@ -188,8 +188,8 @@ def test_bad_run_parameters_are_refused_before_anything_starts(args: list[str], 
     """A bad parameter is a clear error and exit 2 (typer's usage-error code), and nothing starts:
     every command's work (a flow, the stack, the synthetic pool, the experts, a label import) fails
     the test if it is reached."""
+    from entry import cli, stack, synth_pool
     from rde.common import expert_check
-    from rde.entry import cli, stack, synth_pool
     from rde.secmm import label_import
 
     def started(*_args, **_kwargs):  # type: ignore[no-untyped-def]
@@ -213,8 +213,8 @@ def test_a_stage_whose_rows_do_not_add_up_is_an_error_line_and_exit_2(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage that loses rows raises AccountingError in the flow: the CLI prints its message (the
     stage and the counts) as one error line and exits 2, never a traceback."""
-    from rde.entry import cli
-    from tasks.sharded import AccountingError
+    from entry import cli
+    from tasks.framework.accounting import AccountingError
 
     def lossy_flow(**_kwargs):  # type: ignore[no-untyped-def]
         raise AccountingError("denoise: 24 inputs counted, but 20 accepted + 1 rejected")
@@ -226,9 +226,9 @@ def test_a_stage_whose_rows_do_not_add_up_is_an_error_line_and_exit_2(tmp_path: 
 
 
 def test_python_dash_m_runs_every_command_group_the_rde_script_has() -> None:
-    """``python -m rde.entry.cli`` defines every command before it runs (the stack commands used to
-    follow the ``__main__`` block, so ``python -m rde.entry.cli stack up`` did not find them)."""
-    done = subprocess.run([sys.executable, "-m", "rde.entry.cli", "stack", "--help"], cwd=ROOT, capture_output=True,
+    """``python -m entry.cli`` defines every command before it runs (the stack commands used to
+    follow the ``__main__`` block, so ``python -m entry.cli stack up`` did not find them)."""
+    done = subprocess.run([sys.executable, "-m", "entry.cli", "stack", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert all(f" {name} " in done.stdout for name in ("up", "down", "status")), done.stdout
@@ -239,7 +239,7 @@ def test_stack_status_checks_the_port_the_last_stack_up_used(tmp_path: Path, mon
     checks that port (it checked 4200 and said unhealthy), ``--port`` still wins."""
     import json
 
-    from rde.entry.stack import StackConfig, _write_state, recorded_port
+    from entry.stack import StackConfig, _write_state, recorded_port
 
     monkeypatch.setenv("RDE_STATE_DIR", str(tmp_path))
     assert recorded_port() is None

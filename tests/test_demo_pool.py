@@ -11,9 +11,9 @@ import numpy as np
 from conftest import DEMO_VIDEOS, needs_demo_videos
 from PIL import Image
 
+from entry.demo_pool import PERSONS, POOL_VIDEO, VEHICLES, stage_crops
 from rde.common.expert_check import load_check_yaml
 from rde.common.profiles import load_profile
-from rde.entry.demo_pool import PERSONS, POOL_VIDEO, VEHICLES, stage_crops
 from storage import Artifact
 
 MIN_VEHICLE_CROPS = 40  # the demo's vehicle gallery needs >= 40 images ...

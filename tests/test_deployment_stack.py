@@ -16,7 +16,7 @@ import httpx
 import pytest
 from stack_checks import CHROMIUM_FLAGS, api, engine_pids, headless_chromium, measure_row, probe_load, run_build_secmm
 
-from rde.entry.stack import StackConfig, down, free_port, healthy, start_server, status, stop_server, up
+from entry.stack import StackConfig, down, free_port, healthy, start_server, status, stop_server, up
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +44,8 @@ def test_stack_is_up_on_loopback_with_pools_limit_and_deployments(stack: StackCo
     assert {("demo", "cpu"), ("demo", "gpu"), ("gpu", "gpu")} <= names  # gpu/gpu: run-shards
     # rde doctor against the real server: reached, the gpu limit found, the automations `up` created,
     # the database from the stack's record
+    from entry.doctor import prefect_checks
     from rde.common.profiles import load_profile
-    from rde.entry.doctor import prefect_checks
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PREFECT_API_URL", stack.api_url)
@@ -116,7 +116,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from prefect import flow
 
-from tasks.reporting import inline_png, publish_markdown
+from tasks.framework.reporting import inline_png, publish_markdown
 
 
 @flow(name="plot-artifact-check")

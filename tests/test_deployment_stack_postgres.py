@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from stack_checks import probe_load, run_build_secmm
 
-from rde.entry.stack import StackConfig, down, free_port, healthy, status, up
+from entry.stack import StackConfig, down, free_port, healthy, status, up
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def pg_stack():
     """A stack on a PostgreSQL cluster of its own. Its folder is outside pytest's 0700 temporary
     root (the ``postgres`` OS user must reach the data folder when the tests run as root)."""
-    from rde.entry.local_postgres import PostgresError, server_binaries
+    from entry.local_postgres import PostgresError, server_binaries
 
     try:
         server_binaries()

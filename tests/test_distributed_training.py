@@ -65,7 +65,7 @@ def test_two_gloo_processes_match_one_process(tmp_path: Path, small_pool_url: st
     """One process group for the three checks (starting one costs seconds of imports)."""
     from tiny_models import build_tiny_clip
 
-    from rde.entry.synth_pool import write_synth_training_pairs
+    from entry.synth_pool import write_synth_training_pairs
 
     out, pairs_url = tmp_path / "rank0.pt", str(tmp_path / "pairs")
     write_synth_training_pairs(small_pool_url, pairs_url, captions_per_image=1, teacher_dim=8)

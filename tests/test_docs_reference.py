@@ -89,7 +89,7 @@ def test_keys_in_lists_and_maps_of_sections_are_walked() -> None:
 
 def test_a_cli_option_or_command_without_help_fails_naming_it(monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from rde.entry import cli
+    from entry import cli
 
     # a copy of the command list, restored after the test: the commands below are added to the copy only
     monkeypatch.setattr(cli.app, "registered_commands", list(cli.app.registered_commands))

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from entry import doctor
+from entry.cli import app
 from models.specs import DetectorSpec, ModelSpec
 from rde.common.prefect_automations import resume_automation, zombie_automation
 from rde.common.profiles import load_profile
-from rde.entry import doctor
-from rde.entry.cli import app
 
 
 def _torch(devices: list[tuple[str, int]]) -> Any:
@@ -204,7 +204,7 @@ def test_the_command_prints_every_check_and_fails_on_a_failed_one(tmp_path: Path
 
 
 def test_rde_models_no_load_says_present_or_missing_without_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rde.entry import cli
+    from entry import cli
 
     monkeypatch.setattr(cli.console, "width", 300)  # one table line per model
     result = CliRunner().invoke(app, ["models", "--profile", "demo", "--no-load"])

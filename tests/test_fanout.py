@@ -1,4 +1,4 @@
-"""Shard fan-out (tasks/fanout.py): the parent's watch loop on a scripted orchestrator (submit,
+"""Shard fan-out (tasks/framework/fanout.py): the parent's watch loop on a scripted orchestrator (submit,
 crash, lost worker, too many tries, a cancelled child, the parent stopped), then a whole
 fanned-out stage in one process, its shard-range "runs" executed by threads through the same
 child code (``run_shard_range``) that a worker runs.
@@ -17,8 +17,8 @@ from prefect.exceptions import TerminationSignal
 
 from rde.common.profiles import FanoutSpec, load_profile
 from storage import Artifact
-from tasks.context import RunContext
-from tasks.fanout import (
+from tasks.framework.context import RunContext
+from tasks.framework.fanout import (
     FanoutError,
     LiveRun,
     RunView,
@@ -28,8 +28,8 @@ from tasks.fanout import (
     split_ranges,
     watch_ranges,
 )
-from tasks.runner import run_pipeline, run_shard_range
-from tasks.stage import Pipeline, Resources, Stage, StageRun, Work, Write
+from tasks.framework.runner import run_pipeline, run_shard_range
+from tasks.framework.stage import Pipeline, Resources, Stage, StageRun, Work, Write
 
 NUMBERS = pa.schema([pa.field("n", pa.int64(), nullable=False)])
 REJECTS = pa.schema([pa.field("n", pa.int64(), nullable=False), pa.field("reason", pa.string(), nullable=False)])
@@ -354,7 +354,7 @@ def _toy_flow(ctx: RunContext) -> list:
 
 def test_a_fanned_out_stage_writes_every_shard_once_and_the_same_rows_as_in_one_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tasks.fanout as fanout
+    import tasks.framework.fanout as fanout
 
     pool = ThreadPool()
     monkeypatch.setattr(fanout, "PrefectOrchestrator", lambda deployment, tags=(): _Checked(pool))

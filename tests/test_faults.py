@@ -70,7 +70,7 @@ def test_disk_full_names_the_path_and_leaves_no_partial_file(tmp_path: Path, mon
 def test_a_file_where_the_output_folder_should_be_is_a_clear_cli_error(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from rde.entry.cli import app
+    from entry.cli import app
 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the artifacts folder should be")

@@ -14,10 +14,10 @@ from artifact_readers import assert_every_artifact_opens, run_card_snippet
 from flows.build_largefine import build_largefine
 from rde.common.profiles import load_profile
 from rde.largefine.caption_quality import gate_caption, repeated_sentence_share
+from rde.largefine.card import corpus_statistics
 from storage import Artifact
 from storage.schemas import TIER_CAPTIONS
-from tasks.largefine import corpus_statistics
-from tasks.summary import summary_markdown
+from tasks.framework.summary import summary_markdown
 
 pytestmark = pytest.mark.slow
 
@@ -221,12 +221,12 @@ def test_webdataset_export_reads_back_with_the_webdataset_loader(offline_run: tu
                               overrides={**overrides, "largefine": {**LARGEFINE, "webdataset": True}})
     stages = _stages(summary)
     assert not stages["export-webdataset"]["skipped"] and stages["export-largefine"]["skipped"]
-    captions = Artifact(summary["artifacts"]["export-largefine.captions"]["url"]).to_pandas()
+    captions = Artifact(summary["artifacts"]["largefine"]["url"]).to_pandas()
     expected = {image_id: dict(zip(rows.tier, rows.text, strict=True))
                 for image_id, rows in captions.groupby("image_id")}
-    accepted = Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas().set_index("image_id")
+    accepted = Artifact(summary["artifacts"]["accepted"]["url"]).to_pandas().set_index("image_id")
     tars = sorted(str(p) for p in (Path(out) / "build-largefine" / "demo" / "largefine_wds").glob("*.tar"))
-    assert len(tars) == len(Artifact(summary["artifacts"]["export-largefine.captions"]["url"]).manifest().shards)
+    assert len(tars) == len(Artifact(summary["artifacts"]["largefine"]["url"]).manifest().shards)
     seen = {}
     for sample in wds.WebDataset(tars, shardshuffle=False).decode("pil"):
         meta = sample["json"]
@@ -235,7 +235,7 @@ def test_webdataset_export_reads_back_with_the_webdataset_loader(offline_run: tu
         assert image.size == source.size and meta["lineage"]["source"] == accepted.loc[meta["image_id"], "source"]
         seen[meta["image_id"]] = meta["texts"]
     assert seen == expected  # every captioned image once, with each of its tiers' texts
-    index = Artifact(summary["artifacts"]["export-webdataset.index"]["url"]).to_pandas()
+    index = Artifact(summary["artifacts"]["largefine_wds"]["url"]).to_pandas()
     assert sorted(index.image_id) == sorted(expected) and stages["export-webdataset"]["accepted"] == len(expected)
     again = build_largefine(profile="demo", output_root=out,
                             overrides={**overrides, "largefine": {**LARGEFINE, "webdataset": True}})

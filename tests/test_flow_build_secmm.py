@@ -13,9 +13,9 @@ from artifact_readers import assert_every_artifact_opens, run_card_snippet
 from bad_input_corpus import make_corpus
 from typer.testing import CliRunner
 
+from entry.cli import app
 from flows.build_secmm import build_secmm
 from rde.common.profiles import load_profile
-from rde.entry.cli import app
 from rde.secmm.dap import normalise
 from storage import Artifact
 from tasks import secmm as secmm_tasks
@@ -46,7 +46,7 @@ def test_demo_run_accounts_for_every_input(demo_run: tuple[str, dict], demo_pool
     assert summary["accepted"] + summary["total_rejected"] == pool_rows
     assert not any(s["skipped"] for s in summary["stages"])
     arts = summary["artifacts"]
-    assert arts["denoise.accepted"]["rows"] + arts["denoise.rejects"]["rows"] == arts["ingest.images"]["rows"]
+    assert arts["accepted"]["rows"] + arts["denoise_rejects"]["rows"] == arts["images"]["rows"]
 
 
 def test_demo_filter_exercises_are_rejected_for_their_reason(demo_run: tuple[str, dict],
@@ -54,7 +54,7 @@ def test_demo_filter_exercises_are_rejected_for_their_reason(demo_run: tuple[str
     _, summary = demo_run
     variants = {f"pool:{r['pool_id']}": r["variant"] for r in
                 Artifact(demo_pool_url).read_shard(0, ["pool_id", "variant"]).to_pylist()}
-    rejects = Artifact(summary["artifacts"]["denoise.rejects"]["url"]).to_pandas()
+    rejects = Artifact(summary["artifacts"]["denoise_rejects"]["url"]).to_pandas()
     reasons = {row.source: list(row.all_reasons) for row in rejects.itertuples()}
     by_variant: dict[str, list[list[str]]] = {}
     for source, variant in variants.items():
@@ -65,7 +65,7 @@ def test_demo_filter_exercises_are_rejected_for_their_reason(demo_run: tuple[str
     # crop itself: a patch may hold part of a walker, a group may hide one person behind another
     assert sum("no_target" in r for r in by_variant["background"]) >= 0.8 * len(by_variant["background"])
     assert sum("multiple_targets" in r for r in by_variant["group"]) >= 0.8 * len(by_variant["group"])
-    accepted = Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas()
+    accepted = Artifact(summary["artifacts"]["accepted"]["url"]).to_pandas()
     denoise = load_profile("demo").denoise  # the size rule is per domain
     for domain, part in accepted.groupby("domain"):
         rule = denoise.size_rule(str(domain))
@@ -79,7 +79,7 @@ def test_rerun_skips_and_a_deleted_shard_recomputes_only_its_stage(demo_run: tup
     out, first = demo_run
     again = build_secmm(profile="demo", output_root=out, until="denoise")
     assert all(s["skipped"] for s in again["stages"]) and again["accepted"] == first["accepted"]
-    Path(first["artifacts"]["measure.measurements"]["url"], "part-00001.parquet").unlink()
+    Path(first["artifacts"]["measurements"]["url"], "part-00001.parquet").unlink()
     third = build_secmm(profile="demo", output_root=out, until="denoise")
     stages = _stages(third)
     assert stages["ingest"]["skipped"] and stages["denoise"]["skipped"]
@@ -131,16 +131,16 @@ def test_bad_input_folder_through_the_flow(tmp_path: Path, person_crop: np.ndarr
                           overrides={"input": {"kind": "folder", "path": str(corpus)}}, until="denoise")
     assert summary["balanced"] and summary["inputs"] == len(expected)
     outcome: dict[str, tuple[str, str | None]] = {}
-    for stage, name in (("ingest", "ingest.rejects"), ("denoise", "denoise.rejects")):
+    for stage, name in (("ingest", "ingest_rejects"), ("denoise", "denoise_rejects")):
         for r in Artifact(summary["artifacts"][name]["url"]).to_pandas().itertuples():
             outcome[Path(r.source).name] = (stage, r.reason)
-    for r in Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas().itertuples():
+    for r in Artifact(summary["artifacts"]["accepted"]["url"]).to_pandas().itertuples():
         outcome[Path(r.source).name] = ("denoise", None)
     # which of ok_person.jpg / copy.jpg is "the duplicate" follows input (sorted name) order
     assert outcome["copy.jpg"] == ("denoise", None) and outcome["ok_person.jpg"] == ("denoise", "duplicate")
     expected["copy.jpg"], expected["ok_person.jpg"] = ("denoise", None), ("denoise", "duplicate")
     assert outcome == expected
-    assert np.isfinite(Artifact(summary["artifacts"]["denoise.accepted"]["url"]).to_pandas().laplacian_variance).all()
+    assert np.isfinite(Artifact(summary["artifacts"]["accepted"]["url"]).to_pandas().laplacian_variance).all()
 
 
 @pytest.mark.timeout(1800)  # three demo builds, a label import and every artifact opened three ways
@@ -154,35 +154,39 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     out = demo_run[0]
     summary = build_secmm(profile="demo", output_root=out, overrides=GENERATION)
     stages = _stages(summary)
-    assert list(stages) == ["ingest", "measure", "denoise", "caption-pool", "caption-stats", "dap", "cgds", "mecf",
-                            "export", "evaluate"]
+    assert list(stages) == ["ingest", "measure", "denoise", "near-duplicates", "caption-pool", "caption-stats", "dap",
+                            "cgds", "mecf", "export", "evaluate"]
     arts = summary["artifacts"]
-    accepted = arts["denoise.accepted"]["rows"]
-    # every accepted image is either in the gallery or recorded as not sampled, with its cluster
-    sampling = Artifact(arts["cgds.sampling"]["url"]).to_pandas()
-    assert len(sampling) == accepted and sampling.sampled.sum() == arts["cgds.gallery"]["rows"] > 0
-    # the vehicle domain is a real gallery, not one image
-    gallery = Artifact(arts["cgds.gallery"]["url"]).to_pandas()
+    # every accepted image is distinct or a near-duplicate row naming its kept twin
+    distinct = arts["distinct"]["rows"]
+    near = Artifact(arts["near_duplicates"]["url"]).to_pandas()
+    assert distinct + len(near) == arts["accepted"]["rows"] and set(near.reason) <= {"near_duplicate"}
+    assert near.detail.str.match(r"near-duplicate of [0-9a-f]{64} \(cosine 0\.9[5-9]\d*\)").all()
+    # every distinct image is either in the gallery or recorded as not sampled, with its cluster
+    sampling = Artifact(arts["sampling"]["url"]).to_pandas()
+    assert len(sampling) == distinct and sampling.sampled.sum() == arts["gallery"]["rows"] > 0
+    # the vehicle domain is a real gallery, not one image (39 of its 40 distinct crops on the demo)
+    gallery = Artifact(arts["gallery"]["url"]).to_pandas()
     vehicles = gallery[gallery.domain == "vehicle"]
-    assert len(vehicles) >= 40 and vehicles.identity.nunique() >= 10  # track identities (~13 vehicles by eye)
+    assert len(vehicles) >= 30 and vehicles.identity.nunique() >= 10  # track identities (~13 vehicles by eye)
     assert set(sampling[~sampling.sampled].reason) <= {"not_sampled", "wrong_category"}
     # every captioned image is a caption or a rejected row; every generated query line likewise
     cap = stages["caption-pool"]
     assert cap["accepted"] + cap["rejected"] == cap["input"] > 0
     dap = stages["dap"]
     assert dap["accepted"] + dap["rejected"] == dap["input"] and dap["accepted"] > 0
-    queries = Artifact(arts["dap.queries"]["url"]).to_pandas()
+    queries = Artifact(arts["queries"]["url"]).to_pandas()
     assert set(queries.domain) == {"pedestrian", "vehicle"}
     assert queries.text.map(lambda t: len(normalise(t).split())).between(5, 15).all()  # words as DAP counts them
     # MECF: per-expert provenance, union no larger than the sum of per-expert top-K lists
-    cands = Artifact(arts["mecf.candidates"]["url"]).to_pandas()
+    cands = Artifact(arts["candidates"]["url"]).to_pandas()
     assert len(cands) and (cands.experts.str.len() == cands.ranks.str.len()).all()
     assert cands.groupby("query_id").size().max() <= 2 * 50
     # lineage written by the flow: the candidates manifest names the queries and gallery it read
     upstream = {Path(u["path"]).name: u["fingerprint"]
-                for u in Artifact(arts["mecf.candidates"]["url"]).manifest().upstream}
-    assert upstream.get("queries") == Artifact(arts["dap.queries"]["url"]).manifest().fingerprint
-    assert upstream.get("gallery") == Artifact(arts["cgds.gallery"]["url"]).manifest().fingerprint
+                for u in Artifact(arts["candidates"]["url"]).manifest().upstream}
+    assert upstream.get("queries") == Artifact(arts["queries"]["url"]).manifest().fingerprint
+    assert upstream.get("gallery") == Artifact(arts["gallery"]["url"]).manifest().fingerprint
     # the benchmark folder: three Parquet datasets + a dataset card, qrels unverified until review
     bench = Path(out) / "build-secmm" / "demo" / "benchmark"
     for name in ("queries", "gallery", "qrels"):
@@ -205,7 +209,7 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     opened = set(assert_every_artifact_opens(out, tmp_path / "hf-all"))
     assert {Path(a["url"]) for a in arts.values()} <= opened
     # evaluation: verified check-set metrics for each expert, the built benchmark pending review
-    ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
+    ev = Artifact(arts["evaluation"]["url"]).to_pandas()
     assert set(ev.labels) == {"verified"} and ev.benchmark.str.startswith("check-set").all()
     assert set(ev.expert) == {"semantic-bridge:semantic-bridge-v1", "attributes:attributes-v1"}
     assert {"mAP@10", "mAP@20", "mAP@30", "R@1", "R@5", "R@10"} <= set(ev.metric)
@@ -244,12 +248,12 @@ def test_whole_flow_builds_a_benchmark_and_evaluates_the_experts(demo_run: tuple
     # the rebuilt review shows the imported decisions as decided
     index = json.loads((review / "data" / "index.js").read_text().removeprefix("RDE_REVIEW.index(").rstrip(";\n)"))
     assert sum(q["imported"] for q in index["queries"]) == 5
-    ev = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
+    ev = Artifact(arts["evaluation"]["url"]).to_pandas()
     assert (ev.benchmark == "build-secmm/demo").any() and set(ev.labels) == {"verified"}
     # the re-evaluation read every gallery and check-set vector from the experts' caches; MECF had
     # encoded each gallery image once per expert, and nothing since
-    assert Artifact(arts["evaluate.evaluation"]["url"]).manifest().stats["embedded"] == 0
-    assert Artifact(arts["mecf.candidates"]["url"]).manifest().stats["embedded"] == 2 * len(gallery)
+    assert Artifact(arts["evaluation"]["url"]).manifest().stats["embedded"] == 0
+    assert Artifact(arts["candidates"]["url"]).manifest().stats["embedded"] == 2 * len(gallery)
     # per-stage versions: bumping CGDS's reruns CGDS and what reads its gallery, nothing upstream
     monkeypatch.setattr(secmm_tasks.Cgds, "version", secmm_tasks.Cgds.version + "-test")
     bumped = _stages(build_secmm(profile="demo", output_root=out, overrides=GENERATION))

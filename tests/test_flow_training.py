@@ -95,7 +95,7 @@ def test_train_saft_trains_evaluates_and_resumes(captions_root: str) -> None:
     # its artifacts open with pandas, pyarrow and datasets (the model folder is not one)
     opened = assert_every_artifact_opens(Path(captions_root, "train-saft"), Path(captions_root, "hf-cache"))
     assert {"train_saft_log", "train_saft_evaluation"} <= {p.name for p in opened}
-    features = Path(summary["artifacts"]["training-features.features"]["url"])
+    features = Path(summary["artifacts"]["training_features"]["url"])
     assert features.parent == Path(captions_root, "shared", "demo", "training_features")
     assert features in assert_every_artifact_opens(features.parent, Path(captions_root, "hf-cache"))
 
@@ -107,7 +107,7 @@ def test_train_gtr_ada_fits_the_gmm_and_plots_it(captions_root: str) -> None:
                     overrides={**TRAINING, "training": {**TRAINING["training"], "processes": 2}})
     # one features artifact for both training flows: train-gtr finds train-saft's and skips the stage
     assert gtr["stages"][0]["stage"] == "training-features" and gtr["stages"][0]["skipped"]
-    assert gtr["artifacts"]["training-features.features"] == saft["artifacts"]["training-features.features"]
+    assert gtr["artifacts"]["training_features"] == saft["artifacts"]["training_features"]
     folder = Path(captions_root, "train-gtr", "demo", "train_gtr-ada")
     assert (folder / "s_hat.png").exists() and (folder / "model.pt").exists()
     log = Artifact(str(folder) + "_log").rows()
@@ -144,7 +144,7 @@ def test_the_cpu_models_features_stream_above_the_threshold_and_evaluate_as_in_m
     streamed = train_gtr(profile="demo", output_root=captions_root,
                          overrides={"training": {**base["training"], "stream_above": 0}})
     assert streamed["balanced"] and streamed["splits"] == in_memory["splits"]
-    features = Artifact(streamed["artifacts"]["training-features.features"]["url"])
+    features = Artifact(streamed["artifacts"]["training_features"]["url"])
     manifest = features.manifest()
     assert manifest.kind == "training_feature_pairs" and len(manifest.shards) == 3  # 2 caption shards + checks
     assert {r["split"] for r in features.rows(["split"])} == {"train", "heldout", "gallery", "query"}
@@ -173,7 +173,7 @@ def test_max_pairs_keeps_the_pairs_with_the_smallest_seeded_keys(captions_root: 
     captions = Artifact(str(Path(captions_root, "build-largefine", "demo", "largefine"))).rows(["image_id", "text"])
     smallest = sorted(captions, key=lambda r: draw_seed(9, r["image_id"] + r["text"]))[:20]
     expected = [(r["image_id"], r["text"]) for r in captions if r in smallest]  # in the captions' order
-    features = Artifact(summary["artifacts"]["training-features.features"]["url"]).rows(["kind", "key", "text"])
+    features = Artifact(summary["artifacts"]["training_features"]["url"]).rows(["kind", "key", "text"])
     kept = [(r["key"], r["text"]) for r in features if r["kind"] in ("pair", "heldout")]
     assert kept == expected
 
@@ -194,7 +194,7 @@ def test_a_clip_like_student_trains_end_to_end_on_the_images(captions_root: str,
     summary = train_saft(profile="demo", output_root=captions_root, overrides=overrides)
     assert not {s["stage"]: s for s in summary["stages"]}["train_saft"]["skipped"] and summary["balanced"]
     # streamed pairs: a shard per shard of captions, each caption with its image's encoded bytes
-    features = Artifact(summary["artifacts"]["training-features.features"]["url"])
+    features = Artifact(summary["artifacts"]["training_features"]["url"])
     assert features.manifest().kind == "training_pairs" and len(features.manifest().shards) == 2
     first = features.read_shard(0, ["split", "image", "teacher_image"]).to_pylist()[0]
     assert first["image"][:2] == b"\xff\xd8" and len(first["teacher_image"]) > 0  # JPEG bytes, not pixels
@@ -236,9 +236,9 @@ def test_a_pair_the_trainer_is_not_given_fails_the_training_stage(captions_root:
     the pairs its loader hands the trainer: one pair dropped on the way fails it, nothing marked done."""
     import dataclasses
 
-    import tasks.training
+    import tasks.training.train
 
-    real = tasks.training.load_training_data
+    real = tasks.training.train.load_training_data
 
     def loses_a_pair(url: str, ctx) -> dict:
         data = real(url, ctx)
@@ -248,7 +248,7 @@ def test_a_pair_the_trainer_is_not_given_fails_the_training_stage(captions_root:
         data["pairs"] = dataclasses.replace(pairs, **fewer)
         return data
 
-    monkeypatch.setattr(tasks.training, "load_training_data", loses_a_pair)
+    monkeypatch.setattr(tasks.training.train, "load_training_data", loses_a_pair)
     overrides = {**TRAINING, "training": {**TRAINING["training"], "epochs": 1}}  # its own key for train_saft
     with pytest.raises(Exception, match=r"train_saft: \d+ inputs counted, but \d+ accepted \+ 0 rejected = \d+ "
                                         r"\(1 rows lost"):
@@ -261,7 +261,7 @@ def test_the_live_loss_artifact_is_republished_as_training_goes() -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from tasks.training import LiveLoss
+    from tasks.training.train import LiveLoss
 
     @flow
     def training_like() -> int:

@@ -12,12 +12,12 @@ import pytest
 from artifact_readers import assert_every_artifact_opens
 from tiny_models import build_tiny_bert
 
+from entry.demo_clips import ClipParams, write_clip_set
 from flows.index_cache import index_cache
 from flows.rerank import rerank
 from flows.train_vedje import train_vedje
 from models.reranker.cache_store import CacheLineageError
 from rde.common import progress
-from rde.entry.demo_clips import ClipParams, write_clip_set
 from storage import Artifact
 from storage.locations import project_root
 
@@ -163,14 +163,14 @@ def test_train_index_rerank_end_to_end(tmp_path: Path, overrides: dict) -> None:
     assert opened == {"train-vedje", "index-cache", "rerank"}
 
     free = rerank(profile="demo", output_root=out, overrides=overrides, queries=["a person walks to the left"])
-    rows = Artifact(free["artifacts"]["rerank.reranked"]["url"]).rows()
+    rows = Artifact(free["artifacts"]["reranked"]["url"]).rows()
     assert len(rows) == 8 and {r["relevant"] for r in rows} == {None} and sorted(r["rank"] for r in rows) == list(
         range(8))
 
     # the command prints the ranked list (a table, or JSON), and no progress outside a terminal
     from typer.testing import CliRunner
 
-    from rde.entry.cli import app
+    from entry.cli import app
 
     args = ["rerank", "--query", "a person walks to the left", "--top", "3", "--output", out, *_sets(overrides)]
     printed = CliRunner().invoke(app, args)
@@ -209,7 +209,7 @@ def test_rerank_before_training_is_a_clear_error(tmp_path: Path, overrides: dict
 def test_cli_rerank_without_a_model_exits_with_a_message(tmp_path: Path, overrides: dict) -> None:
     from typer.testing import CliRunner
 
-    from rde.entry.cli import app
+    from entry.cli import app
 
     result = CliRunner().invoke(app, ["rerank", "--output", str(tmp_path), "--set",
                                       f"vedje.clips_path={overrides['vedje']['clips_path']}"])
@@ -221,15 +221,16 @@ def test_index_cache_and_rerank_fail_when_they_lose_a_row(tmp_path: Path, overri
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """One row dropped on purpose in each flow: a cache row that is never written, a query whose
     scoring returns nothing. Each run fails naming the stage instead of finishing short."""
-    import tasks.vedje
+    import tasks.vedje.index_cache
+    import tasks.vedje.rerank
 
     out = str(tmp_path)
     train_vedje(profile="demo", output_root=out, overrides=overrides)
-    real_rows, real_scores = tasks.vedje.cache_rows, tasks.vedje.joint_scores
-    monkeypatch.setattr(tasks.vedje, "cache_rows", lambda *a, **k: real_rows(*a, **k).slice(1))
+    real_rows, real_scores = tasks.vedje.index_cache.cache_rows, tasks.vedje.rerank.joint_scores
+    monkeypatch.setattr(tasks.vedje.index_cache, "cache_rows", lambda *a, **k: real_rows(*a, **k).slice(1))
     with pytest.raises(Exception, match=r"index-cache shard \d+: 12 inputs counted, but 11 accepted"):
         index_cache(profile="demo", output_root=out, overrides=overrides)
-    monkeypatch.setattr(tasks.vedje, "cache_rows", real_rows)
+    monkeypatch.setattr(tasks.vedje.index_cache, "cache_rows", real_rows)
     index_cache(profile="demo", output_root=out, overrides=overrides)
     calls: list[int] = []
 
@@ -238,6 +239,6 @@ def test_index_cache_and_rerank_fail_when_they_lose_a_row(tmp_path: Path, overri
         scores = real_scores(*args, **kwargs)
         return scores[:0] if len(calls) == 1 else scores
 
-    monkeypatch.setattr(tasks.vedje, "joint_scores", nothing_for_the_first_query)
+    monkeypatch.setattr(tasks.vedje.rerank, "joint_scores", nothing_for_the_first_query)
     with pytest.raises(Exception, match=r"rerank: \d+ inputs counted, but \d+ accepted .*\(1 rows lost"):
         rerank(profile="demo", output_root=out, overrides=overrides)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rde.entry.tiny_production import SLICE_IMAGES
+from entry.tiny_production import SLICE_IMAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _SCRIPT = """
 import sys
 import numpy as np
-import flows.build_secmm, flows.build_largefine, tasks.denoise, tasks.ingest
+import flows.build_secmm, flows.build_largefine, tasks.pool.denoise, tasks.pool.ingest
 from flows.run_shards import pipeline_stage
 
 pipeline_stage("build-largefine", "qa-tiers")  # a fanned-out shard range of a pool or caption stage

@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # lower number = higher layer; a unit (the longest matching prefix) may import itself and the layers
 # below it. Entry points start flows and read their results, so they sit above everything; each
 # pipeline's logic is a unit of its own, and pipelines share code only through rde.common.
-LAYERS = {"rde.entry": 0, "flows": 1, "tasks": 2, "rde.secmm": 3, "rde.largefine": 3, "rde.training": 3,
-          "rde.vedje": 3, "rde.common": 4, "rde": 5, "models": 5, "storage": 5}  # rde itself: its version only
-PACKAGES = ("flows", "tasks", "rde", "models", "storage")
+# tasks: the pipelines' stage modules, above the stage framework they are written against
+LAYERS = {"entry": 0, "flows": 1, "tasks": 2, "tasks.framework": 2.5, "rde.secmm": 3, "rde.largefine": 3,
+          "rde.training": 3, "rde.vedje": 3, "rde.common": 4,
+          "rde": 5, "models": 5, "storage": 5}  # rde itself: its version only
+PACKAGES = ("entry", "flows", "tasks", "rde", "models", "storage")
 # models and storage are both at the bottom, but only in this direction
 SIBLING_EDGES = {("models", "storage")}
 
@@ -78,7 +80,8 @@ def test_imports_run_one_way() -> None:
 
 @pytest.mark.parametrize(("source", "text", "target"), [
     ("models/backends/fake.py", "from rde.common.profiles import ModelSpec\n", "rde.common.profiles"),
-    ("rde/fake.py", "def f():\n    from tasks.context import RunContext\n", "tasks.context"),  # lazy
+    ("rde/fake.py", "def f():\n    from tasks.framework.context import RunContext\n",
+     "tasks.framework.context"),  # lazy
     ("storage/fake.py", "import models.backends\n", "models.backends"),
     ("tasks/fake.py", "from flows.build_secmm import build_secmm\n", "flows.build_secmm"),
 ])
@@ -91,8 +94,7 @@ def test_an_upward_import_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / source).write_text(text)
     (tmp_path / "models" / "ok.py").write_text("from storage import Artifact\n")
-    (tmp_path / "rde" / "entry").mkdir(exist_ok=True)
-    (tmp_path / "rde" / "entry" / "cli.py").write_text("from flows.build_secmm import build_secmm\n")
+    (tmp_path / "entry" / "cli.py").write_text("from flows.build_secmm import build_secmm\n")
     (tmp_path / "rde" / "secmm" / "ok.py").parent.mkdir(exist_ok=True)
     (tmp_path / "rde" / "secmm" / "ok.py").write_text("from rde.common.profiles import Profile\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
@@ -137,25 +139,64 @@ def test_an_import_circle_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert import_cycles() == [["models.a", "models.b"]]
 
 
+def _stage_modules() -> list[str]:
+    """Every module of a pipeline's stages: ``tasks/<pipeline>/<module>.py`` (the framework aside)."""
+    return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "tasks").glob("*/*.py")
+                  if p.parent.name != "framework" and p.name != "__init__.py")
+
+
 def test_every_stage_class_is_named_after_its_stage() -> None:
     """``denoise`` is ``Denoise``, ``adv-tier`` ``AdvTier``: a newcomer who reads a stage's name in a
     log finds its class by that name. Per-method stages (``Train``) name their stage at construction."""
+    import importlib
     import inspect
 
-    import tasks.denoise
-    import tasks.ingest
-    import tasks.largefine
-    import tasks.secmm
-    import tasks.training
-    import tasks.vedje
-    import tasks.video
-    from tasks.stage import Stage
+    from tasks.framework.stage import Stage
 
     found = []
-    for module in (tasks.ingest, tasks.video, tasks.denoise, tasks.secmm, tasks.largefine, tasks.training, tasks.vedje):
+    for module in map(importlib.import_module, _stage_modules()):
         for name, cls in inspect.getmembers(module, inspect.isclass):
             stage = cls.__dict__.get("name")
             if issubclass(cls, Stage) and cls.__module__ == module.__name__ and isinstance(stage, str):
                 found.append((name, "".join(part.capitalize() for part in stage.split("-"))))
     # case aside: LargeFine and WebDataset keep their own spelling
     assert len(found) >= 20 and [f for f in found if f[0].lower() != f[1].lower()] == []
+
+
+def test_each_stage_has_one_module_named_after_it() -> None:
+    """One stage, one place: each module of ``tasks/<pipeline>/`` holds at most one stage class, and a
+    stage module is named after its stage (``adv-tier`` in ``adv_tier.py``; ``videos`` in
+    ``videos.py``). Per-method and per-method-named stages (``train_<method>``) live in ``train.py``."""
+    import importlib
+    import inspect
+
+    from tasks.framework.stage import Stage
+
+    wrong = []
+    for module in map(importlib.import_module, _stage_modules()):
+        stages = [cls for _, cls in inspect.getmembers(module, inspect.isclass)
+                  if issubclass(cls, Stage) and cls.__module__ == module.__name__ and "name" in cls.__dict__]
+        leaf = module.__name__.rsplit(".", 1)[1]
+        names = [cls.__dict__["name"] for cls in stages]
+        if len(stages) > 1 or (names and leaf not in {n.replace("-", "_") for n in names}
+                               and not names[0].startswith(f"{module.__name__.split('.')[1]}-{leaf}")):
+            wrong.append((module.__name__, names))
+    assert wrong == []
+
+
+def test_no_module_of_the_stages_or_their_framework_is_over_400_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "tasks").rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+    assert long == {}
+
+
+def test_the_framework_knows_no_pipeline() -> None:
+    """``tasks/framework`` imports no stage module and no pipeline's logic: a new pipeline brings its
+    stages, the framework stays as it is."""
+    bad = []
+    for module, path in _modules().items():
+        if module.startswith("tasks.framework"):
+            bad += [f"{path.relative_to(ROOT)}:{line} imports {target}" for line, target in _imports(path, module)
+                    if (target.startswith("tasks.") and not target.startswith("tasks.framework"))
+                    or target.startswith(("rde.secmm", "rde.largefine", "rde.training", "rde.vedje", "flows"))]
+    assert bad == []

@@ -25,8 +25,8 @@ from s3_server import free_port
 from server_process import serving
 from typer.testing import CliRunner
 
+from entry.cli import app
 from flows.build_secmm import build_secmm
-from rde.entry.cli import app
 from storage import Artifact
 
 pytestmark = [pytest.mark.label_studio,
@@ -106,7 +106,7 @@ def test_label_studio_round_trip(label_studio: str, tmp_path: Path, test_artifac
     arts = build_secmm(profile="demo", output_root=out, overrides=GENERATION)["artifacts"]
     bench = Path(out) / "build-secmm" / "demo" / "benchmark"
     review = bench / "review"
-    candidates = Artifact(arts["mecf.candidates"]["url"]).to_pandas()
+    candidates = Artifact(arts["candidates"]["url"]).to_pandas()
     created = _run("scripts/label_studio_project.py", "create", "--url", label_studio, "--token", TOKEN,
                    "--review", str(review), "--title", "demo review")
     project = created.split()[1].rstrip(":")
@@ -139,7 +139,7 @@ def test_label_studio_round_trip(label_studio: str, tmp_path: Path, test_artifac
     assert relevant == set(zip(firsts.query_id, firsts.image_id, strict=True))
     assert set(qrels.tool) == {"label-studio"} and set(qrels.annotator) == {USER}
     # the evaluation on those labels: every expert's first image is relevant, so its R@1 is 1
-    evaluation = Artifact(arts["evaluate.evaluation"]["url"]).to_pandas()
+    evaluation = Artifact(arts["evaluation"]["url"]).to_pandas()
     built = evaluation[evaluation.benchmark == "build-secmm/demo"]
     assert set(built.labels) == {"verified"} and len(set(built.expert)) == 2
     assert (built[built.metric == "R@1"].value == 1.0).all()

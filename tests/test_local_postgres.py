@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rde.entry.local_postgres import LocalPostgres, PostgresError, server_binaries
-from rde.entry.stack import free_port
+from entry.local_postgres import LocalPostgres, PostgresError, server_binaries
+from entry.stack import free_port
 
 
 @pytest.fixture()

@@ -20,16 +20,16 @@ pytestmark = pytest.mark.slow
 
 def test_build_secmm_fails_when_ingest_drops_an_image(tmp_path: Path, small_pool_url: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import tasks.ingest
+    import tasks.pool.ingest
     from flows.build_secmm import build_secmm
 
-    real = tasks.ingest.ingest_shard
+    real = tasks.pool.ingest.ingest_shard
 
     def drops_one(*args: Any, **kwargs: Any) -> tuple[pa.Table, pa.Table]:
         images, rejects = real(*args, **kwargs)
         return images.slice(0, max(images.num_rows - 1, 0)), rejects
 
-    monkeypatch.setattr(tasks.ingest, "ingest_shard", drops_one)
+    monkeypatch.setattr(tasks.pool.ingest, "ingest_shard", drops_one)
     # every shard loses one image: the first shard to finish names itself and its gap
     with pytest.raises(Exception, match=r"ingest shard \d: 16 inputs counted, but 15 accepted \+ 0 rejected = 15 "
                                         r"\(1 rows lost"):
@@ -63,7 +63,7 @@ def test_build_largefine_fails_when_a_tier_caption_vanishes(tmp_path: Path, smal
 
 def _clip_set(folder: Path) -> str:
     """Six training and three test clips of the bundled clip set, written to ``folder``."""
-    from rde.entry.demo_clips import ClipParams, write_clip_set
+    from entry.demo_clips import ClipParams, write_clip_set
     from storage.locations import project_root
 
     src = project_root() / "data" / "demo_clips"
@@ -126,17 +126,17 @@ def test_rows_lost_between_measure_and_denoise_leave_the_run_unbalanced_and_rde_
     stage, is not balanced, and ``rde`` prints it and exits 2 naming the gap."""
     from typer.testing import CliRunner
 
-    import tasks.runner
-    from rde.entry.cli import app
+    import tasks.framework.runner
+    from entry.cli import app
 
-    real = tasks.runner.run_stage
+    real = tasks.framework.runner.run_stage
 
     def loses_three_images_before_denoise(ctx: Any, stage: Any) -> Any:
         if stage.name == "denoise":
             _drop_rows(ctx.artifact_url("images"), 1, 3)
         return real(ctx, stage)
 
-    monkeypatch.setattr(tasks.runner, "run_stage", loses_three_images_before_denoise)
+    monkeypatch.setattr(tasks.framework.runner, "run_stage", loses_three_images_before_denoise)
     result = CliRunner().invoke(app, ["build-secmm", "--until", "denoise", "--input", tiny_pool_url, "--output",
                                       str(tmp_path), "--set", "ingest.shard_size=12", "--json"])
     assert result.exit_code == 2, result.output
@@ -160,10 +160,10 @@ def test_train_vedje_fails_when_its_trainer_loses_a_training_query(tmp_path: Pat
     none dropped the two counts agree and the stage is checked."""
     from tiny_models import build_tiny_bert
 
-    import tasks.vedje
+    import rde.vedje.model_store
     from flows.train_vedje import train_vedje
 
-    real = tasks.vedje.tensors_from_tables
+    real = rde.vedje.model_store.tensors_from_tables
 
     def loses_a_training_query(frames: pa.Table, items: pa.Table, queries: pa.Table, *args: Any, **kwargs: Any
                                ) -> Any:
@@ -171,7 +171,7 @@ def test_train_vedje_fails_when_its_trainer_loses_a_training_query(tmp_path: Pat
         kept = pa.concat_tables([queries.slice(0, first), queries.slice(first + 1)])
         return real(frames, items, kept, *args, **kwargs)
 
-    monkeypatch.setattr(tasks.vedje, "tensors_from_tables", loses_a_training_query)
+    monkeypatch.setattr(rde.vedje.model_store, "tensors_from_tables", loses_a_training_query)
     bert = build_tiny_bert(tmp_path / "tiny-bert")
     vedje = {"clips_path": _clip_set(tmp_path / "clips"), "epochs": 1, "batch_size": 16, "train_candidates": 3,
              "warmup_steps": 2, "candidates": [4], "joint_encoder": {"backend": "bert", "model_id": str(bert),

@@ -16,8 +16,8 @@ import yaml
 from hub_standin import HubStandIn
 from typer.testing import CliRunner
 
+from entry.cli import app
 from rde.common.profiles import PROFILE_DIR
-from rde.entry.cli import app
 
 REPO = "tiny-org/tiny-bert"
 

@@ -345,7 +345,7 @@ def test_build_secmm_ingests_an_s3_prefix_and_webdataset_shards_with_balanced_ac
 
 
 def test_the_cli_guesses_sharded_kinds_from_the_input(tmp_path: Path) -> None:
-    from rde.entry.cli import _guess_kind
+    from entry.cli import _guess_kind
 
     pq.write_table(pa.table({"path": ["a.jpg"]}), tmp_path / "list.parquet")
     pq.write_table(pa.table({"key": ["0"], "jpg": [jpeg(1)]}), tmp_path / "images.parquet")

@@ -187,7 +187,7 @@ def test_build_secmm_until_denoise_on_s3_balances_resumes_and_skips(s3_env: dict
     s3_env = {**s3_env, "PREFECT_API_URL": shared_server_env["PREFECT_API_URL"]}
 
     out = "s3://rde-test/builds/one"
-    args = [sys.executable, "-m", "rde.entry.cli", "build-secmm", "--input", tiny_pool_url, "--until", "denoise",
+    args = [sys.executable, "-m", "entry.cli", "build-secmm", "--input", tiny_pool_url, "--until", "denoise",
             "--output", out, "--set", "ingest.shard_size=8", "--json"]
     first = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=s3_env, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]

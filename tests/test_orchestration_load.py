@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rde.entry.orchestration_load import _log_errors, percentile
+from entry.orchestration_load import _log_errors, percentile
 
 
 def test_percentile_interpolates_between_order_statistics() -> None:

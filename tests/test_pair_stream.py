@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from entry.synth_pool import write_synth_training_pairs
 from rde.common.image_decoding import decode_rgb
 from rde.common.seeds import draw_seed
-from rde.entry.synth_pool import write_synth_training_pairs
 from rde.training.distributed import Ranks
 from rde.training.pair_stream import (
     PairIndex,

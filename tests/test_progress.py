@@ -11,8 +11,8 @@ import sys
 
 from rich.console import Console
 
+from entry.console_progress import describe, live_progress
 from rde.common import progress
-from rde.entry.console_progress import describe, live_progress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -117,7 +117,7 @@ class RichConsoleHandler(logging.StreamHandler):
 
 def test_a_handler_with_its_own_rich_console_prints_through_the_display_and_quiet_drops_task_lines(
         capsys) -> None:
-    from rde.entry.console_progress import QuietTaskRuns
+    from entry.console_progress import QuietTaskRuns
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120, color_system=None)
@@ -163,7 +163,7 @@ def test_a_handler_with_its_own_rich_console_prints_through_the_display_and_quie
 
 
 def test_without_a_terminal_quiet_still_drops_task_lines_from_the_plain_handler() -> None:
-    from rde.entry.console_progress import QuietTaskRuns
+    from entry.console_progress import QuietTaskRuns
 
     pipe = io.StringIO()  # stderr as a pipe, as in CI: the console and the log handler write to it
     handler = logging.StreamHandler(pipe)
@@ -187,7 +187,7 @@ def test_without_a_terminal_quiet_still_drops_task_lines_from_the_plain_handler(
 def test_a_user_errors_traceback_stays_off_the_terminal_unless_verbose() -> None:
     """The CLI prints a user error (a missing model) as one line; Prefect's logged traceback of it
     is left out, another error's is not, and --verbose keeps both."""
-    from rde.entry.console_progress import QuietTaskRuns
+    from entry.console_progress import QuietTaskRuns
 
     def logged(error: BaseException, verbose: bool) -> str:
         pipe = io.StringIO()

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pyarrow as pa
 from rich.console import Console
 
+from entry import cli_base
 from rde.common.profiles import load_profile
-from rde.entry import cli
 from storage import Artifact, ArtifactWriter
 from storage.locations import project_root
-from tasks.context import RunContext
-from tasks.vedje import RERANKED, top_results
+from tasks.framework.context import RunContext
+from tasks.vedje import top_results
+from tasks.vedje.rerank import RERANKED
 
 
 def test_top_results_and_the_printed_table(tmp_path, monkeypatch) -> None:
@@ -31,8 +32,8 @@ def test_top_results_and_the_printed_table(tmp_path, monkeypatch) -> None:
     assert top[0]["span"] == {"first_frame": first, "last_frame": first + 35, "start_s": first / 10,
                               "end_s": (first + 35) / 10}
     out = Console(width=120, record=True)
-    monkeypatch.setattr(cli, "console", out)
-    cli.print_ranked(results[0])
+    monkeypatch.setattr(cli_base, "console", out)
+    cli_base.print_ranked(results[0])
     text = out.export_text()
     assert "stage-1 rank" in text and "time span" in text
     line = next(line for line in text.splitlines() if clips[0] in line)

@@ -171,7 +171,7 @@ def test_training_threads_are_given_back_to_the_process() -> None:
     fails, so later stages in the same worker keep the float sums of a fresh process."""
     import torch
 
-    from tasks.training import torch_threads
+    from rde.training.training_log import torch_threads
 
     before = torch.get_num_threads()
     torch.set_num_threads(3)

@@ -26,9 +26,9 @@ import pytest
 from test_faults import assert_artifacts_intact
 from typer.testing import CliRunner
 
+from entry.cli import app
 from rde.common.reaper import GRACE_S, TOKEN_VAR
 from rde.common.run_lock import output_lock
-from rde.entry.cli import app
 from storage import Artifact
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +147,7 @@ def _stop_and_check(proc: subprocess.Popen[str], how: str, out: Path, log: Path,
 def _check_stopped_state(out: Path) -> None:
     """A stopped run is a state: the measurements are listed as cut with their shards, the earlier
     stages as complete, and the run lock is free at once."""
-    from rde.entry import cli
+    from entry import cli
 
     width = cli.console.width  # fixed when the module was imported (80 without a terminal): wide enough
     cli.console.width = 200  # for one table line per artifact whatever the test's paths
@@ -239,7 +239,7 @@ def test_sigkill_leaves_no_process_and_a_rerun_resumes(tmp_path: Path, small_poo
 GUARDED = textwrap.dedent("""
     import subprocess, sys, time
     sys.path.insert(0, {root!r})
-    from rde.entry.interrupt import RunGuard
+    from entry.interrupt import RunGuard
 
     def work():
         # a child that ignores SIGTERM (and the Ctrl-C its group gets): the first signal waits out

@@ -11,9 +11,10 @@ import pyarrow as pa
 import pytest
 
 from storage import Artifact
-from tasks import sharded
-from tasks.runner import run_stage
-from tasks.stage import Stage, StageRun, Work, Write
+from tasks.framework import shards
+from tasks.framework.accounting import AccountingError, StageResult, check_balance
+from tasks.framework.runner import prepare_stage, run_stage
+from tasks.framework.stage import Stage, StageRun, Work, Write
 
 ROWS = pa.schema([pa.field("id", pa.string(), nullable=False)])
 REJECTS = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("reason", pa.string(), nullable=False)])
@@ -29,18 +30,18 @@ def _shard(index: int, inputs: list[str], lose: str | None = None) -> tuple[dict
              "tokens": 10 * len(inputs)})
 
 
-def _outputs(root: Path) -> list[sharded.Output]:
-    return [sharded.Output("rows", str(root / "rows"), "rows", ROWS),
-            sharded.Output("rejects", str(root / "rejects"), "rejects", REJECTS)]
+def _outputs(root: Path) -> list[shards.Output]:
+    return [shards.Output("rows", str(root / "rows"), "rows", ROWS),
+            shards.Output("rejects", str(root / "rejects"), "rejects", REJECTS)]
 
 
 def test_check_balance_passes_a_balanced_count_and_names_the_gap() -> None:
-    assert sharded.check_balance("s", {"input_rows": 5, "accepted": 3, "rejected": {"a": 1, "b": 1}})
-    with pytest.raises(sharded.AccountingError, match=r"s shard 2: 5 inputs counted, but 3 accepted \+ 1 rejected "
+    assert check_balance("s", {"input_rows": 5, "accepted": 3, "rejected": {"a": 1, "b": 1}})
+    with pytest.raises(AccountingError, match=r"s shard 2: 5 inputs counted, but 3 accepted \+ 1 rejected "
                                                       r"= 4 \(1 rows lost\)"):
-        sharded.check_balance("s", {"input_rows": 5, "accepted": 3, "rejected": {"a": 1}}, " shard 2")
-    with pytest.raises(sharded.AccountingError, match="1 rows more than its input"):
-        sharded.check_balance("s", {"input_rows": 3, "accepted": 3, "rejected": {"a": 1}})
+        check_balance("s", {"input_rows": 5, "accepted": 3, "rejected": {"a": 1}}, " shard 2")
+    with pytest.raises(AccountingError, match="1 rows more than its input"):
+        check_balance("s", {"input_rows": 3, "accepted": 3, "rejected": {"a": 1}})
 
 
 class _Toy(Stage):
@@ -58,9 +59,9 @@ class _Toy(Stage):
         return Work.one(*_shard(0, ["a", "bx", "c", "dx"], self.lose))
 
 
-def _run_whole(tmp_path: Path, lose: str | None) -> sharded.StageResult:
+def _run_whole(tmp_path: Path, lose: str | None) -> StageResult:
     from rde.common.profiles import load_profile
-    from tasks.context import RunContext
+    from tasks.framework.context import RunContext
 
     ctx = RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
     return run_stage(ctx, _Toy(lose))
@@ -68,7 +69,7 @@ def _run_whole(tmp_path: Path, lose: str | None) -> sharded.StageResult:
 
 def test_a_whole_input_stage_that_loses_a_row_is_refused(tmp_path: Path) -> None:
     rows = tmp_path / "out" / "balance-check" / "demo" / "rows"
-    with pytest.raises(sharded.AccountingError, match="1 rows lost"):
+    with pytest.raises(AccountingError, match="1 rows lost"):
         _run_whole(tmp_path, lose="c")  # an accepted row that was never written
     assert not Artifact(str(rows)).is_complete()
     result = _run_whole(tmp_path, lose=None)
@@ -76,38 +77,65 @@ def test_a_whole_input_stage_that_loses_a_row_is_refused(tmp_path: Path) -> None
     assert Artifact(str(rows)).manifest().stats["balanced"] is True
 
 
-@pytest.mark.slow
-def test_run_sharded_checks_each_shard_and_reuses_footer_stats(tmp_path: Path) -> None:
+class _PerShard(Stage):
+    """A per-shard stage over three shards of inputs, computed by ``compute`` (one Prefect task each)."""
+
+    name = "toy"
+    version = "1"
+    writes = (Write("rows", "rows", ROWS), Write("rejects", "rejects", REJECTS, rejects=True))
+    balance = True
+
+    def __init__(self, compute: Any) -> None:
+        self.compute = compute
+
+    def shard_count(self, run: StageRun) -> int:
+        return 3
+
+    def process(self, run: StageRun, index: int) -> Work:
+        return Work.one(*self.compute(index))
+
+
+def _per_shard(tmp_path: Path, compute: Any) -> StageResult:
+    """The per-shard toy stage run by the one lifecycle inside a flow (its shards are tasks)."""
     from prefect import flow
 
-    from rde.common.profiles import load_profile
-    from tasks.context import RunContext
+    @flow(name="balance-check")
+    def run() -> StageResult:
+        return run_stage(_ctx(tmp_path), _PerShard(compute))
 
-    inputs = {0: ["a", "bx", "c"], 1: ["d", "e", "fx"], 2: ["g"]}
+    return run()
+
+
+def _ctx(tmp_path: Path) -> Any:
+    from rde.common.profiles import load_profile
+    from tasks.framework.context import RunContext
+
+    return RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
+
+
+INPUTS = {0: ["a", "bx", "c"], 1: ["d", "e", "fx"], 2: ["g"]}
+
+
+@pytest.mark.slow
+def test_a_per_shard_stage_is_checked_shard_by_shard_and_reuses_footer_stats(tmp_path: Path) -> None:
     calls: list[int] = []
 
     def compute(index: int, lose: str | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
         calls.append(index)
-        return _shard(index, inputs[index], lose)
+        return _shard(index, INPUTS[index], lose)
 
-    @flow(name="balance-check")
-    def stage(fn: Any) -> sharded.StageResult:
-        ctx = RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
-        return sharded.run_sharded(ctx, "toy", _outputs(tmp_path / "sharded"), "key-1", 3, fn, balance=True)
-
-    with pytest.raises(sharded.AccountingError, match="toy shard 1: 3 inputs counted"):
-        stage(lambda i: compute(i, lose="e" if i == 1 else None))
+    rows = Artifact(str(tmp_path / "out" / "balance-check" / "demo" / "rows"))
+    with pytest.raises(AccountingError, match="toy shard 1: 3 inputs counted"):
+        _per_shard(tmp_path, lambda i: compute(i, lose="e" if i == 1 else None))
     assert sorted(calls) == [0, 1, 2], "the lost row was retried (a bug is not flaky: no retry)"
-    assert Artifact(str(tmp_path / "sharded" / "rows")).shard_stats(1) is None  # the bad shard was not written
-    assert not Artifact(str(tmp_path / "sharded" / "rows")).is_complete()
+    assert rows.shard_stats(1) is None  # the bad shard was not written
+    assert not rows.is_complete()
     calls.clear()
-    result = stage(compute)  # like a rerun after a crash: shards 0 and 2 are reused
+    result = _per_shard(tmp_path, compute)  # like a rerun after a crash: shards 0 and 2 are reused
     assert calls == [1] and result.shards_resumed == 2
     assert (result.input_rows, result.accepted, result.rejected, result.balanced) == (7, 5, {"not_sampled": 2}, True)
-    manifest = Artifact(str(tmp_path / "sharded" / "rows")).manifest()
-    assert manifest.stats["tokens"] == 70  # reused shards keep their extras (was 0 when recounted from rows)
-    assert Artifact(str(tmp_path / "sharded" / "rows")).shard_stats(0) == {
-        "input_rows": 3, "accepted": 2, "rejected": {"not_sampled": 1}, "tokens": 30}
+    assert rows.manifest().stats["tokens"] == 70  # reused shards keep their extras (was 0 when recounted from rows)
+    assert rows.shard_stats(0) == {"input_rows": 3, "accepted": 2, "rejected": {"not_sampled": 1}, "tokens": 30}
 
 
 @pytest.mark.slow
@@ -115,48 +143,37 @@ def test_a_shard_written_without_counts_in_its_footer_is_computed_again(tmp_path
     """A shard of the same key whose footer holds no counts is not recounted from its rows (its input
     would be accepted + rejected, balanced by construction): it is computed again, so a row it lost
     shows in the stage's totals instead of vanishing from them."""
-    from prefect import flow
-
-    from rde.common.profiles import load_profile
-    from tasks.context import RunContext
-
-    inputs = {0: ["a", "bx", "c"], 1: ["d", "e", "fx"], 2: ["g"]}
-    outs = _outputs(tmp_path / "sharded")
-    lossy, _ = _shard(1, inputs[1], lose="e")  # shard 1 as other code left it: "e" lost, no counts kept
-    sharded.write_shards(outs, "key-1", 1, lossy)
-    assert Artifact(outs[0].url).shard_stats(1) is None
     calls: list[int] = []
 
     def compute(index: int) -> tuple[dict[str, pa.Table], dict[str, Any]]:
         calls.append(index)
-        return _shard(index, inputs[index])
+        return _shard(index, INPUTS[index])
 
-    @flow(name="balance-check")
-    def stage() -> sharded.StageResult:
-        ctx = RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
-        return sharded.run_sharded(ctx, "toy", outs, "key-1", 3, compute, balance=True)
-
-    result = stage()
+    prepared = prepare_stage(_ctx(tmp_path), _PerShard(compute))
+    lossy, _ = _shard(1, INPUTS[1], lose="e")  # shard 1 as other code left it: "e" lost, no counts kept
+    shards.write_shards(prepared.outputs, prepared.key, 1, lossy)
+    assert Artifact(prepared.outputs[0].url).shard_stats(1) is None
+    result = _per_shard(tmp_path, compute)
     assert sorted(calls) == [0, 1, 2] and result.shards_resumed == 0
     assert (result.input_rows, result.accepted, result.rejected) == (7, 5, {"not_sampled": 2})
-    assert Artifact(outs[0].url).shard_stats(1) == {"input_rows": 3, "accepted": 2, "rejected": {"not_sampled": 1},
-                                                    "tokens": 30}
+    assert Artifact(prepared.outputs[0].url).shard_stats(1) == {
+        "input_rows": 3, "accepted": 2, "rejected": {"not_sampled": 1}, "tokens": 30}
 
 
 def test_a_fanned_out_parent_removes_shards_without_counts_and_never_collects_one(tmp_path: Path) -> None:
     """The parent of shard-range runs removes the shards of its key whose footers hold no counts (so
     its ranges compute them), and refuses to build a manifest over such a shard rather than count
     its input as accepted + rejected."""
-    from tasks.fanout import FanoutError, collect_shards
+    from tasks.framework.fanout import FanoutError, collect_shards
 
     outs = _outputs(tmp_path / "fan")
     counted, stats = _shard(0, ["a", "bx"])
-    sharded.write_shards(outs, "key-1", 0, counted, stats)
+    shards.write_shards(outs, "key-1", 0, counted, stats)
     uncounted, _ = _shard(1, ["c", "dx"])
-    sharded.write_shards(outs, "key-1", 1, uncounted)
+    shards.write_shards(outs, "key-1", 1, uncounted)
     with pytest.raises(FanoutError, match="shard 1 was written without its counts in the Parquet footer"):
         collect_shards(outs, "key-1", 2, "toy", balance=True)
-    assert sharded.discard_uncounted_shards("toy", outs, "key-1", range(2)) == [1]
+    assert shards.discard_uncounted_shards("toy", outs, "key-1", range(2)) == [1]
     for out in outs:
         assert Artifact(out.url).written_indices() == {0}
     infos, collected = collect_shards(outs, "key-1", 1, "toy", balance=True)

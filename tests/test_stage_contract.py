@@ -15,10 +15,10 @@ from prefect import flow
 from rde.common.profiles import load_profile
 from rde.common.reasons import MEANINGS, Reason, reasons_markdown
 from storage import Artifact
-from tasks.context import RunContext
-from tasks.runner import MissingInput, artifact_key, run_pipeline, run_stage
-from tasks.sharded import AccountingError, UnregisteredReason
-from tasks.stage import Lineage, Pipeline, Resources, Stage, StageRun, WiringError, Work, Write
+from tasks.framework.accounting import AccountingError, UnregisteredReason
+from tasks.framework.context import RunContext
+from tasks.framework.runner import MissingInput, artifact_key, run_pipeline, run_stage
+from tasks.framework.stage import Lineage, Pipeline, Resources, Stage, StageRun, WiringError, Work, Write
 
 NUMBERS = pa.schema([pa.field("n", pa.int64(), nullable=False)])
 REJECTS = pa.schema([pa.field("n", pa.int64(), nullable=False), pa.field("reason", pa.string(), nullable=False)])
@@ -46,7 +46,7 @@ class Evens(Stage):
     name = "evens"
     version = "1"
     reads = ("numbers",)
-    writes = (Write("evens", "numbers", NUMBERS), Write("rejects", "rejects", REJECTS, folder="odd", rejects=True))
+    writes = (Write("evens", "numbers", NUMBERS), Write("odd", "rejects", REJECTS, rejects=True))
     balance = True
     resources = Resources(device="gpu", hold_slot=False, batch_size="queries.per_request")
     lose_one = False  # a bug to plant: drop one accepted row on the floor
@@ -62,7 +62,7 @@ class Evens(Stage):
         kept = [n for n in mine if n % 2 == 0][: None if not self.lose_one else -1]
         odd = [n for n in mine if n % 2]
         return Work.one({"evens": pa.table({"n": kept}, schema=NUMBERS),
-                         "rejects": pa.table({"n": odd, "reason": [self.reason] * len(odd)}, schema=REJECTS)},
+                         "odd": pa.table({"n": odd, "reason": [self.reason] * len(odd)}, schema=REJECTS)},
                         {"input_rows": len(mine), "accepted": len(kept),
                          "rejected": {self.reason: len(odd)} if odd else {}})
 
@@ -210,6 +210,47 @@ def test_a_stage_reads_only_what_it_declares(tmp_path: Path) -> None:
     assert queries.per_request == ctx.profile.queries.per_request
     with pytest.raises(AttributeError, match=r"reads queries.seed without declaring it"):
         _ = queries.seed
+    # the profile the stage (and every helper it hands ``run.ctx``) sees is the declared one
+    assert run.ctx.profile.queries.per_request == ctx.profile.queries.per_request
+    assert run.ctx.profile.models is ctx.profile.models and run.ctx.root == ctx.root
+    with pytest.raises(AttributeError, match=r"reads config section 'sampling' without declaring it"):
+        _ = run.ctx.profile.sampling
+    with pytest.raises(AttributeError, match=r"reads queries.seed without declaring it"):
+        _ = run.ctx.profile.queries.seed
+    import pickle
+
+    again = pickle.loads(pickle.dumps(run.ctx))  # a shard task's run travels to a Dask worker
+    assert again.profile.queries.per_request == ctx.profile.queries.per_request
+
+
+def test_what_lineage_prepares_is_of_the_type_the_stage_declares(tmp_path: Path) -> None:
+    """``prepares`` names the type of ``run.prepared``: a stage that prepares something else, or
+    prepares nothing when it declares a type, is stopped before its work."""
+    from dataclasses import dataclass
+
+    from tasks.framework.runner import prepare_stage
+
+    @dataclass(frozen=True)
+    class Plan:
+        rows: int
+
+    class Planned(Numbers):
+        name = "planned"
+        prepares = Plan
+        made: object = Plan(3)
+
+        def lineage(self, run: StageRun) -> Lineage:
+            run.prepared = self.made
+            return Lineage()
+
+    ctx = _ctx(tmp_path)
+    assert prepare_stage(ctx, Planned()).run.prepared == Plan(3)
+    Planned.made = {"rows": 3}  # the untyped dict it replaces
+    with pytest.raises(TypeError, match=r"stage 'planned': lineage\(\) prepared dict, the stage declares "
+                                        r"`prepares = Plan`"):
+        prepare_stage(ctx, Planned())
+    with pytest.raises(TypeError, match=r"prepared Plan, the stage declares `prepares = nothing`"):
+        prepare_stage(ctx, type("Unplanned", (Planned,), {"prepares": None, "name": "unplanned", "made": Plan(3)})())
 
 
 def test_artifact_keys_are_what_prefect_accepts() -> None:
@@ -248,7 +289,8 @@ def test_every_rejects_artifact_of_every_flow_has_the_one_schema() -> None:
 def test_build_secmm_is_a_list_of_stages_that_fits_together() -> None:
     from flows.build_secmm import PIPELINE
 
-    assert [s.name for s in PIPELINE.stages] == ["videos", "ingest", "measure", "denoise", "caption-pool",
-                                                 "caption-stats", "dap", "cgds", "mecf", "export", "evaluate"]
+    assert [s.name for s in PIPELINE.stages] == ["videos", "ingest", "measure", "denoise", "near-duplicates",
+                                                 "caption-pool", "caption-stats", "dap", "cgds", "mecf", "export",
+                                                 "evaluate"]
     assert [s.name for s in PIPELINE.upto("queries")][-1] == "dap"
     assert all(s.version and s.writes for s in PIPELINE.stages)

@@ -24,8 +24,8 @@ from storage.hashing import sha256_bytes
 from storage.schemas import ACCEPTED_IMAGES, IMAGE_VECTORS
 from tasks import largefine as largefine_tasks
 from tasks import secmm as secmm_tasks
-from tasks.context import RunContext
-from tasks.stage import Stage, StageRun
+from tasks.framework.context import RunContext
+from tasks.framework.stage import Stage, StageRun
 
 SHARD = 16
 
@@ -172,7 +172,7 @@ def _prepared(stage: Stage, flow: str, folder: Path, overrides: dict[str, object
 def _cgds_reads(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[BytesReads, int, int]:
     """CGDS on an n-image pool with the counting readers; (reads, gallery size, pool bytes)."""
     folder = tmp_path / f"n{n}"
-    pool = _accepted(folder / "build-secmm" / "demo" / "accepted", n)
+    pool = _accepted(folder / "build-secmm" / "demo" / "distinct", n)
     total = sum(len(r["image_bytes"]) for r in pool.rows(["image_bytes"]))
     stage = secmm_tasks.Cgds()
     run = _prepared(stage, "build-secmm", folder, {"sampling": {"clusters_per_domain": 3, "min_per_cluster": 2,
@@ -258,7 +258,7 @@ def _cgds_vectors(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch
     """CGDS on an n-image pool whose two domains are both above ``minibatch_above`` (streamed),
     with the vectors counted; (counts, embedder, the stage's draw, its gallery rows)."""
     folder = tmp_path / f"v{n}"
-    _accepted(folder / "build-secmm" / "demo" / "accepted", n)
+    _accepted(folder / "build-secmm" / "demo" / "distinct", n)
     embedder = MeanEmbedder()
     stage = secmm_tasks.Cgds()
     run = _prepared(stage, "build-secmm", folder, STREAMED, embedder, monkeypatch)
@@ -281,7 +281,7 @@ def test_cgds_large_domains_never_hold_more_than_one_shard_of_vectors(
         counts, embedder, stats, gallery = _cgds_vectors(tmp_path, n, monkeypatch)
         assert counts.streamed == 2 and embedder.calls == n and embedder.largest_call <= SHARD
         assert counts.batches and counts.largest <= SHARD, (n, sorted(counts.batches, key=lambda b: -b[1])[:3])
-        pool = Artifact(str(tmp_path / f"v{n}" / "build-secmm" / "demo" / "accepted"))
+        pool = Artifact(str(tmp_path / f"v{n}" / "build-secmm" / "demo" / "distinct"))
         rows = pool.rows([*cgds.GALLERY_FIELDS, "target_count"])
         vectors = MeanEmbedder().embed(decoded_list(pool))
         spec = load_profile("demo", STREAMED).sampling
@@ -306,7 +306,7 @@ def _embedded(folder: Path, embedder: MeanEmbedder, monkeypatch: pytest.MonkeyPa
     writer.begin()
     with monkeypatch.context() as patch:
         reads = BytesReads(patch)
-        shards = [writer.write_shard(i, stage.process(run, i).shards[0]["vectors"])
+        shards = [writer.write_shard(i, stage.process(run, i).shards[0]["image_vectors"])
                   for i in range(stage.shard_count(run))]
     writer.finalize(shards, code_version="test")
     return reads
@@ -374,7 +374,7 @@ def _hard_negative_run(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch, 
         counts = VectorCounts(patch)
         work = stage.run(run)
         out = [r for t in work.shards for r in t["neighbours"].to_pylist()]
-        rejects = [r for t in work.shards for r in t["rejects"].to_pylist()]
+        rejects = [r for t in work.shards for r in t["select_rejects"].to_pylist()]
     return counts, out, rejects, run, pool
 
 

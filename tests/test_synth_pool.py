@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import PERSON_A
 
-from rde.entry import synth_pool
-from rde.entry.synth_pool import SynthParams, write_synth_pool
+from entry import synth_pool
+from entry.synth_pool import SynthParams, write_synth_pool
 from storage import Artifact
 
 N = 240  # about 5 % of the demo pool's rows fail a denoise rule: every kind shows up in 240

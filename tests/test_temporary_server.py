@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rde.entry import temporary_server
+from entry import temporary_server
 
 
 @pytest.fixture

@@ -24,9 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rde.common.caption_source import NoCaptionsError
-from rde.entry.tiny_models import TINY_MODELS_FOLDER, TINY_PRODUCTION
-from rde.entry.tiny_production import (
+from entry.tiny_models import TINY_MODELS_FOLDER, TINY_PRODUCTION
+from entry.tiny_production import (
     DEMO_POOL,
     FLOWS,
     SLICE_IMAGES,
@@ -34,6 +33,7 @@ from rde.entry.tiny_production import (
     FlowOutcome,
     PathRun,
 )
+from rde.common.caption_source import NoCaptionsError
 from storage import Artifact
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
@@ -112,7 +112,7 @@ def test_every_model_the_profile_names_is_a_tiny_one_it_builds() -> None:
 def test_models_tiny_builds_what_the_profile_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from rde.entry.cli import app
+    from entry.cli import app
 
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
@@ -252,7 +252,7 @@ def test_the_training_and_reranker_flows_run_on_the_production_backends(
     assert saft["train_saft"]["accepted"] > 0
     # streamed pairs for the CLIP student: a shard per shard of captions, each caption with its image's
     # encoded bytes and the teacher's vectors
-    pairs = Artifact(outcomes["train-saft"].summary["artifacts"]["training-features.features"]["url"])
+    pairs = Artifact(outcomes["train-saft"].summary["artifacts"]["training_features"]["url"])
     caption_shards = len(Artifact(str(_root(run, "build-largefine") / "largefine")).manifest().shards)
     assert pairs.manifest().kind == "training_pairs" and len(pairs.manifest().shards) == caption_shards
     first = pairs.read_shard(0, ["image", "teacher_image"]).to_pylist()[0]

@@ -4,9 +4,9 @@ plus rejected rows by reason, and balances an independently counted input agains
 from __future__ import annotations
 
 from rde.common.profiles import load_profile
-from tasks.context import RunContext
-from tasks.reporting import accounting_line
-from tasks.sharded import StageResult
+from tasks.framework.accounting import StageResult
+from tasks.framework.context import RunContext
+from tasks.framework.reporting import accounting_line
 from tasks.training import training_summary
 
 

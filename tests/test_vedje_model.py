@@ -281,7 +281,7 @@ def test_learning_rate_schedule() -> None:
 def test_recall_and_hard_negatives() -> None:
     from rde.vedje.data import negatives_for
     from rde.vedje.training import recall_at
-    from tasks.vedje import _recall_rows
+    from tasks.vedje.rerank import _recall_rows
 
     assert recall_at([["a", "b"], ["c", "a"], ["b", "c"]], ["a", "a", "a"], 1) == pytest.approx(100 / 3)
     assert recall_at([["a", "b"], ["c", "a"], ["b", "c"]], ["a", "a", "a"], 2) == pytest.approx(200 / 3)

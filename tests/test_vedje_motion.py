@@ -1,4 +1,4 @@
-"""The motion clip set (``rde.entry.motion_clips``) on hand-made tracks, and a smoke run of
+"""The motion clip set (``entry.motion_clips``) on hand-made tracks, and a smoke run of
 experiments/vedje_motion.py on it with tiny sizes (a tiny random joint encoder, pixel features)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tiny_models import build_tiny_bert
 from vedje_motion import CONDITIONS, bootstrap, evaluate, one_frame, shuffled
 from vedje_motion import main as vedje_motion_main
 
-from rde.entry.demo_clips import Sighting
-from rde.entry.motion_clips import REVERSE, MotionParams, crop_window, directions_of, motion_set, twins_of
+from entry.demo_clips import Sighting
+from entry.motion_clips import REVERSE, MotionParams, crop_window, directions_of, motion_set, twins_of
 from rde.vedje.features import item_embeddings
 from rde.vedje.training import VedjeTensors
 

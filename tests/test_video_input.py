@@ -234,30 +234,30 @@ def test_the_build_flow_takes_videos_and_accounts_for_each(tmp_path: Path, vtest
     assert (stages["videos"]["input"], stages["videos"]["accepted"], stages["videos"]["rejected"]) == (3, 2, 1)
     assert summary["rejected"]["videos:not_a_video"] == 1
     urls = {name: entry["url"] for name, entry in summary["artifacts"].items()}
-    crops = Artifact(urls["videos.crops"]).rows(["pool_id", "identity", "source_meta"])
+    crops = Artifact(urls["video_crops"]).rows(["pool_id", "identity", "source_meta"])
     assert summary["videos"]["crops"] == len(crops) == stages["ingest"]["input"] > 0
     assert summary["balanced"] and summary["imbalance"] == []
     names = {json.loads(c["source_meta"])["video"] for c in crops}
     assert names <= {"cam1/walk.avi", "street.avi"} and "cam1/walk.avi" in names
-    images = Artifact(urls["ingest.images"]).rows(["source", "identity"])
+    images = Artifact(urls["images"]).rows(["source", "identity"])
     assert sorted(r["identity"] for r in images) == sorted(c["identity"] for c in crops)
 
     again = build_secmm(profile="demo", output_root=out, until="denoise", overrides=overrides)
     assert all(s["skipped"] for s in again["stages"])  # complete: nothing recomputed
-    for name in ("videos.segments", "videos.crops", "videos.rejects"):  # a killed run: one segment unwritten
+    for name in ("video_segments", "video_crops", "video_rejects"):  # a killed run: one segment unwritten
         Path(urls[name], "_manifest.json").unlink()
         Path(urls[name], "part-00001.parquet").unlink()
     resumed = build_secmm(profile="demo", output_root=out, until="denoise", overrides=overrides)
     videos = {s["stage"]: s for s in resumed["stages"]}["videos"]
     assert (videos["shards"], videos["shards_reused"], videos["input"]) == (3, 2, 3)
-    assert Artifact(urls["videos.segments"]).count_rows() == 3
-    assert Artifact(urls["videos.crops"]).count_rows() == len(crops)
+    assert Artifact(urls["video_segments"]).count_rows() == 3
+    assert Artifact(urls["video_crops"]).count_rows() == len(crops)
 
 
 def test_a_video_profile_validates_and_an_image_profile_skips_the_stage() -> None:
     profile = load_profile("demo", {"input": {"kind": "video", "path": "recordings"}})
     assert profile.input.kind == "video" and profile.video.sample_fps == 5.0
-    from tasks.video import Videos
+    from tasks.pool.videos import Videos
 
     assert Videos().applies(profile) and not Videos().applies(load_profile("demo"))
     plan = plan_segments([InputRef("x", "/nonexistent.avi", "pedestrian")], VideoSpec(), None)

@@ -17,7 +17,7 @@ from rde.common.prefect_automations import (
     resume_automation,
     zombie_automation,
 )
-from tasks.context import ResumeLimitError, check_run_count
+from tasks.framework.context import ResumeLimitError, check_run_count
 
 
 class FakeAutomationsApi:
@@ -104,7 +104,7 @@ def test_rde_stack_automations_creates_both_on_a_server_once(shared_server_env: 
     import httpx
 
     url = shared_server_env["PREFECT_API_URL"]
-    command = [sys.executable, "-m", "rde.entry.cli", "stack", "automations", "--profile", "production"]
+    command = [sys.executable, "-m", "entry.cli", "stack", "automations", "--profile", "production"]
     try:
         first = subprocess.run(command, env=shared_server_env, capture_output=True, text=True, timeout=120)
         again = subprocess.run(command, env=shared_server_env, capture_output=True, text=True, timeout=120)

@@ -1,9 +1,9 @@
-"""The tiny random-weight model builders (``rde.entry.tiny_models``) under the name the tests
+"""The tiny random-weight model builders (``entry.tiny_models``) under the name the tests
 import, and random test images."""
 
 import numpy as np
 
-from rde.entry.tiny_models import (  # noqa: F401
+from entry.tiny_models import (  # noqa: F401
     build_tiny_bert,
     build_tiny_clip,
     build_tiny_dinov2,

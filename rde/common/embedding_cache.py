@@ -280,3 +280,11 @@ def _misses_by_shard(ids: Sequence[str], where: Sequence[tuple[int, int]],
             by_shard.setdefault(where[k][0], []).append(k)
             seen.add(image_id)
     yield from sorted(by_shard.items())
+
+
+def expert_caches(base: str, registry: Any, experts: Sequence[Any]) -> list[EmbeddingCache]:
+    """One embedding cache per configured expert's image side (under ``<base>/cache/``, as the image
+    embeddings; keyed by the expert's lineage with its parts): MECF and the evaluation share the
+    gallery's vectors, and a re-evaluation after a label import encodes nothing. ``registry``: the
+    profile's ``ModelRegistry``."""
+    return [EmbeddingCache(base, ExpertImages(registry.expert(spec), registry.lineage(spec))) for spec in experts]

@@ -10,8 +10,8 @@
   runs their parent resubmits): the run is set Scheduled (``AwaitingRetry``, as the UI's Retry
   does) and a worker of its pool runs the same flow run again, with its parameters. The build
   reuses every shard already written (content keys) and adopts its live shard-range runs
-  (``tasks.fanout``). A run that keeps crashing is bounded by ``prefect.resume_max_runs``
-  (``tasks.context.run_locked``).
+  (``tasks.framework.fanout``). A run that keeps crashing is bounded by ``prefect.resume_max_runs``
+  (``tasks.framework.context.run_locked``).
 
 ``rde stack up`` creates both (``ensure``); on another server, ``rde stack automations`` does. The
 fanned-out parent asks whether the server has zombie detection (``detects_zombies``) and only when

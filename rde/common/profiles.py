@@ -194,6 +194,20 @@ class DenoiseSpec(Strict):
         return rule or SizeRule(min_width=self.min_width, min_height=self.min_height)
 
 
+class NearDuplicateSpec(Strict):
+    """The near-duplicate filter of the denoised pool (SemDeDup-style, ``rde/secmm/near_duplicates.py``):
+    within each domain, an image whose image-embedding cosine to a sharper kept image of its cluster
+    is above ``threshold`` is rejected as ``near_duplicate``, naming that kept image."""
+
+    threshold: float = Field(0.95, gt=0.0, le=1.0, description="Cosine (of L2-normalised image embeddings) "
+                             "above which an image is a near duplicate of a kept one and is rejected; a cosine "
+                             "equal to it is kept, and 1.0 keeps every image.")
+    cluster_size: int = Field(1000, ge=2, description="A domain of at most this many images is compared pair "
+                              "by pair; a larger one is split by k-means into ceil(images / cluster_size) "
+                              "clusters, compared within each (a pair split across two clusters is missed).")
+    seed: int = Field(0, description="Seed of that k-means clustering.")
+
+
 class SamplingSpec(Strict):
     """Centroid-Guided Diversity Sampling sizes (paper Sec. 3.1)."""
 
@@ -613,6 +627,8 @@ class Profile(Strict):
                                         "subject (motion, direction, distance, place in the frame): facts "
                                         "captions and queries may state.")
     denoise: DenoiseSpec = Field(DenoiseSpec(), description="The filters that reject unusable images.")
+    near_duplicates: NearDuplicateSpec = Field(NearDuplicateSpec(), description="The near-duplicate filter "
+                                               "(build-secmm): of near-identical crops, only the sharpest is kept.")
     models: ModelsSection = Field(ModelsSection(), description="The models of each role; unset roles use the "
                                   "bundled offline models.")
     sampling: SamplingSpec = Field(SamplingSpec(), description="Centroid-guided diversity sampling (CGDS) of "

@@ -1,7 +1,7 @@
 """The one registry of reason codes for rejected rows, for every stage of every flow.
 
 Every input ends as an accepted row or a rejected row whose ``reason`` is one of these codes; the
-runner (``tasks/runner.py``) refuses a stage that reports a code not listed here, so a new reason
+runner (``tasks/framework/runner.py``) refuses a stage that reports a code not listed here, so a new reason
 is added here, with its one-line meaning, before a stage may use it. The documentation's reason
 table (``docs/reference/reasons.md``) is ``reasons_markdown()``, written by ``scripts/gen_reference.py``
 (``make docs`` fails when the page is stale).
@@ -140,7 +140,9 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.UNSAFE: ("dap", "a word of prompts/query_safety.yaml"),
     Reason.OFF_VOCABULARY: ("dap", "a content word the domain's caption pool never uses"),
     Reason.NO_KEYWORD: ("dap", "uses none of the keywords sampled into its request"),
-    Reason.NEAR_DUPLICATE: ("dap", "text-embedding cosine ≥ queries.near_duplicate_cosine with a kept query"),
+    Reason.NEAR_DUPLICATE: ("dap, near-duplicates", "text-embedding cosine ≥ queries.near_duplicate_cosine with a "
+                            "kept query; an image whose embedding cosine to a sharper kept image of its domain is "
+                            "above near_duplicates.threshold (detail names it)"),
     Reason.OVER_TARGET: ("dap", "valid, but queries.per_domain were already kept"),
     Reason.GENERATION_FAILED: ("caption-pool, dap, tiers", "the generator returned an error after its retries"),
     Reason.UNGROUNDED: ("caption-pool, tiers", "the captioner refused to state what it did not measure"),

@@ -22,7 +22,7 @@ def configure_prefect_env() -> None:
     """Point Prefect at the project's state folder and turn analytics off (server and client).
 
     Values already set in the environment win, so ``PREFECT_API_URL`` selects a real server;
-    without it a CLI run starts a temporary server of its own (``rde.entry.temporary_server``).
+    without it a CLI run starts a temporary server of its own (``entry.temporary_server``).
     """
     home = state_dir() / "prefect"
     defaults = {

@@ -112,9 +112,9 @@ class SegmentResult:
     reject: dict[str, Any] | None
 
     def tables(self) -> dict[str, pa.Table]:
-        return {"crops": pa.Table.from_pylist(self.crops, schema=POOL),
-                "segments": pa.Table.from_pylist([self.segment], schema=VIDEO_SEGMENTS),
-                "rejects": pa.Table.from_pylist([self.reject] if self.reject else [], schema=REJECTS)}
+        return {"video_crops": pa.Table.from_pylist(self.crops, schema=POOL),
+                "video_segments": pa.Table.from_pylist([self.segment], schema=VIDEO_SEGMENTS),
+                "video_rejects": pa.Table.from_pylist([self.reject] if self.reject else [], schema=REJECTS)}
 
     def stats(self) -> dict[str, Any]:
         counted = self.segment["counts_video"]

@@ -17,6 +17,7 @@ from models.prompt_files import PromptFile
 from rde.common.reasons import Reason
 from rde.largefine.caption_quality import word_count
 from rde.largefine.qa_pairs import has_qa_markers
+from storage import Artifact
 from storage.hashing import sha256_json
 
 _SLOT = re.compile(r"\[([^\[\]]+)\]")
@@ -344,3 +345,10 @@ def build_gallery(generate: GenerateFn, captions: Sequence[str], prompt: PromptF
             "expand", slots=slot_list, templates="\n".join(f"{j}. {t.text}" for j, t in enumerate(shown, 1))))],
             max_tokens=max_tokens, temperature=temperature, seed=seed + 1000 * round_)], "expanded", round_)
     return builder.gallery
+
+
+def load_gallery(url: str) -> Gallery:
+    """The template gallery written by the template-gallery stage at ``url``."""
+    rows = Artifact(url).rows()
+    return Gallery([Template(r["template_id"], r["text"], tuple(r["slots"]), r["origin"], r["round"])
+                    for r in rows], [])

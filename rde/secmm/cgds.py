@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from rde.common.profiles import SamplingSpec
+from storage import Artifact
+from storage.schemas import GALLERY, SAMPLING
 
 Blocks = Callable[[], Iterable[np.ndarray]]  # a fresh iterator of float32 blocks (rows × dim), same order each call
 
@@ -293,3 +296,27 @@ def draw_gallery(rows: list[dict[str, Any]], spec: SamplingSpec, gather: Callabl
             if reason is None:
                 out.gallery.append({**{k: r[k] for k in GALLERY_FIELDS}, "cluster": int(label)})
     return out
+
+
+def gallery_shards(accepted: Artifact, drawn: GallerySample) -> Iterator[dict[str, pa.Table]]:
+    """The gallery and sampling rows, per domain and pool shard, with the gallery's bytes read from
+    that pool shard only (empty pairs skipped; at least one shard, so an empty draw is written)."""
+    shard_of: dict[str, int] = {}
+    for index, table in accepted.iter_shards(["image_id"]):
+        for image_id in table.column("image_id").to_pylist():
+            shard_of.setdefault(image_id, index)
+    groups: dict[tuple[str, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    for s in drawn.sampling:  # input order within a domain: grouping by shard keeps it
+        groups.setdefault((s["domain"], shard_of[s["image_id"]]), ([], []))[1].append(s)
+    for g in drawn.gallery:
+        groups[(g["domain"], shard_of[g["image_id"]])][0].append(g)
+    for (_, index), (gallery, sampling) in sorted(groups.items()):
+        if gallery:
+            shard = accepted.read_shard(index, ["image_id", "image_bytes"])
+            data = dict(zip(shard.column("image_id").to_pylist(), shard.column("image_bytes").to_pylist(),
+                            strict=True))  # one pool shard's bytes
+            gallery = [{**g, "image_bytes": data[g["image_id"]]} for g in gallery]
+        yield {"gallery": pa.Table.from_pylist(gallery, schema=GALLERY),
+               "sampling": pa.Table.from_pylist(sampling, schema=SAMPLING)}
+    if not groups:
+        yield {"gallery": GALLERY.empty_table(), "sampling": SAMPLING.empty_table()}
