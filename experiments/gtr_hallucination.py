@@ -106,8 +106,8 @@ def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest],
     from rde.common.image_decoding import decode_rgb
     from rde.common.profiles import load_profile
     from rde.largefine.qa_pairs import QAPair, format_qa_pairs
-    from storage import Artifact
     from rde.largefine.template_gallery import load_gallery
+    from storage import Artifact
 
     profile = load_profile("demo")
     prompt = load_prompt(profile.largefine.tier_prompt)

@@ -33,7 +33,7 @@ from tasks.framework.context import RunContext
 class Write:
     """One artifact a stage writes: ``<flow root>/<name>``, of ``kind`` (the artifact type its
     manifest records: ``tier_captions``, ``rejects``), rows of ``schema``. ``name`` is its one name:
-    its folder, the key of its table in the stage's ``Work``, ``<stage>.<name>`` in run summaries,
+    its folder, the key of its table in the stage's ``Work`` and of its artifact in run summaries,
     and what later stages ``read``."""
 
     name: str
