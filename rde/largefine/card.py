@@ -51,17 +51,21 @@ def corpus_statistics(texts_by_tier: dict[str, list[str]]) -> dict[str, dict[str
 
 def dataset_card(artifact_url: Callable[[str], str], profile_name: str, *, webdataset: bool
                  ) -> tuple[str, dict[str, Any]]:
-    """Markdown card and its numbers: Table 1 statistics, multi-granularity, retention per stage,
-    per-source counts and generator throughput. ``artifact_url(name)``: where the run's artifact
-    ``name`` is; ``webdataset``: the run also wrote WebDataset tars."""
+    """Markdown card and its numbers (``card_stats``, then ``card_markdown``). ``artifact_url(name)``:
+    where the run's artifact ``name`` is; ``webdataset``: the run also wrote WebDataset tars."""
+    stats = card_stats(artifact_url)
+    return card_markdown(stats, profile_name, webdataset=webdataset), stats
+
+
+def card_stats(artifact_url: Callable[[str], str]) -> dict[str, Any]:
+    """The card's numbers, read from the run's artifacts: Table 1 statistics, multi-granularity,
+    retention per stage, per-source counts and generator throughput (``card.json``)."""
     captions = Artifact(artifact_url("largefine")).rows(["source", "generator"])
     table1 = table1_from_stats([Artifact(artifact_url(name)).manifest().stats
                                 for name in ("tier12_captions", "adv_captions")])
     if table1 is None:  # tier shards written before their counts were kept
         texts = Artifact(artifact_url("largefine")).rows(["tier", "text"])
         table1 = corpus_statistics({tier: [r["text"] for r in texts if r["tier"] == tier] for tier in TIERS})
-    tiers_with_texts = sum(1 for tier in TIERS if table1.get(tier, {}).get("texts"))
-    multi = tiers_with_texts > 1
     manifests = {name: Artifact(artifact_url(name)).manifest().stats for name in
                  ("images", "accepted", "neighbours", "tier12_captions", "adv_captions", "largefine")}
     per_source: dict[str, Counter[str]] = defaultdict(Counter)
@@ -73,9 +77,16 @@ def dataset_card(artifact_url: Callable[[str], str], profile_name: str, *, webda
             per_source[_source_name(s)]["denoised"] += 1
     for r in captions:
         per_source[_source_name(r["source"])]["texts"] += 1
-    stats = {"table1": table1, "multi_granularity": multi, "stages": manifests,
-             "per_source": {k: dict(v) for k, v in per_source.items()},
-             "generators": dict(Counter(r["generator"] for r in captions))}
+    return {"table1": table1, "multi_granularity": _tiers_with_texts(table1) > 1, "stages": manifests,
+            "per_source": {k: dict(v) for k, v in per_source.items()},
+            "generators": dict(Counter(r["generator"] for r in captions))}
+
+
+def card_markdown(stats: dict[str, Any], profile_name: str, *, webdataset: bool) -> str:
+    """The card's text from its numbers (``card_stats``, or a ``card.json`` read back)."""
+    table1, per_source = stats["table1"], stats["per_source"]
+    tiers_with_texts = _tiers_with_texts(table1)
+    multi = tiers_with_texts > 1
     lines = [f"# LargeFine-style person captions ({profile_name} profile)", "",
              "One row per (image, tier) in `largefine/`: `tier` is base (Q&A), inter (hard-negative comparison) or "
              "adv (stylized template); `text` is the cleaned training text, `raw_text` the generator's output and "
@@ -90,10 +101,15 @@ def dataset_card(artifact_url: Callable[[str], str], profile_name: str, *, webda
     lines += ["", f"Multi-granularity: {'yes' if multi else 'no'} (texts of {tiers_with_texts} tiers of detail).",
               "", "| source | ingested | after denoise | texts |", "|---|---|---|---|"]
     for source, c in sorted(per_source.items()):
-        lines.append(f"| {source} | {c['ingested']} | {c['denoised']} | {c['texts']} |")
+        lines.append(f"| {source} | {c.get('ingested', 0)} | {c.get('denoised', 0)} | {c.get('texts', 0)} |")
     lines += ["", "Rejected texts with reasons: `caption_rejects`; rejected images: `ingest_rejects`, "
               "`denoise_rejects`, `select_rejects`. Lineage: `_manifest.json` in each folder."]
-    return "\n".join(lines), stats
+    return "\n".join(lines)
+
+
+def _tiers_with_texts(table1: dict[str, dict[str, Any]]) -> int:
+    """How many tiers of detail have texts (the card's multi-granularity: more than one)."""
+    return sum(1 for tier in TIERS if table1.get(tier, {}).get("texts"))
 
 
 def _source_name(source: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -11,7 +12,7 @@ import pyarrow as pa
 
 from rde.common.dataset_cards import card_folder_note
 from rde.largefine import webdataset_export
-from rde.largefine.card import WDS_SNIPPET, dataset_card, write_card
+from rde.largefine.card import CARD_FILES, WDS_SNIPPET, card_markdown, card_stats, write_card
 from rde.largefine.tier_inputs import accepted_rows
 from storage.filesystem import atomic_write_bytes, join, resolve
 from storage.hashing import sha256_bytes
@@ -70,9 +71,10 @@ class ExportWebDataset(Stage):
             name = path.rstrip("/").rsplit("/", 1)[-1]
             if name.endswith(".tar") and name not in listed:
                 fs.rm(path)
-        if "://" not in run.ctx.root:
-            card, stats = dataset_card(run.ctx.artifact_url, run.profile_name, webdataset=True)
-            write_card(Path(run.ctx.root), card, stats)
+        if "://" not in run.ctx.root:  # the numbers export-largefine's card wrote beside it, not read again
+            numbers = Path(run.ctx.root) / CARD_FILES[1]
+            stats = json.loads(numbers.read_text()) if numbers.exists() else card_stats(run.ctx.artifact_url)
+            write_card(Path(run.ctx.root), card_markdown(stats, run.profile_name, webdataset=True), stats)
         snippet = "\n".join(WDS_SNIPPET)
         return Report(markdown=[("webdataset", card_folder_note(run.ctx.root) + snippet,
                                  "LargeFine captions as WebDataset tars")])
