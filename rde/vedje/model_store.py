@@ -37,15 +37,25 @@ def stage1_spec(profile: Any) -> ModelSpec:
     return p.vedje.first_stage or p.models.experts[0]
 
 
-def source_items(profile: Any, output_root: str | None) -> tuple[ItemSet, list[Artifact]]:
-    """The profile's items (the clip set, or a build-largefine run under the same output) and the
-    artifacts they come from."""
+def source_root(profile: Any, output_root: str | None) -> str:
+    """The folder the profile's items come from: the clip set, or the build-largefine run (the
+    ``vedje.source_flow``) under the same output."""
     v = profile.vedje
     if v.source == "clips":
-        root = resolve_location(v.clips_path)
-        return load_items(profile), [Artifact(f"{root}/clips")]
-    root = flow_root(profile.artifacts_root, v.source_flow, profile.name, output_root)
-    return load_items(profile, root), [Artifact(f"{root}/largefine")]
+        return resolve_location(v.clips_path)
+    return flow_root(profile.artifacts_root, v.source_flow, profile.name, output_root)
+
+
+def source_artifact(profile: Any, output_root: str | None) -> Artifact:
+    """The artifact the items are read from: the clip set's ``clips``, or the run's ``largefine``."""
+    name = "clips" if profile.vedje.source == "clips" else "largefine"
+    return Artifact(join(source_root(profile, output_root), name))
+
+
+def source_items(profile: Any, output_root: str | None) -> tuple[ItemSet, list[Artifact]]:
+    """The profile's items and the artifact they come from."""
+    root = None if profile.vedje.source == "clips" else source_root(profile, output_root)
+    return load_items(profile, root), [source_artifact(profile, output_root)]
 
 
 def source_rejects(items: ItemSet) -> pa.Table:

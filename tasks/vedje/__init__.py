@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rde.vedje.data import clip_spans
+from rde.vedje.model_store import source_artifact
 from storage import Artifact
 from tasks.framework import accounting
 from tasks.framework.context import RunContext
@@ -27,13 +28,10 @@ def top_results(ctx: RunContext, reranked_url: str, top: int) -> list[dict[str, 
 
 def _source_count(ctx: RunContext) -> int:
     """The profile's items counted from the source artifact itself (the input of the balance check)."""
-    v = ctx.profile.vedje
-    if v.source == "clips":
-        from storage.locations import resolve_location
-
-        return Artifact(f"{resolve_location(v.clips_path)}/clips").count_rows()
-    root = RunContext(ctx.profile, v.source_flow, ctx.output_root).root
-    return len({r["image_id"] for r in Artifact(f"{root}/largefine").rows(["image_id"])})
+    source = source_artifact(ctx.profile, ctx.output_root)
+    if ctx.profile.vedje.source == "clips":
+        return source.count_rows()
+    return len({r["image_id"] for r in source.rows(["image_id"])})
 
 
 def summary(ctx: RunContext, results: list[accounting.StageResult]) -> dict[str, Any]:
