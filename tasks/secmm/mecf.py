@@ -37,7 +37,7 @@ class Mecf(Stage):
         queries = run.input("queries").rows(["query_id", "domain", "text"])
         gallery_artifact = run.input("gallery")
         gallery = gallery_artifact.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
-        caches = expert_caches(run.ctx.base, run.registry(), run.models.experts)
+        caches = expert_caches(run.ctx.base, registry, run.models.experts)
         tracks: dict[str, dict[str, list[str]]] | None = None  # read once, for an expert with track slots
         rows = []
         per_expert_counts: dict[str, int] = {}
