@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from models.backends import auto_batch, content_memo
+from models.backends.disk_memo import keep_nothing_on_disk
 from models.backends.registry import ModelRegistry
 from models.specs import ModelSpec, ModelsSection
 from rde.common.image_decoding import decode_rgb
@@ -172,6 +173,7 @@ def format_comparison(images: list[np.ndarray], repeats: int, with_compile: bool
 
 
 def main() -> None:
+    keep_nothing_on_disk()  # time the detector, not detections an earlier run kept
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per arm (ABBA)")

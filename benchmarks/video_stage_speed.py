@@ -26,6 +26,7 @@ from pathlib import Path
 import av
 
 from models.backends.detectors import load_detector
+from models.backends.disk_memo import keep_nothing_on_disk
 from rde.common.denoise import count_targets
 from rde.common.ingest import InputRef
 from rde.common.profiles import load_profile
@@ -70,6 +71,7 @@ def stage(path: str, profile, detector) -> int:
 
 
 def main() -> None:
+    keep_nothing_on_disk()  # time the detector, not detections an earlier run kept
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--video", default=str(ROOT / ".rde" / "demo-videos" / "vtest.avi"))
     parser.add_argument("--sample-fps", type=float, default=5.0)

@@ -27,6 +27,11 @@ os.environ.setdefault("RDE_AUTO_BATCH_CACHE", str(_STATE / "auto_batch.json"))
 # xdist workers (and every process they start) inherit the controller's folder instead of each paying
 # the 10-17 CPU s of encoding them (models.backends.text_vectors)
 os.environ.setdefault("RDE_TEXT_VECTOR_CACHE", str(_STATE / "text_vectors"))
+# the detector's answers per image, kept for the whole session: the suite's runs measure slices of the
+# demo pool again and again (each CLI run, stack worker and flow in a process of its own), and SSD
+# costs ~80 CPU ms an image on these cores; each distinct image is still detected once per session
+# (models/backends/disk_memo.py)
+os.environ.setdefault("RDE_DETECTION_CACHE", str(_STATE / "detections"))
 for _key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "YOLO_CONFIG_DIR"):
     os.environ.pop(_key, None)
 # Threads of torch's OpenMP pool sleep while they wait instead of spinning (libgomp spins by

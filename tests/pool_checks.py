@@ -16,7 +16,7 @@ from typing import Any
 from openai_stub import StubServer, _completion
 from stack_checks import api
 
-from entry.stack import StackConfig
+from entry.stack import StackConfig, api_request, http_client
 
 QA = ("Q1: What is on the top? A1: A dark jacket with long sleeves.\n"
       "Q2: What is on the bottom? A2: Grey trousers.\n"
@@ -68,11 +68,7 @@ def submit(cfg: StackConfig, params: dict[str, Any]) -> str:
 
 
 def flow_run(cfg: StackConfig, run_id: str) -> dict[str, Any]:
-    import httpx
-
-    response = httpx.get(f"{cfg.api_url}/flow_runs/{run_id}", timeout=30)
-    response.raise_for_status()
-    return response.json()
+    return api_request(cfg, "GET", f"/flow_runs/{run_id}", timeout=30)
 
 
 def wait_final(cfg: StackConfig, run_id: str, timeout_s: float) -> dict[str, Any]:
@@ -93,14 +89,12 @@ def shard_runs(cfg: StackConfig, parent_id: str) -> list[dict[str, Any]]:
 
 def shard_write_events(cfg: StackConfig, stage: str) -> dict[str, list[str]]:
     """``rde.shard.written`` events of ``stage``: shard index → the flow runs that wrote it."""
-    import httpx
-
     body = {"filter": {"event": {"name": ["rde.shard.written"]}, "occurred": {"since": "2020-01-01T00:00:00Z"}},
             "limit": 50}
-    page = httpx.post(f"{cfg.api_url}/events/filter", json=body, timeout=30).json()
+    page = api_request(cfg, "POST", "/events/filter", body, timeout=30)
     events = list(page["events"])
     while page.get("next_page"):
-        page = httpx.get(page["next_page"], timeout=30).json()
+        page = http_client().get(page["next_page"], timeout=30).raise_for_status().json()
         events += page["events"]
     writers: dict[str, list[str]] = {}
     for event in events:

@@ -12,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from entry.stack import StackConfig
+from entry.stack import StackConfig, api_request
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-dev-shm-usage", "--window-size=1440,1000", "--virtual-time-budget=20000"]
@@ -59,9 +58,8 @@ def kill_with_its_worker(flow_run_pid: int) -> None:
 
 
 def api(cfg: StackConfig, path: str, body: dict) -> list[dict]:
-    response = httpx.post(f"{cfg.api_url}{path}", json=body, timeout=30)
-    response.raise_for_status()
-    return response.json()
+    """A POST of the stack's REST API through the process's one client (the tests poll with it)."""
+    return api_request(cfg, "POST", path, body, timeout=30)
 
 
 def run_build_secmm(cfg: StackConfig, out: Path, pool_url: str) -> tuple[dict, list[dict], float]:

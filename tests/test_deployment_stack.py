@@ -12,11 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from stack_checks import CHROMIUM_FLAGS, api, engine_pids, headless_chromium, measure_row, probe_load, run_build_secmm
 
-from entry.stack import StackConfig, down, free_port, healthy, start_server, status, stop_server, up
+from entry.stack import StackConfig, api_request, down, free_port, healthy, start_server, status, stop_server, up
 
 pytestmark = pytest.mark.slow
 
@@ -198,7 +197,7 @@ def test_server_stopped_mid_run_then_restarted_resumes(stack: StackConfig, tmp_p
     ended_after_restart = ended_without_server or _wait_engine_gone(420, first["id"])
     state = None
     for _ in range(60):  # the old run's final state as the server records it
-        state = httpx.get(f"{stack.api_url}/flow_runs/{first['id']}", timeout=30).json()["state_type"]
+        state = api_request(stack, "GET", f"/flow_runs/{first['id']}", timeout=30)["state_type"]
         if state != "RUNNING":
             break
         time.sleep(1)

@@ -28,6 +28,11 @@ pytestmark = pytest.mark.slow
 # the zombie automation's window here (the demo profile's is 90 s): longer than the 30 s between
 # heartbeats, with room for a heartbeat late by a busy machine
 STALE_S = 50.0
+# the tests' waits poll the stack's REST API (a flow-run filter the server answers, and a scan of
+# /proc) once a second, twice a second where seconds after a cancel are measured: every poll is CPU
+# the server and the flow runs under test share
+POLL_S = 1.0
+TIMING_POLL_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +93,7 @@ def fanout_run(stack: StackConfig, tmp_path_factory: pytest.TempPathFactory, sma
             if running and list((root / "tier12_captions").glob("part-*.parquet")):
                 victim = running[-1]
                 pids = engine_pids(victim["id"])
-            time.sleep(0.3)
+            time.sleep(POLL_S)
         assert victim and pids, "no shard-range run was seen running mid-stage"
         kill_with_its_worker(pids[0])
         killed_at = time.monotonic()
@@ -191,7 +196,7 @@ def test_cancelling_a_fanned_out_run_cancels_it_and_its_shard_runs(stack: StackC
         running, deadline = [], time.monotonic() + 400
         while time.monotonic() < deadline and len(running) < 2:
             running = [r for r in shard_runs(stack, parent) if r["state_type"] == "RUNNING" and engine_pids(r["id"])]
-            time.sleep(0.3)
+            time.sleep(POLL_S)
         assert len(running) >= 2, "no two shard-range runs were seen running"
         pids = {"parent": engine_pids(parent), "children": [p for r in running for p in engine_pids(r["id"])]}
         assert pids["parent"], "no flow-run process of the parent was found"
@@ -211,7 +216,7 @@ def test_cancelling_a_fanned_out_run_cancels_it_and_its_shard_runs(stack: StackC
             children = shard_runs(stack, parent)
             if "children_final_states" not in seconds and all(r["state_type"] in TERMINAL for r in children):
                 seconds["children_final_states"] = elapsed
-            time.sleep(0.3)
+            time.sleep(TIMING_POLL_S)
         # the same deployment run again (same parameters, captions now without delay) finishes the build
         captions = out / "build-largefine" / "demo" / "tier12_captions"
         written = sorted(p.name for p in captions.glob("part-*.parquet"))
@@ -283,7 +288,7 @@ def test_a_build_whose_parent_worker_dies_is_crashed_resumed_and_adopts_its_shar
         running, deadline = [], time.monotonic() + 400
         while time.monotonic() < deadline and (len(running) < 2 or not list((root / "tier12_captions").glob("part-*"))):
             running = [r for r in shard_runs(stack, parent) if r["state_type"] == "RUNNING" and engine_pids(r["id"])]
-            time.sleep(0.3)
+            time.sleep(POLL_S)
         assert len(running) >= 2, "no two shard-range runs were seen running with a shard written"
         pids = engine_pids(parent)
         assert pids, "no flow-run process of the parent was found"
@@ -302,7 +307,7 @@ def test_a_build_whose_parent_worker_dies_is_crashed_resumed_and_adopts_its_shar
             crashed_since = (crashed_since or time.monotonic()) if final["state_type"] == "CRASHED" else None
             if crashed_since and time.monotonic() - crashed_since > 60:
                 break  # not resumed
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         completed_after = time.monotonic() - killed_at
     states = httpx.get(f"{stack.api_url}/flow_run_states/", params={"flow_run_id": parent}, timeout=30).json()
     crashed_at = [datetime.fromisoformat(s["timestamp"]).timestamp() for s in states if s["name"] == "Crashed"]

@@ -114,11 +114,14 @@ def test_folded_channels_last_embedder_equals_the_plain_one(pool_rows: dict[str,
 
 @pytest.mark.slow  # real EfficientNet-Lite0 and SSD-MobileNet
 def test_bridge_embedder_and_attribute_expert_share_one_forward_and_one_detection(
-        pool_rows: dict[str, dict]) -> None:
+        pool_rows: dict[str, dict], monkeypatch: pytest.MonkeyPatch) -> None:
     """``image_features``' order: the bridge (class probabilities + detections), the embedder on the
     same images, the attribute expert on the same images. The network runs once per image and the
     detector once, and the results equal those of backends that share nothing."""
+    from models.backends.disk_memo import DETECTION_CACHE_ENV
     from rde.common.image_decoding import decode_rgb
+
+    monkeypatch.delenv(DETECTION_CACHE_ENV, raising=False)  # the sharing within one process, not on disk
 
     content_memo.clear_all()
     images = [decode_rgb(r["image_bytes"]) for r in pool_rows.values() if r["variant"] == "crop"][10:16]

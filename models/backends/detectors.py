@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import threading
@@ -19,6 +20,7 @@ import cv2
 import numpy as np
 
 from models.backends.content_memo import shared_memo
+from models.backends.disk_memo import DiskMemo, detection_cache_folder
 from models.backends.model_errors import ModelLoadError
 from models.specs import DetectorSpec
 
@@ -57,15 +59,42 @@ class ChunkedDetector:
 
     spec: DetectorSpec
     model_id: str
+    _disk_memo: DiskMemo | None = None  # created on first use where RDE_DETECTION_CACHE is set
 
     def detect(self, images: list[np.ndarray]) -> list[Detections]:
         """Detections per image. Images already seen by a detector with these settings in this
         process are not run again (the semantic-bridge and attribute experts both detect the same
-        unaugmented images); the ``spec.memo_items`` most recent results are kept. Returned
-        ``Detections`` are shared: do not modify them in place."""
+        unaugmented images); the ``spec.memo_items`` most recent results are kept, and where
+        ``RDE_DETECTION_CACHE`` names a folder, every result is kept there for other processes.
+        Returned ``Detections`` are shared: do not modify them in place."""
         spec = self.spec
         namespace = (spec.backend, self.model_id, spec.input_size, spec.score_threshold, spec.nms_iou)
-        return shared_memo("detections", spec.memo_items).get_or_compute(namespace, images, self._detect_all)
+        return shared_memo("detections", spec.memo_items).get_or_compute(namespace, images, self._detect_stored)
+
+    def identity(self) -> dict[str, object] | None:
+        """What a detection depends on besides the pixels (the key of the results kept on disk);
+        None where the weights are not fixed (nothing is kept)."""
+        return self.settings()
+
+    def settings(self) -> dict[str, object]:
+        """The settings a detection depends on (its backend, model and thresholds)."""
+        spec = self.spec
+        return {"backend": spec.backend, "model_id": self.model_id, "input_size": spec.input_size,
+                "score_threshold": spec.score_threshold, "nms_iou": spec.nms_iou}
+
+    def _detect_stored(self, images: list[np.ndarray]) -> list[Detections]:
+        """``_detect_all``, through the results kept on disk where ``RDE_DETECTION_CACHE`` names a
+        folder (and memoisation is on: ``memo_items`` 0 measures the detector itself)."""
+        folder = detection_cache_folder()
+        if folder is None or self.spec.memo_items <= 0:
+            return self._detect_all(images)
+        if self._disk_memo is None or self._disk_memo.root != folder:  # identity read once (YOLO hashes its weights)
+            identity = self.identity()
+            if identity is None:
+                return self._detect_all(images)
+            self._disk_memo = DiskMemo(folder, identity, DETECTION_ARRAYS)
+        found = self._disk_memo.get_or_compute(images, lambda todo: [_to_arrays(d) for d in self._detect_all(todo)])
+        return [_from_arrays(arrays) for arrays in found]
 
     def _detect_all(self, images: list[np.ndarray]) -> list[Detections]:
         out: list[Detections] = []
@@ -75,6 +104,18 @@ class ChunkedDetector:
 
     def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
         raise NotImplementedError
+
+
+DETECTION_ARRAYS = ("boxes", "labels", "scores")  # what one image's Detections keep on disk
+
+
+def _to_arrays(dets: Detections) -> dict[str, np.ndarray]:
+    return {"boxes": dets.boxes.astype(np.float32), "labels": np.array(dets.labels, dtype=np.str_),
+            "scores": dets.scores.astype(np.float32)}
+
+
+def _from_arrays(arrays: dict[str, np.ndarray]) -> Detections:
+    return Detections(arrays["boxes"].reshape(-1, 4), [str(name) for name in arrays["labels"]], arrays["scores"])
 
 
 def _tf_label_map() -> dict[int, str]:
@@ -110,6 +151,11 @@ class SsdMobileNetDetector(ChunkedDetector):
         self.net = cv2.dnn.readNetFromTensorflow(str(graph), str(config))
         self.labels = _tf_label_map()
         self._lock = threading.Lock()  # a cv2.dnn Net is not safe to run from two threads at once
+
+    def identity(self) -> dict[str, object] | None:
+        graph, config = bundled_ssd_files()
+        return {**self.settings(), "opencv": cv2.__version__, "graph_bytes": graph.stat().st_size,
+                "config_bytes": config.stat().st_size}
 
     def blob(self, images: list[np.ndarray]) -> np.ndarray:
         """The network's input for ``images``: resized to ``input_size`` square, channels as given."""
@@ -151,6 +197,16 @@ class YoloDetector(ChunkedDetector):
         self.spec = spec
         self.model = YOLO(weights)
         self.model_id = Path(weights).name
+
+    def identity(self) -> dict[str, object] | None:
+        import ultralytics
+
+        weights = Path(self.spec.weights or "")
+        if weights.suffix != ".pt" or not weights.is_file():
+            return None  # an architecture file: random weights, another model each time it is built
+        digest = hashlib.blake2b(weights.read_bytes(), digest_size=16).hexdigest()
+        return {**self.settings(), "weights": digest, "ultralytics": ultralytics.__version__,
+                "device": self.spec.device}
 
     def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
         # ultralytics treats numpy input as BGR (OpenCV convention); ours is RGB.
