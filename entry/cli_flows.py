@@ -195,11 +195,17 @@ def _check_until(flow_ref: FlowRef, until: str | None) -> None:
 
 def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kind: str | None, output: str | None,
               sets: list[str] | None, as_json: bool, until: str | None, extra: dict[str, Any] | None = None,
-              add: Callable[[dict[str, Any], Any], None] | None = None, verbose: bool = False) -> None:
+              add: Callable[[dict[str, Any], Any], None] | None = None, verbose: bool = False,
+              overrides_given: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate profile and input before Prefect starts, run the flow (a live progress line per
     running stage on a terminal), let ``add`` extend its summary (with the validated profile), print
-    it; user errors exit 2 with a message, an unbalanced accounting exits 2 after the summary."""
+    it and return it (``overrides_given``: overrides the command built, under its ``--set``); user errors exit 2
+    with a message, an unbalanced accounting exits 2 after the summary."""
     overrides = _parse_sets(sets or [])
+    if overrides_given:
+        from rde.common.profiles import deep_merge
+
+        overrides = deep_merge(overrides_given, overrides)
     _check_input_kind(input_path, input_kind)
     if input_path:
         kind = input_kind or _guess_kind(input_path)
@@ -223,20 +229,21 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
             # error prints as one line below); the guard's hook lines always
             with live_progress(err_console, QuietTaskRuns(verbose, guard.hooks, _user_errors())):
                 flow_fn = guard.watching(flow_fn)
+                stop = {"until": until} if until is not None else {}  # a flow without stops takes no until
                 summary = guard.run(lambda: flow_fn(profile=profile, overrides=overrides or None,
-                                                    output_root=output, until=until, **(extra or {})))
+                                                    output_root=output, **stop, **(extra or {})))
         if add is not None:
             add(summary, prof)
     except _user_errors() as exc:
         _fail(str(exc))
-        return
+        raise  # _fail exits
     except Exception as exc:
         from entry.temporary_server import exit_note
 
         if (note := exit_note()) is None:
             raise
         _fail(f"{type(exc).__name__}: {exc}\n{note}")  # the cause is the server's, in its log
-        return
+        raise
     if as_json:
         from entry.evaluation_view import evaluation_of
 
@@ -248,6 +255,7 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
         from tasks.framework.summary import unbalanced_message
 
         _fail(unbalanced_message(summary))
+    return summary
 
 
 def _started_as_cli() -> bool:

@@ -279,7 +279,8 @@ def check_experts_cmd(
 ) -> None:
     """Score the profile's experts on the hand-labelled check set (data/check_set) against random."""
     from models.backends.registry import ModelRegistry
-    from rde.common.expert_check import expert_map, load_check_set, random_map
+    from rde.common.expert_check import load_check_set
+    from rde.evaluation.check_sets import expert_map, random_map
 
     prof = _profile_or_fail(profile)
     check = load_check_set()

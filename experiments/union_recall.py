@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from models.backends.registry import ModelRegistry
-from rde.common.expert_check import expert_vectors, load_check_set, random_map, relevance_lists
+from rde.common.expert_check import expert_vectors, load_check_set, relevance_lists
 from rde.common.metrics import ap_per_query, bootstrap_interval
 from rde.common.profiles import load_profile
 from rde.common.topk import topk_exact
+from rde.evaluation.check_sets import random_map
 
 
 def main() -> None:

@@ -22,24 +22,32 @@ from tasks.framework.stage import Pipeline, Stage
 FLOW_NAME = "run-shards"
 # flow name -> the module that declares its PIPELINE, imported only when a run asks for that flow: a
 # build-secmm or build-largefine shard range then never imports torch (the VEDJE flows' modules do)
+# (a module's PIPELINE is a Pipeline, or a function of the run's profile and output root that builds
+# one: ``evaluate``'s stages follow the models and benchmark its profile names)
 PIPELINE_MODULES: dict[str, str] = {"build-secmm": "flows.build_secmm", "build-largefine": "flows.build_largefine",
-                                    "index-cache": "flows.index_cache", "train-vedje": "flows.train_vedje"}
+                                    "index-cache": "flows.index_cache", "train-vedje": "flows.train_vedje",
+                                    "evaluate": "flows.evaluate"}
 
 
-def pipeline(flow_name: str) -> Pipeline:
-    """The pipeline of flow ``flow_name``; a clear error for an unknown name."""
+def pipeline(flow_name: str, ctx: RunContext | None = None) -> Pipeline:
+    """The pipeline of flow ``flow_name`` (built from ``ctx``'s profile where the flow's stages
+    follow it); a clear error for an unknown name."""
     if flow_name not in PIPELINE_MODULES:
         raise ValueError(f"run-shards: no pipeline {flow_name!r} (known: {sorted(PIPELINE_MODULES)})")
-    found: Pipeline = import_module(PIPELINE_MODULES[flow_name]).PIPELINE
+    found = import_module(PIPELINE_MODULES[flow_name]).PIPELINE
+    if not isinstance(found, Pipeline):
+        if ctx is None:
+            raise ValueError(f"run-shards: {flow_name}'s stages follow its profile; give the run's context")
+        found = found(ctx.profile, ctx.output_root)
     if found.name != flow_name:
         raise RuntimeError(f"run-shards: {PIPELINE_MODULES[flow_name]} declares pipeline {found.name!r}, "
                            f"not {flow_name!r}")
     return found
 
 
-def pipeline_stage(flow_name: str, stage: str) -> Stage:
+def pipeline_stage(flow_name: str, stage: str, ctx: RunContext | None = None) -> Stage:
     """The stage ``stage`` of the pipeline of flow ``flow_name``; a clear error for unknown names."""
-    stages = pipeline(flow_name).stages
+    stages = pipeline(flow_name, ctx).stages
     found = [s for s in stages if s.name == stage]
     if not found:
         raise ValueError(f"run-shards: {flow_name} has no stage {stage!r} (its stages: {[s.name for s in stages]})")
@@ -56,7 +64,7 @@ def run_shards(flow_name: str, stage: str, stage_key: str, indices: list[int], p
     shards it computed and those it found already written."""
     ctx = RunContext(load_profile(profile, overrides), flow_name, output_root, locations=dict(locations or {}),
                      source=profile, overrides=overrides)
-    return run_shard_range(ctx, pipeline_stage(flow_name, stage), stage_key, indices)
+    return run_shard_range(ctx, pipeline_stage(flow_name, stage, ctx), stage_key, indices)
 
 
 if __name__ == "__main__":

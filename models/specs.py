@@ -10,6 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# an OpenCLIP model id that names its weights too (a Hub repo or a local folder), not only an architecture
+OPEN_CLIP_SCHEMAS = ("hf-hub:", "local-dir:")
+
 
 class Strict(BaseModel):
     """Base for config sections: unknown keys are errors, values are not coerced silently."""
@@ -79,8 +82,10 @@ class ModelSpec(Strict):
 BACKENDS: dict[str, set[str]] = {
     "image_embedder": {"efficientnet-lite0", "transformers"},
     "text_encoder": {"sentence-transformers"},
-    "experts": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding"},
-    "teacher": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding"},
+    "experts": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding", "sentence-transformers",
+                "open-clip"},
+    "teacher": {"semantic-bridge", "attributes", "transformers-clip", "vlm-embedding", "sentence-transformers",
+                "open-clip"},
     "generators": {"grounded", "llama-cpp", "openai-http", "vllm", "transformers-vlm"},
     "query_generator": {"llama-cpp", "openai-http", "vllm", "transformers-vlm"},
     "template_generator": {"llama-cpp", "openai-http", "vllm", "transformers-vlm"},

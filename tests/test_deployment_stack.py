@@ -40,7 +40,7 @@ def test_stack_is_up_on_loopback_with_pools_limit_and_deployments(stack: StackCo
     limits = {g["name"]: g["limit"] for g in api(stack, "/v2/concurrency_limits/filter", {})}
     assert limits.get("gpu") == 1  # gpu_slots (by default one slot per gpu worker: tests/test_pool_fanout.py)
     names = {(d["name"], d["work_pool_name"]) for d in api(stack, "/deployments/filter", {})}
-    assert {("demo", "cpu"), ("demo", "gpu"), ("gpu", "gpu")} <= names  # gpu/gpu: run-shards
+    assert {("demo", "cpu"), ("demo", "gpu"), ("gpu", "gpu"), ("default", "gpu")} <= names  # gpu/gpu: run-shards
     # rde doctor against the real server: reached, the gpu limit found, the automations `up` created,
     # the database from the stack's record
     from entry.doctor import prefect_checks

@@ -28,24 +28,33 @@ def test_ranking_breaks_ties_by_gallery_order() -> None:
     assert topk_exact(q, g, 3)[0].tolist() == [[1, 2, 0]]
 
 
-def test_evaluate_rankings_hand_computed() -> None:
-    from rde.common.evaluation import evaluate_rankings
+def test_score_vectors_hand_computed() -> None:
+    """Through the one scoring path: a query with a relevant item at ranks 1 and 3, one at rank 3,
+    one with no relevant item (left out)."""
+    from rde.evaluation.scoring import means_by_domain, metric_names, score_vectors
 
-    ranked = [["a", "x", "b"], ["y", "z", "c"], ["d"]]
-    relevant = [{"a", "b"}, {"c"}, set()]  # the third query has no relevant image: left out
-    m = evaluate_rankings(ranked, relevant)
+    queries = [{"query_id": q, "domain": "d", "text": q} for q in ("q1", "q2", "q3")]
+    q = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float32)
+    g = np.array([[1, 0, 0], [0.9, 0.1, 0], [0.8, 0, 0.2], [0, 1, 0]], np.float32)
+    # q1 ranks a(1.0) x(0.9) b(0.8) y(0.0); q2 ranks y(1.0) x(0.1) a b (ties: gallery order)
+    scored = score_vectors(q, queries, g, ["a", "x", "b", "y"], ["d"] * 4, {"q1": {"a", "b"}, "q2": {"b"}, "q3": set()})
+    m = means_by_domain(scored, metric_names())["all"]
     assert m["queries"] == 2
-    assert m["mAP@10"] == pytest.approx(((1 + 2 / 3) / 2 + (1 / 3) / 1) / 2)
+    assert m["mAP@10"] == pytest.approx(((1 + 2 / 3) / 2 + (1 / 4) / 1) / 2)
     assert m["R@1"] == pytest.approx(0.5) and m["R@5"] == pytest.approx(1.0)
+    assert m["MRR"] == pytest.approx((1 + 1 / 4) / 2) and m["mINP"] == pytest.approx((2 / 3 + 1 / 4) / 2)
 
 
-def test_evaluate_expert_ranks_within_the_query_domain() -> None:
-    from rde.common.evaluation import evaluate_expert
+def test_score_vectors_ranks_within_the_query_domain() -> None:
+    from rde.evaluation.scoring import means_by_domain, metric_names, score_vectors
 
     q = np.array([[1, 0], [0, 1]], np.float32)
     g = np.array([[1, 0], [0.9, 0.1], [0, 1]], np.float32)
-    res = evaluate_expert(q, ["pedestrian", "vehicle"], ["q1", "q2"], g, ["pedestrian", "vehicle", "vehicle"],
-                          ["p1", "v1", "v2"], {"q1": {"p1"}, "q2": {"v1"}})
+    queries = [{"query_id": "q1", "domain": "pedestrian", "text": "q1"},
+               {"query_id": "q2", "domain": "vehicle", "text": "q2"}]
+    scored = score_vectors(q, queries, g, ["p1", "v1", "v2"], ["pedestrian", "vehicle", "vehicle"],
+                           {"q1": {"p1"}, "q2": {"v1"}})
+    res = means_by_domain(scored, metric_names())
     assert res["pedestrian"]["mAP@10"] == 1.0
     assert res["vehicle"]["mAP@10"] == pytest.approx(0.5)  # v2 (cosine 1) outranks v1 (0.1)
     assert res["all"]["queries"] == 2 and res["all"]["R@1"] == pytest.approx(0.5)

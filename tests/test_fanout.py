@@ -403,8 +403,21 @@ def test_run_shards_finds_every_flows_pipeline_by_name_and_refuses_unknown_ones(
     PIPELINE carries that name, and unknown flows, stages or whole-input stages are refused clearly."""
     from flows.run_shards import PIPELINE_MODULES, pipeline, pipeline_stage
 
-    assert {name: pipeline(name).name for name in PIPELINE_MODULES} == {name: name for name in PIPELINE_MODULES}
+    fixed = [name for name in PIPELINE_MODULES if name != "evaluate"]
+    assert {name: pipeline(name).name for name in fixed} == {name: name for name in fixed}
     assert pipeline_stage("build-largefine", "qa-tiers").name == "qa-tiers"
+    # evaluate's stages follow its profile (the models and the benchmark): a shard-range run builds
+    # them from the run's context, and cannot without one
+    from rde.common.profiles import load_profile
+    from tasks.framework.context import RunContext
+
+    profile = load_profile("demo", {"evaluation": {"benchmark": "data/check_set/queries.yaml",
+                                                   "models": ["expert:attributes-v1"]}})
+    built = pipeline("evaluate", RunContext(profile, "evaluate"))
+    assert built.name == "evaluate" and [s.name.split("-")[0] for s in built.stages] == ["embed", "score", "compare"]
+    assert pipeline_stage("evaluate", built.stages[0].name, RunContext(profile, "evaluate")).per_shard
+    with pytest.raises(ValueError, match="follow its profile"):
+        pipeline("evaluate")
     with pytest.raises(ValueError, match="no pipeline 'build-nothing'"):
         pipeline("build-nothing")
     with pytest.raises(ValueError, match="has no stage 'nope'"):

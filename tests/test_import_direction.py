@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # pipeline's logic is a unit of its own, and pipelines share code only through rde.common.
 # tasks: the pipelines' stage modules, above the stage framework they are written against
 LAYERS = {"entry": 0, "flows": 1, "tasks": 2, "tasks.framework": 2.5, "rde.secmm": 3, "rde.largefine": 3,
-          "rde.training": 3, "rde.vedje": 3, "rde.common": 4,
+          "rde.training": 3, "rde.vedje": 3, "rde.evaluation": 3, "rde.common": 4,
           "rde": 5, "models": 5, "storage": 5}  # rde itself: its version only
 PACKAGES = ("entry", "flows", "tasks", "rde", "models", "storage")
 # models and storage are both at the bottom, but only in this direction

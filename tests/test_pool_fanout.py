@@ -17,12 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from evaluation_helpers import FACTORY
 from stack_checks import CHROMIUM_FLAGS, api, engine_pids, headless_chromium, kill_with_its_worker
 
 from entry.stack import StackConfig, down, ensure_automations, free_port, up
 from rde.common.prefect_automations import RESUME_NAME, ZOMBIE_NAME, detects_zombies
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # the zombie automation's window here (the demo profile's is 90 s): longer than the 30 s between
@@ -61,6 +64,33 @@ def test_the_gpu_pool_has_three_workers_and_three_slots(stack: StackConfig) -> N
     assert detects_zombies(automations.values()) and RESUME_NAME in automations
     assert automations[ZOMBIE_NAME]["trigger"]["within"] == STALE_S
     assert ensure_automations(stack) == {ZOMBIE_NAME: "unchanged", RESUME_NAME: "unchanged"}  # idempotent
+
+
+def test_evaluate_deployment_fans_its_gallery_out_over_the_gpu_pool(stack: StackConfig, tmp_path: Path) -> None:
+    """``prefect deployment run 'evaluate/default'`` with the command's options as parameters: a user's
+    factory on the check set, its gallery's two shards embedded by shard-range runs on the other
+    gpu workers (``prefect.fanout``); its comparison and report are published."""
+    factory = tmp_path / "colour_words.py"
+    factory.write_text(FACTORY)
+    params = {"benchmark": str(ROOT / "data" / "check_set" / "queries.yaml"), "models": [f"python:{factory}:make"],
+              "output_root": str(tmp_path / "out"), "report": str(tmp_path / "report.md"),
+              "overrides": {"evaluation": {"bootstrap_resamples": 200},
+                            "prefect": {"fanout": {"enabled": True, "shards_per_run": 1}}}}
+    run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "evaluate/default", "--params",
+                          json.dumps(params), "--watch", "--watch-timeout", "600"], env=stack.env(),
+                         capture_output=True, text=True, timeout=660)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    runs = api(stack, "/flow_runs/filter", {"sort": "START_TIME_DESC", "limit": 10})
+    flow_run = next(r for r in runs if r["parameters"].get("report") == params["report"])
+    assert flow_run["state_type"] == "COMPLETED"
+    ranges = [r for r in runs if r["parameters"].get("flow_name") == "evaluate"]
+    assert len(ranges) == 2 and {r["state_type"] for r in ranges} == {"COMPLETED"}  # one per gallery shard
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# check-set:") and f"python:{factory}:make" in report
+    artifacts = api(stack, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
+    keys = {a["key"] for a in artifacts if a.get("key")}
+    assert any(k.startswith("evaluate-check-set") and k.endswith("-comparison") for k in keys), keys
+    assert any(k.startswith("evaluate-check-set") and k.endswith("-chart") for k in keys), keys
 
 
 @pytest.fixture(scope="session")

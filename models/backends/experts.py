@@ -119,7 +119,31 @@ def _features(output: object) -> torch.Tensor:
     return output if isinstance(output, torch.Tensor) else output.pooler_output  # type: ignore[attr-defined]
 
 
-class TransformersClipExpert:
+class BatchedTowers:
+    """A dual encoder's two towers in batches of its auto-chosen size (``self.batch``), vectors
+    L2-normalised: a subclass sets ``batch`` and ``dim`` and implements ``_text`` and ``_image``."""
+
+    batch: auto_batch.BatchSize
+    dim: int
+
+    def _text(self, texts: list[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    def _image(self, images: list[np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def encode_text(self, texts: list[str]) -> np.ndarray:
+        size = self.batch.resolve("text", list(texts), lambda b: self._text(list(b)))
+        out = [self._text(list(b)) for b in batched(list(texts), size)]
+        return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
+
+    def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
+        size = self.batch.resolve("image", images, lambda b: self._image(list(b)))
+        out = [self._image(list(b)) for b in batched(images, size)]
+        return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
+
+
+class TransformersClipExpert(BatchedTowers):
     """CLIP / SigLIP (any dual encoder with ``get_text_features``/``get_image_features``) by id."""
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -155,15 +179,6 @@ class TransformersClipExpert:
         pix = self.image_processor(images=list(images), return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
         return _features(self.model.get_image_features(pixel_values=pix)).float().cpu().numpy()
 
-    def encode_text(self, texts: list[str]) -> np.ndarray:
-        size = self.batch.resolve("text", list(texts), lambda b: self._text(list(b)))
-        out = [self._text(list(b)) for b in batched(list(texts), size)]
-        return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
-
-    def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
-        size = self.batch.resolve("image", images, lambda b: self._image(list(b)))
-        out = [self._image(list(b)) for b in batched(images, size)]
-        return l2_normalize(np.concatenate(out)) if out else np.zeros((0, self.dim), np.float32)
 
 
 class VlmEmbeddingExpert:

@@ -7,6 +7,7 @@ Roles and backend names (``models.<role>.backend`` in a profile):
 | image_embedder | ``efficientnet-lite0`` (bundled), ``transformers`` (DINOv2/DINOv3 by id) |
 | text_encoder | ``sentence-transformers`` (``bundled:all-MiniLM-L6-v2`` or any id) |
 | experts | ``semantic-bridge``, ``attributes`` (offline), ``transformers-clip`` (CLIP/SigLIP), ``vlm-embedding`` |
+| experts | ``sentence-transformers`` (text-image models: ``clip-ViT-B-32``), ``open-clip`` (OpenCLIP) |
 | generators | ``grounded`` (offline captioner), ``llama-cpp``, ``openai-http``, ``vllm``, ``transformers-vlm`` |
 | detector | ``ssd_mobilenet`` (bundled), ``yolo`` (ultralytics, local weights) |
 """
@@ -186,6 +187,11 @@ class ModelRegistry:
                 return experts.AttributeExpert(spec, self.detector())
             if spec.backend == "transformers-clip":
                 return experts.TransformersClipExpert(spec)
+            if spec.backend in ("sentence-transformers", "open-clip"):
+                from models.backends import clip_experts
+
+                return clip_experts.SentenceTransformersClipExpert(spec) if spec.backend == "sentence-transformers" \
+                    else clip_experts.OpenClipExpert(spec)
             return experts.VlmEmbeddingExpert(spec)
 
         return _cached("experts", spec, build, self._parts(spec))

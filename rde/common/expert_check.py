@@ -1,8 +1,8 @@
 """The labelled check set: do the configured experts retrieve the right demo-pool crops?
 
 Gallery: the demo pool's crops (persons and vehicles) minus 'junk' identities. Queries and their relevant identities
-or crops: ``data/check_set/queries.yaml`` (hand-labelled). Reports mAP@K per expert against the expected
-score of a random ranking.
+or crops: ``data/check_set/queries.yaml`` (hand-labelled). Scored through ``rde evaluate``'s ranking
+(``rde.evaluation.check_sets``: mAP@K per expert against the expected score of a random ranking).
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ import yaml
 from models.backends.interfaces import TextImageExpert
 from models.backends.track_facts import motion_facts
 from rde.common.image_decoding import decode_rgb
-from rde.common.metrics import mean_ap_at_k
 from rde.common.profiles import TrackFactsSpec
-from rde.common.topk import topk_exact
 from rde.common.track_context import motion_options
 from rde.common.track_slots import fuse_track_slots
 from storage import Artifact
@@ -193,22 +191,3 @@ def gallery_track_facts(check: CheckSet, track: TrackFactsSpec | None = None) ->
     options = motion_options(track or TrackFactsSpec())
     return [motion_facts(meta, domain, options)
             for meta, domain in zip(check.gallery_meta, check.gallery_domains, strict=True)]
-
-
-def expert_map(expert: TextImageExpert, check: CheckSet, k: int = 10,
-               image_vecs: np.ndarray | None = None) -> float:
-    """mAP@k of one expert on the check set."""
-    queries, gallery = expert_vectors(expert, check, image_vecs)
-    ranked, _ = topk_exact(queries, gallery, k)
-    return mean_ap_at_k(*relevance_lists(check, ranked), k=k)
-
-
-def random_map(check: CheckSet, k: int = 10, trials: int = 500, seed: int = 0) -> float:
-    """Expected mAP@k of a uniformly random ranking (Monte Carlo over ``trials`` permutations)."""
-    rng = np.random.default_rng(seed)
-    n = len(check.gallery_identities)
-    scores = []
-    for _ in range(trials):
-        ranked = np.stack([rng.permutation(n)[:k] for _ in check.queries])
-        scores.append(mean_ap_at_k(*relevance_lists(check, ranked), k=k))
-    return float(np.mean(scores))

@@ -332,6 +332,22 @@ class EvaluationSpec(Strict):
                                   "besides the built benchmark (their identities are kept out of training).")
     check_set_pool: str = Field("data/demo_pool", description="The pool artifact the check sets' identities "
                                 "refer to.")
+    benchmark: str | None = Field(None, description="rde evaluate: the benchmark scored (a build-secmm benchmark "
+                                  "folder or s3:// prefix, its dataset folder, a check-set YAML or a clip set); "
+                                  "unset: this profile's build-secmm benchmark.")
+    models: list[str] = Field(default_factory=list, description="rde evaluate: the retrievers compared, as model "
+                              "specs (transformers-clip:, sentence-transformers:, open-clip:, expert:, student:, "
+                              "python:, scores:); empty: each of this profile's experts.")
+    labels: Literal["verified", "pending", "all"] | None = Field(None, description="rde evaluate: which labels "
+                                                                 "count as relevant; unset: verified when any "
+                                                                 "exist, else pending (the unreviewed MECF union).")
+    reference: str | None = Field(None, description="rde evaluate: the model the others' paired differences are "
+                                  "taken against (one of models); unset: the first.")
+    map_cutoffs: list[int] = Field([10, 20, 30], min_length=1, description="rde evaluate: the cut-offs K of "
+                                   "mAP@K (the paper's 10, 20, 30).")
+    run_depth: int = Field(100, ge=1, description="rde evaluate: items per query in each model's TREC run file.")
+    bootstrap_resamples: int = Field(10000, ge=100, description="rde evaluate: bootstrap resamples of the "
+                                     "queries for each 95 % interval.")
 
 
 class ReviewSpec(Strict):

@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow as pa
 
 from rde.common.embedding_cache import EmbeddingCache, expert_caches
-from rde.common.evaluation import evaluate_expert
 from rde.common.expert_check import gallery_track_facts, load_check_set, load_check_yaml
 from rde.common.track_context import track_facts
-from rde.common.track_slots import fuse_track_slots
+from rde.evaluation.check_sets import check_queries
+from rde.evaluation.scoring import means_by_domain, metric_names, score_vectors
 from storage.hashing import sha256_json
 from storage.locations import resolve_location
 from storage.schemas import (
@@ -32,16 +32,18 @@ class CheckFiles:
 
 
 class Evaluate(Stage):
-    """mAP@10/20/30 and R@1/5/10 per domain for every configured expert, on the built benchmark's
+    """mAP@10/20/30, R@1/5/10, mINP, nDCG@10 and MRR per domain for every configured expert (through
+    ``rde.evaluation.scoring``, the ranking and metrics of ``rde evaluate``), on the built benchmark's
     verified qrels (none until people review the candidates: reported as pending) and on the
     profile's hand-labelled check sets."""
 
     name = "evaluate"
-    # 4: rankings from scores that are the same on any CPU; 5: the attribute expert's track slots
-    version = "5"
+    # 4: rankings from scores that are the same on any CPU; 5: the attribute expert's track slots;
+    # 6: through rde evaluate's scoring: mINP, nDCG@10 and MRR too
+    version = "6"
     reads = ("benchmark/qrels", "benchmark/queries", "benchmark/gallery", "accepted")
     writes = (Write("evaluation", "evaluation", EVALUATION),)
-    config = ("evaluation", "track_facts")
+    config = ("evaluation.check_sets", "evaluation.check_set_pool", "track_facts")
     resources = Resources(device="gpu", hold_slot=False)
     prepares = CheckFiles
 
@@ -62,12 +64,10 @@ class Evaluate(Stage):
         for spec, cache in zip(run.models.experts, caches, strict=True):
             expert = registry.expert(spec)
             texts = [q["text"] for q in queries]
-            qv, gv = expert.encode_text(texts), gallery_vectors(cache)
-            if getattr(expert, "track_slots", False):
-                qv, gv = fuse_track_slots(qv, gv, texts, gallery_facts)
-            res = evaluate_expert(qv, [q["domain"] for q in queries], [q["query_id"] for q in queries], gv,
-                                  [g["domain"] for g in gallery], [g["image_id"] for g in gallery], qrels)
-            for domain, metrics in res.items():
+            scored = score_vectors(expert.encode_text(texts), queries, gallery_vectors(cache),
+                                   [g["image_id"] for g in gallery], [g["domain"] for g in gallery], qrels,
+                                   bool(getattr(expert, "track_slots", False)), gallery_facts)
+            for domain, metrics in means_by_domain(scored, metric_names()).items():
                 n = int(metrics.pop("queries"))
                 rows += [{"benchmark": bench, "labels": labels, "expert": f"{spec.backend}:{spec.model_id}",
                           "domain": domain, "metric": m, "value": v, "queries": n} for m, v in metrics.items()]
@@ -95,9 +95,8 @@ class Evaluate(Stage):
         for path in check_files.paths:
             check = load_check_set(resolve_location(evaluation.check_set_pool), Path(path))
             data = load_check_yaml(Path(path))
-            queries = [{"query_id": q["id"], "domain": q["domain"], "text": q["text"]} for q in data["queries"]]
-            gallery = [{"image_id": str(i), "domain": d} for i, d in enumerate(check.gallery_domains)]
-            qrels = {q["query_id"]: {str(i) for i in check.relevant_positions(n)} for n, q in enumerate(queries)}
+            queries, gallery_ids, gallery_domains, qrels = check_queries(check)
+            gallery = [{"image_id": i, "domain": d} for i, d in zip(gallery_ids, gallery_domains, strict=True)]
             assert check.gallery_ids is not None  # load_check_set hashes every crop it reads
             rows += self._score(run, caches, f"check-set:{data.get('name', Path(path).stem)}", "verified", queries,
                                 gallery, lambda cache, check=check: cache.embed(
