@@ -6,8 +6,8 @@ recoloured; each keeps its source's identity), written as benchmark dataset fold
 ``queries/``, ``qrels/`` Parquet files, shards of ``--shard-size``): ``--queries`` queries, each
 relevant to up to 50 images of one identity of its domain. The model is a CLIP built from config and
 saved to a folder (``transformers-clip:<folder>``: the real loading and encoding path; random weights,
-as speed does not depend on them). Each measurement runs in a process of its own, against one
-Prefect server started for the benchmark (its start is not the evaluation's):
+as speed does not depend on them), of the size ``--clip`` gives. Each measurement runs in a process
+of its own, against one Prefect server started for the benchmark (its start is not the evaluation's):
 
 - ``embed``: the gallery alone: every shard read, decoded and encoded by the model, nothing kept;
 - ``evaluate``: the whole ``evaluate`` flow (embed-gallery per shard, score with the streamed
@@ -17,6 +17,7 @@ Printed per size: each process's wall seconds and peak RSS, evaluate / embed (ta
 the 100k / 10k peak RSS of the evaluation (target ≤ 1.2).
 
     .venv/bin/python benchmarks/evaluate_scale.py [--sizes 10000 100000] [--queries 200] [--work DIR]
+        [--clip WIDTH LAYERS IMAGE]
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--shard-size", type=int, default=2000)
     parser.add_argument("--work", type=Path, default=None, help="Keep the pools and benchmarks here (reused).")
+    parser.add_argument("--clip", type=int, nargs=3, default=[64, 2, 64], metavar=("WIDTH", "LAYERS", "IMAGE"),
+                        help="The CLIP's vision width, layers and image size (patches of 16 pixels): its cost per "
+                             "image, which sets how much of the evaluation the embedding is.")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from entry import temporary_server
@@ -114,9 +118,10 @@ def main() -> None:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="rde-evaluate-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    clip = work / "clip"
+    width, layers, image = args.clip
+    clip = work / f"clip-{width}-{layers}-{image}"
     if not (clip / "config.json").exists():
-        build_tiny_clip(clip, width=64, layers=2, heads=2, image_size=64, patch_size=16)
+        build_tiny_clip(clip, width=width, layers=layers, heads=2, image_size=image, patch_size=16)
     model = f"transformers-clip:{clip}"
     env = {**os.environ, "PREFECT_API_URL": temporary_server.start(), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     results = {}

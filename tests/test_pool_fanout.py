@@ -74,7 +74,7 @@ def test_evaluate_deployment_fans_its_gallery_out_over_the_gpu_pool(stack: Stack
     factory.write_text(FACTORY)
     params = {"benchmark": str(ROOT / "data" / "check_set" / "queries.yaml"), "models": [f"python:{factory}:make"],
               "output_root": str(tmp_path / "out"), "report": str(tmp_path / "report.md"),
-              "overrides": {"evaluation": {"bootstrap_resamples": 200},
+              "overrides": {"evaluation": {"bootstrap_resamples": 200, "embed_group_items": 256},
                             "prefect": {"fanout": {"enabled": True, "shards_per_run": 1}}}}
     run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "evaluate/default", "--params",
                           json.dumps(params), "--watch", "--watch-timeout", "600"], env=stack.env(),

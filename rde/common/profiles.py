@@ -346,6 +346,9 @@ class EvaluationSpec(Strict):
     map_cutoffs: list[int] = Field([10, 20, 30], min_length=1, description="rde evaluate: the cut-offs K of "
                                    "mAP@K (the paper's 10, 20, 30).")
     run_depth: int = Field(100, ge=1, description="rde evaluate: items per query in each model's TREC run file.")
+    embed_group_items: int = Field(4096, ge=1, description="rde evaluate: gallery items one embedding task "
+                                   "encodes (consecutive gallery shards, each decoded alone; one task and "
+                                   "one vectors shard per group, one shard-range run's unit with fan-out).")
     bootstrap_resamples: int = Field(10000, ge=100, description="rde evaluate: bootstrap resamples of the "
                                      "queries for each 95 % interval.")
 

@@ -217,8 +217,8 @@ def _load_python(spec: RetrieverSpec) -> Any:
 def load_retriever(spec: RetrieverSpec, profile: Any, device: str = "auto") -> TextImageExpert:
     """The retriever ``spec`` names, loaded and checked (``CheckedExpert``). ``device`` is where a
     model named by hub id, folder or file runs (``auto``: an accelerator when there is one); a
-    profile expert runs where the profile says, a student where its training ran (``auto``
-    where that is absent). ``scores:`` names no model: a ``RetrieverError``."""
+    profile expert runs where the profile says, a student on ``device`` too. ``scores:`` names no
+    model: a ``RetrieverError``."""
     if spec.kind == "scores":
         raise RetrieverError(f"{spec.text}: a scores file is a precomputed ranking, not a model to load "
                              "(read it with rde.evaluation.scores_file.read_scores)")

@@ -1,5 +1,6 @@
 """How a retriever is named on the command line (``rde evaluate --model KIND:TARGET``) and what its
-results depend on (``RetrieverSpec.lineage``). Loading is in ``retriever_loading``.
+results depend on (its files' fingerprints, used by ``retriever_lineage``). Loading is in
+``retriever_loading``.
 
 The forms (``FORMS``):
 
