@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from models.backends.interfaces import l2_normalize
 from models.backends.registry import ModelRegistry, models_lineage
 from models.specs import ModelSpec, ModelsSection
 from rde.common.profiles import load_profile
+from rde.evaluation.retriever_specs import fingerprint
 from rde.evaluation.retrievers import (
     FORMS,
     KINDS,
@@ -373,7 +375,8 @@ def test_student_feature_model_computes_training_features(tmp_path: Path, tiny_t
     np.testing.assert_allclose(student.encode_image(images), want_image, atol=1e-5)
     np.testing.assert_allclose(student.encode_text(TEXTS), want_text, atol=1e-5)
     lineage = retriever_lineage(parse_retriever(f"student:{run}"), demo)
-    assert lineage["config"].startswith("manifest ") and lineage["checkpoint"]["path"].endswith("step-000000006.pt")
+    assert lineage["config"].startswith("manifest ") and lineage["checkpoint"] == fingerprint(
+        run / "train_saft" / "checkpoints" / key[:16] / "step-000000006.pt")  # the newest
     assert lineage["towers"]["bridge"]["model_id"] == str(tiny_towers.experts[0].model_id)
 
     # a checkpoint file copied out of its run: no manifest beside it, the profile given says the towers
@@ -504,11 +507,18 @@ def test_lineage_follows_content(tmp_path: Path, demo) -> None:
     assert retriever_lineage(parse_retriever("transformers-clip:openai/clip-vit-base-patch32"), demo)["hub_id"] == \
         "openai/clip-vit-base-patch32"
     big = folder / "weights.safetensors"
-    with big.open("wb") as handle:  # sparse: 65 MiB by size + mtime, not read
+    with big.open("wb") as handle:  # sparse: 65 MiB by size, head and tail, not read whole
         handle.truncate(65 * 1024 * 1024)
     with_big = retriever_lineage(spec, demo)["content"]
-    os.utime(big, ns=(10**18, 10**18))
+    os.utime(big, ns=(10**18, 10**18))  # another copy's time stamp: the same weights
+    assert retriever_lineage(spec, demo)["content"] == with_big
+    with big.open("r+b") as handle:  # another header: other weights
+        handle.write(b"{}")
     assert retriever_lineage(spec, demo)["content"]["sha256"] != with_big["sha256"]
+    copy = tmp_path / "elsewhere"  # the same folder under another path: the same fingerprint
+    shutil.copytree(folder, copy)
+    assert retriever_lineage(parse_retriever(f"transformers-clip:{copy}"), demo)["content"] == \
+        retriever_lineage(spec, demo)["content"]
 
     module = tmp_path / "user_model.py"
     module.write_text("def make(): pass\n")

@@ -232,7 +232,9 @@ def thumbnail_data_uri(data: bytes) -> str | None:
         with Image.open(io.BytesIO(data)) as img:
             img.thumbnail((THUMB_PX, THUMB_PX))
             rgb = img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError):
+    except (UnidentifiedImageError, OSError, ValueError, ImportError):
+        # ImportError: once ultralytics is imported, its patched Image.open answers an unknown format
+        # by importing pi_heif, which is not installed
         return None
     out = io.BytesIO()
     rgb.save(out, format="JPEG", quality=80)

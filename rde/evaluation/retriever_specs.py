@@ -17,9 +17,11 @@ The forms (``FORMS``):
 | ``scores:<file>`` | a precomputed ranking: a TREC run file or Parquet (query_id, item_id, score) |
 
 Content fingerprints (``fingerprint``): a file or every file under a folder (hidden names left
-out), by relative name, size and SHA-256; a file over 64 MiB (model weights) by size and
-modification time (``mtime_ns``) instead of its hash, so fingerprinting a 2 GB checkpoint costs no
-read. Replacing such a file with one of the same size and time would go unnoticed.
+out), by relative name, size and SHA-256; a file over 64 MiB (model weights) by its size and the
+SHA-256 of its first and last 4 MiB (a safetensors header and its tail), so fingerprinting a 2 GB
+checkpoint reads 8 MiB, and a copy of the weights on another worker (another time stamp) has the
+same fingerprint: a fanned-out stage's key agrees. Weights changed only in their middle, at the
+same size, would go unnoticed. No absolute path enters it (the spec's own text does).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ FORMS: tuple[str, ...] = (
 )
 KINDS: tuple[str, ...] = tuple(form.split(":", 1)[0] for form in FORMS)
 MODEL_KINDS = ("transformers-clip", "sentence-transformers", "open-clip")  # loaded through the model registry
-HASHED_BYTES = 64 * 1024 * 1024  # files up to this size are hashed; larger ones by size + mtime_ns
+HASHED_BYTES = 64 * 1024 * 1024  # files up to this size are hashed whole; larger ones by size, head and tail
+EDGE_BYTES = 4 * 1024 * 1024  # the head and the tail hashed of a larger file
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt", ".json", ".py", ".parquet", ".trec", ".txt",
                    ".run", ".yaml")
 
@@ -79,21 +82,26 @@ def sha256_file(path: Path) -> str:
 
 
 def _file_entry(path: Path) -> list[Any]:
-    stat = path.stat()
-    if stat.st_size > HASHED_BYTES:
-        return [stat.st_size, f"mtime_ns:{stat.st_mtime_ns}"]
-    return [stat.st_size, sha256_file(path)]
+    size = path.stat().st_size
+    if size <= HASHED_BYTES:
+        return [size, sha256_file(path)]
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        digest.update(handle.read(EDGE_BYTES))
+        handle.seek(size - EDGE_BYTES)
+        digest.update(handle.read(EDGE_BYTES))
+    return [size, f"edges:{digest.hexdigest()}"]
 
 
 def fingerprint(path: Path) -> dict[str, Any]:
-    """The content fingerprint of a file or a folder (module docstring): its path, file count,
-    bytes and one SHA-256 over every (relative name, size, hash or mtime) entry."""
+    """The content fingerprint of a file or a folder (module docstring): its file count, bytes and
+    one SHA-256 over every (relative name, size, hash) entry."""
     files = [path] if path.is_file() else sorted(
         p for p in path.rglob("*")
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
     entries = [[p.name if p == path else p.relative_to(path).as_posix(), *_file_entry(p)] for p in files]
     digest = hashlib.sha256(repr(entries).encode()).hexdigest()
-    return {"path": str(path), "files": len(entries), "bytes": sum(e[1] for e in entries), "sha256": digest}
+    return {"files": len(entries), "bytes": sum(e[1] for e in entries), "sha256": digest}
 
 
 def model_location(spec_text: str, target: str) -> dict[str, Any]:
