@@ -97,14 +97,16 @@ def summary_by_domain(scored: Sequence[ScoredQuery], names: Sequence[str], resam
                       seed: int = 0) -> tuple[dict[str, dict[str, Interval]], dict[str, int]]:
     """Per domain and over all queries (``all``): each metric's mean with its 95 % bootstrap
     interval, and the number of queries scored."""
-    metrics: dict[str, dict[str, Interval]] = {}
-    counts: dict[str, int] = {}
-    for domain in [*sorted({s.domain for s in scored}), "all"]:
-        rows = [s.metrics for s in scored if domain in ("all", s.domain)]
-        if rows:
-            metrics[domain] = summarize(rows, tuple(names), resamples=resamples, seed=seed)
-            counts[domain] = len(rows)
-    return metrics, counts
+    groups = rows_by_domain(scored)
+    return ({domain: summarize(rows, tuple(names), resamples=resamples, seed=seed) for domain, rows in groups.items()},
+            {domain: len(rows) for domain, rows in groups.items()})
+
+
+def rows_by_domain(scored: Sequence[ScoredQuery]) -> dict[str, list[dict[str, float]]]:
+    """The scored queries' metric rows per domain, then over all of them (``all``); empty domains left out."""
+    groups = {domain: [s.metrics for s in scored if domain in ("all", s.domain)]
+              for domain in [*sorted({s.domain for s in scored}), "all"]}
+    return {domain: rows for domain, rows in groups.items() if rows}
 
 
 def score_vectors(query_vecs: np.ndarray, queries: Sequence[Mapping[str, str]], gallery_vecs: np.ndarray,
@@ -127,9 +129,5 @@ def score_vectors(query_vecs: np.ndarray, queries: Sequence[Mapping[str, str]], 
 
 def means_by_domain(scored: Sequence[ScoredQuery], names: Sequence[str]) -> dict[str, dict[str, float]]:
     """Per domain and ``all``: each metric's mean over the scored queries, and ``queries`` (their number)."""
-    out: dict[str, dict[str, float]] = {}
-    for domain in [*sorted({s.domain for s in scored}), "all"]:
-        rows = [s.metrics for s in scored if domain in ("all", s.domain)]
-        if rows:
-            out[domain] = {m: float(np.mean([r[m] for r in rows])) for m in names} | {"queries": float(len(rows))}
-    return out
+    return {domain: {m: float(np.mean([r[m] for r in rows])) for m in names} | {"queries": float(len(rows))}
+            for domain, rows in rows_by_domain(scored).items()}
