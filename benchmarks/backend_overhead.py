@@ -100,7 +100,7 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = [r for r in Artifact("data/demo_pool").read_shard(0).to_pylist() if r["variant"] == "crop"]
     images = [decode_rgb(r["image_bytes"]) for r in rows[: args.images]]
-    registry = ModelRegistry(load_profile("demo").models)
+    registry = ModelRegistry.of(load_profile("demo"))
     results: list[tuple[str, int, float, float]] = []
 
     for batch in (1, 8, 32):

@@ -128,7 +128,7 @@ def stage_comparison(images: list[np.ndarray], repeats: int, views: int | None) 
         runs = " ".join(f"{a[0]}{t:.1f}" for a in times for t in times[a])
         print(f"{stage:18s} {med['before']:9.2f} {med['batch-only']:12.2f} {med['now']:7.2f} "
               f"{med['before'] / med['batch-only']:9.2f}x {med['before'] / med['now']:5.2f}x  [{runs}]", flush=True)
-    reg = ModelRegistry(profile.models)
+    reg = ModelRegistry.of(profile)
     chosen = {name: b.batch.last["batch_size"] for name, b in
               (("image_embedder", reg.image_embedder()), ("text_encoder", reg.text_encoder())) if b.batch.last}
     print(f"auto chose: {chosen}")
@@ -137,7 +137,7 @@ def stage_comparison(images: list[np.ndarray], repeats: int, views: int | None) 
 def format_comparison(images: list[np.ndarray], repeats: int, with_compile: bool) -> None:
     """EfficientNet-Lite0 forward at the auto batch (batch norms folded, as the profile loads it):
     NCHW vs as before vs channels_last (vs compiled)."""
-    reg = ModelRegistry(load_profile("demo").models)
+    reg = ModelRegistry.of(load_profile("demo"))
     emb = reg.image_embedder()
     batch = emb.batch.resolve("image", images, lambda b: emb._features(list(b)))
     plain = copy.deepcopy(emb.model).to(memory_format=torch.contiguous_format)

@@ -59,7 +59,7 @@ def person_items(n: int, profile_name: str = "demo") -> list[TierImage]:
     crops = [r for r in pool if r["variant"] == "crop" and r["domain"] == "pedestrian"]
     crops = [crops[i] for i in np.linspace(0, len(crops) - 1, n).astype(int)]
     images = [decode_rgb(r["image_bytes"]) for r in crops]
-    registry = ModelRegistry(load_profile(profile_name).models)
+    registry = ModelRegistry.of(load_profile(profile_name))
     ids = [r["pool_id"] for r in crops]
     found = hard_negative_neighbours(registry.image_embedder().embed(images), ids, k=10, seed=0)
     index = {i: k for k, i in enumerate(ids)}
@@ -83,7 +83,7 @@ def main() -> None:
                         help="assumed generation throughput of one GPU worker (for the projection only)")
     args = parser.parse_args()
     profile = load_profile("demo")
-    generator = ModelRegistry(profile.models).generators()[0]
+    generator = ModelRegistry.of(profile).generators()[0]
     recorder = Recorder(generator)
     spec = profile.largefine
     captioner = TierCaptioner([recorder], load_prompt(spec.tier_prompt), spec)

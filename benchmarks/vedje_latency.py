@@ -436,7 +436,7 @@ def main() -> None:
     torch.set_num_threads(2)
     profile = load_profile("demo")
     data = cached_tensors("clips", "semantic-bridge")
-    reg = ModelRegistry(profile.models)
+    reg = ModelRegistry.of(profile)
     with tempfile.TemporaryDirectory() as tmp:
         stage1 = reg.expert(profile.models.experts[0])
         latency(args, profile.vedje, data, stage1, tmp)

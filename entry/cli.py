@@ -1,12 +1,12 @@
 """``rde``: the engine's command line. One subcommand per flow (``cli_flows``), plus profile,
-data, model and artifact tools (``cli_tools``) and the local stack (``cli_stack``); what they share
-is in ``cli_base``."""
+data, model and artifact tools (``cli_tools``), domain files (``cli_domains``) and the local stack
+(``cli_stack``); what they share is in ``cli_base``."""
 
 from __future__ import annotations
 
 import sys
 
-from entry import cli_evaluate, cli_flows, cli_stack, cli_tools  # noqa: F401  (each registers its commands on the app)
+from entry import cli_domains, cli_evaluate, cli_flows, cli_stack, cli_tools  # noqa: F401  (each registers its commands on the app)
 from entry.cli_base import app, console, print_ranked, print_summary
 from entry.cli_flows import FlowRef, _guess_kind
 

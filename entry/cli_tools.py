@@ -32,9 +32,15 @@ from entry.console_progress import live_progress
 
 @profile_app.command("show")
 def profile_show(name: Annotated[str, typer.Argument(help="Profile name or YAML path.")] = "demo") -> None:
-    """Print the fully validated profile (defaults filled in)."""
+    """Print the fully validated profile (defaults filled in), then its domains with their detector
+    classes (each domain file in full: `rde domain show NAME`)."""
+    from entry.cli_domains import domain_ref, domains_table
+
     prof = _profile_or_fail(name)
-    console.print(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False))
+    data = prof.model_dump(mode="json")
+    data["domains"] = [domain_ref(d) for d in prof.domain_set]
+    console.print(escape(yaml.safe_dump(data, sort_keys=False)))
+    console.print(domains_table(prof.domain_set, f"domains of profile {prof.name}"))
 
 
 @profile_app.command("validate")
@@ -173,7 +179,7 @@ def models_cmd(
     from models.backends.registry import ModelRegistry
 
     prof = _profile_or_fail(profile)
-    registry = ModelRegistry(prof.models)
+    registry = ModelRegistry.of(prof)
     table = Table(title=f"models of profile {prof.name}")
     for col in ("role", "backend", "model", "device", "status"):
         table.add_column(col)
@@ -284,7 +290,7 @@ def check_experts_cmd(
 
     prof = _profile_or_fail(profile)
     check = load_check_set()
-    registry = ModelRegistry(prof.models)
+    registry = ModelRegistry.of(prof)
     table = Table(title=f"check set: {len(check.queries)} queries, {len(check.gallery_images)} gallery crops")
     table.add_column("expert")
     table.add_column(f"mAP@{k}", justify="right")
@@ -292,7 +298,7 @@ def check_experts_cmd(
     baseline = random_map(check, k)
     table.add_row("random ranking (expected)", f"{baseline:.4f}", "1.0")
     for spec in prof.models.experts:
-        score = expert_map(registry.expert(spec), check, k)
+        score = expert_map(registry.expert(spec), check, prof.domain_set, k)
         table.add_row(f"{spec.backend} ({spec.model_id})", f"{score:.4f}", f"{score / baseline:.1f}")
     console.print(table)
 

@@ -29,9 +29,10 @@ import pyarrow as pa
 
 from models.backends.attributes import COLOURS, _region, colour_distribution
 from models.backends.detectors import load_detector
+from models.domains import load_domain
 from rde.common.image_decoding import encode_jpeg
 from rde.common.ingest import InputRef
-from rde.common.profiles import DomainSpec, VideoSpec, load_profile
+from rde.common.profiles import VideoSpec, load_profile
 from rde.common.video_decoding import DecodeOutcome, probe
 from rde.common.video_input import Segment, detector_for_video, open_segment, tracked_frames
 from storage import ArtifactWriter, content_key
@@ -46,7 +47,7 @@ CLIPS = pa.schema([pa.field("clip_id", pa.string(), nullable=False), pa.field("s
 NUMBERS = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight"]
 # every frame of the 10 fps recording is tracked (clips sample frames 0.5 s apart from the tracks)
 CLIP_VIDEO = VideoSpec(sample_fps=10.0, segment_seconds=3600.0)
-PERSONS = [DomainSpec(name="pedestrian", target_classes=["person"])]
+PERSONS = [load_domain("pedestrian")]
 
 
 @dataclass

@@ -30,17 +30,18 @@ import numpy as np
 import pyarrow as pa
 
 from models.backends.detectors import box_iou, load_detector
+from models.domains import Domain, load_domain
 from rde.common.image_decoding import encode_jpeg
 from rde.common.ingest import InputRef
-from rde.common.profiles import DomainSpec, TrackerSpec, VideoSpec, load_profile
+from rde.common.profiles import TrackerSpec, VideoSpec, load_profile
 from rde.common.video_decoding import DecodeOutcome, probe, sampled_frames
 from rde.common.video_input import detector_for_video, plan_segments, process_segment
 from rde.common.video_tracks import expand_box
 from storage import ArtifactWriter, content_key
 from storage.schemas import POOL
 
-PERSONS = [DomainSpec(name="pedestrian", target_classes=["person"])]
-VEHICLES = [DomainSpec(name="vehicle", target_classes=["car", "bus", "truck", "motorcycle"])]
+PERSONS = [load_domain("pedestrian")]
+VEHICLES = [load_domain("vehicle")]
 # vtest.avi: every frame, persons and its two parked vehicles; a crop per 0.8 s of a track (at most 12)
 POOL_VIDEO = VideoSpec(sample_fps=10.0, segment_seconds=60.0, crops_per_track=12, crop_bin_seconds=0.8,
                        min_track_detections=3, crop_margin=(0.25, 0.12), jpeg_quality=92)
@@ -70,7 +71,7 @@ def _decoded(data: bytes) -> np.ndarray:
     return cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
 
 
-def stage_crops(video: str, spec: VideoSpec, domains: list[DomainSpec], segments: list[int] | None = None
+def stage_crops(video: str, spec: VideoSpec, domains: list[Domain], segments: list[int] | None = None
                 ) -> list[dict[str, Any]]:
     """The videos stage's crop rows of ``video`` (its segments ``segments``, default all), named by
     the file's name. The demo profile's denoise rules and detector apply, as in a build."""

@@ -78,7 +78,7 @@ def profile_models(prof: Profile) -> list[tuple[str, Any]]:
     from models.backends.registry import BUNDLED_LLM, ModelRegistry
     from models.specs import ModelSpec
 
-    specs = ModelRegistry(prof.models).configured()
+    specs = ModelRegistry.of(prof).configured()
     for role in ("query_generator", "template_generator"):
         specs.append((role, getattr(prof.models, role) or ModelSpec(**BUNDLED_LLM)))
     specs.append(("vedje.joint_encoder", prof.vedje.joint_encoder))
@@ -112,7 +112,7 @@ def model_check(role: str, spec: Any, cache_dir: Path | None = None) -> Check:
 
     area = f"model {role}"
     backend = spec.backend
-    if role == "detector":
+    if role == "detector" and backend != "owl":  # owl: a hub id or folder, checked as the others below
         if backend == "ssd_mobilenet":
             try:
                 graph, _ = bundled_ssd_files()

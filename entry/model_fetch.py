@@ -5,6 +5,7 @@ the hubs, so that runs (which never reach a hub: ``HF_HUB_OFFLINE=1``) find them
   default the cache ``HF_HUB_CACHE`` / ``HF_HOME`` name), at the profile's ``revision``; a run on this
   machine, or on a worker whose ``HF_HUB_CACHE`` points at the same folder, then loads the same id
   offline. ``HF_ENDPOINT`` selects a mirror.
+- an open-vocabulary detector (``detector.backend: owl``) is a Hugging Face id like the others;
 - YOLO weights (``detector.weights``, a ``.pt`` path): the file of that name from the Ultralytics
   assets release (``RDE_YOLO_ASSETS_URL``), written to that path.
 - bundled models, offline backends and served endpoints: nothing to download (their state is shown

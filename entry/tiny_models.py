@@ -119,6 +119,34 @@ def build_tiny_clip(folder: Path, width: int = 32, layers: int = 2, heads: int =
     return folder
 
 
+def build_tiny_owl(folder: Path, image_size: int = 64, patch_size: int = 16, width: int = 32) -> Path:
+    """An OWL-ViT open-vocabulary detector of random weights, saved with the tiny tokenizer and an
+    image processor at ``image_size``: what the detector backend ``owl`` loads in the tests. Its box
+    head's last layer is zero, so each patch predicts its own grid cell (random weights there push
+    every box to the image's edges, where scaling mistakes cannot be seen)."""
+    import torch
+    from transformers import OwlViTConfig, OwlViTForObjectDetection, OwlViTImageProcessor
+
+    torch.manual_seed(0)
+    fast = tiny_tokenizer()
+    config = OwlViTConfig(
+        text_config={"vocab_size": len(fast), "hidden_size": width, "intermediate_size": 2 * width,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 16,
+                     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        vision_config={"hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "image_size": image_size, "patch_size": patch_size},
+        projection_dim=width)  # the class head compares projected text with image features of this width
+    model = OwlViTForObjectDetection(config)
+    with torch.no_grad():
+        for param in model.box_head.dense2.parameters():
+            param.zero_()
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    OwlViTImageProcessor(size={"height": image_size, "width": image_size},
+                         crop_size={"height": image_size, "width": image_size}).save_pretrained(folder)
+    return folder
+
+
 def build_tiny_bert(folder: Path, layers: int = 2, hidden: int = 32) -> Path:
     """A tiny random BERT (the joint-reranker architecture) with the bundled MiniLM WordPiece
     tokenizer, saved to ``folder`` so the reranker loads it by path like a hub id."""

@@ -38,12 +38,12 @@ def main() -> None:
     groups = {"action / direction / carried (by crop)": [q for q, c in enumerate(by_crop) if c],
               "appearance (by identity)": [q for q, c in enumerate(by_crop) if not c]}
     profile = load_profile("demo")
-    registry = ModelRegistry(profile.models)
+    registry = ModelRegistry.of(profile)
     aps: dict[str, list[float | None]] = {}
     for spec in profile.models.experts:
         expert = registry.expert(spec)
         images = expert.encode_image(check.gallery_images)
-        ranked, _ = topk_exact(*expert_vectors(expert, check, images, profile.track_facts), K)
+        ranked, _ = topk_exact(*expert_vectors(expert, check, profile.domain_set, images, profile.track_facts), K)
         aps[spec.backend] = ap_per_query(*relevance_lists(check, ranked), k=K)
         if getattr(expert, "track_slots", False):
             plain, _ = topk_exact(expert.encode_text(check.queries), images, K)

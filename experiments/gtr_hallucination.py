@@ -131,7 +131,7 @@ def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest],
         for r in table.to_pylist():
             if r["image_id"] in wanted and r["image_id"] not in images:
                 images[r["image_id"]] = decode_rgb(r["image_bytes"])
-    generator = ModelRegistry(profile.models).generator(profile.models.generators[0])
+    generator = ModelRegistry.of(profile).generator(profile.models.generators[0])
     requests = []
     for m in meta:
         image_id, tier = m["image_id"], m["tier"]
@@ -274,7 +274,7 @@ def generator_free_text_features(texts: list[str], corruptible: np.ndarray, f: d
     from rde.common.profiles import load_profile
 
     profile = load_profile("demo")
-    bridge = ModelRegistry(profile.models).expert(profile.models.experts[0])
+    bridge = ModelRegistry.of(profile).expert(profile.models.experts[0])
     out = f["texts"][index].copy()
     rows = np.flatnonzero(corruptible)
     if len(rows):

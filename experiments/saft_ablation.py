@@ -70,7 +70,7 @@ def load_features(root: str, seed: int = 0) -> dict[str, np.ndarray]:
     if cache.exists():
         return dict(np.load(cache, allow_pickle=False))
     profile = load_profile("demo")
-    registry = ModelRegistry(profile.models)
+    registry = ModelRegistry.of(profile)
     bridge, teacher = (registry.expert(s) for s in profile.models.experts)
     embedder = registry.image_embedder()
     caps = training_captions(root)

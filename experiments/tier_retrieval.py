@@ -76,7 +76,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     queries = [views[int(rng.integers(len(views)))] for _, views in sorted(by_identity.items()) if len(views) >= 2]
     gallery = [i for i in complete if i not in set(queries)]
-    encoder = ModelRegistry(profile.models).text_encoder()
+    encoder = ModelRegistry.of(profile).text_encoder()
     vec = {tier: dict(zip(complete, encoder.encode([captions[i][tier] for i in complete]), strict=True))
            for tier in TIERS}
     print(f"images with all three tiers: {len(complete)} of {len(captions)} captioned; "

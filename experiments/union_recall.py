@@ -27,11 +27,12 @@ def main() -> None:
     check = load_check_set()
     ids = np.array(check.gallery_identities)
     relevant = [check.relevant_positions(q) for q in range(len(check.relevant))]
-    registry = ModelRegistry(load_profile("demo").models)
+    profile = load_profile("demo")
+    registry = ModelRegistry.of(profile)
     ranked: dict[str, np.ndarray] = {}
-    for spec in load_profile("demo").models.experts:
+    for spec in profile.models.experts:
         expert = registry.expert(spec)
-        idx, _ = topk_exact(*expert_vectors(expert, check), len(check.gallery_images))
+        idx, _ = topk_exact(*expert_vectors(expert, check, profile.domain_set), len(check.gallery_images))
         ranked[spec.backend] = idx
 
     def recall(sets: list[set[int]]) -> float:

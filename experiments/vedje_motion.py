@@ -83,7 +83,7 @@ def motion_tensors(video: str, stage1_backend: str = "attributes", profile_name:
         motion = build_motion_set(video, params)
         print(f"motion set: {len(motion.items.item_ids)} clips (with twins), left out {dict(motion.rejected)}",
               flush=True)
-        reg = ModelRegistry(profile.models)
+        reg = ModelRegistry.of(profile)
         tables = build_tables(motion.items, reg.image_embedder(), reg.expert(stage1))
         folder.mkdir(parents=True, exist_ok=True)
         for n, t in zip(names, tables, strict=True):

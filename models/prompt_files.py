@@ -47,8 +47,12 @@ def prompt_dir() -> Path:
 
 @lru_cache(maxsize=64)
 def load_prompt(name: str) -> PromptFile:
-    """Load ``prompts/<name>.yaml``."""
-    path = prompt_dir() / f"{name}.yaml"
+    """Load ``prompts/<name>.yaml``, or the file a path names (``.yaml``; relative to the project root)."""
+    if name.endswith((".yaml", ".yml")):
+        given = Path(name).expanduser()
+        path = given if given.is_absolute() else project_root() / given
+    else:
+        path = prompt_dir() / f"{name}.yaml"
     if not path.is_file():
         raise PromptError(f"prompt file {path} not found")
     raw = path.read_bytes()

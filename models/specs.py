@@ -22,11 +22,20 @@ class Strict(BaseModel):
 
 
 class DetectorSpec(Strict):
-    """Detector backend. ``ssd_mobilenet`` uses the bundled COCO weights; ``yolo`` needs ``weights``."""
+    """Detector backend. ``ssd_mobilenet`` uses the bundled COCO weights; ``yolo`` needs ``weights``;
+    ``owl`` (OWL-ViT / OWLv2 through transformers) finds the classes it is told by name."""
 
-    backend: Literal["ssd_mobilenet", "yolo"] = Field("ssd_mobilenet", description="ssd_mobilenet = the bundled "
-                                                      "COCO detector; yolo = Ultralytics YOLO with weights.")
+    backend: Literal["ssd_mobilenet", "yolo", "owl"] = Field(
+        "ssd_mobilenet", description="ssd_mobilenet = the bundled COCO detector; yolo = Ultralytics YOLO with "
+        "weights; owl = an open-vocabulary OWL-ViT or OWLv2 (model_id), for classes outside COCO.")
     weights: str | None = Field(None, description="Local path to YOLO weights (.pt or .yaml); required for yolo.")
+    model_id: str | None = Field(None, description="owl: a Hugging Face id or local folder of an OWL-ViT or OWLv2 "
+                                 "detector (e.g. google/owlv2-base-patch16-ensemble).")
+    revision: str | None = Field(None, description="owl: the Hugging Face revision to load (null = default branch).")
+    classes: tuple[str, ...] = Field((), description="owl: the class names it reports (unset: every class the "
+                                     "profile's domains name: subjects, carried and ridden objects).")
+    prompts: tuple[str, ...] = Field((), description="owl: the text it looks for, one per class (unset: each "
+                                     "domain's subject.open_vocabulary, else the class name).")
     score_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Detections scoring lower are ignored.")
     nms_iou: float = Field(0.45, ge=0.0, le=1.0, description="Overlap (IoU) above which non-maximum suppression "
                            "drops the weaker of two boxes.")
@@ -41,6 +50,10 @@ class DetectorSpec(Strict):
     def _yolo_needs_weights(self) -> DetectorSpec:
         if self.backend == "yolo" and not self.weights:
             raise ValueError("detector.backend 'yolo' needs detector.weights (a local .pt or .yaml path)")
+        if self.backend == "owl" and not self.model_id:
+            raise ValueError("detector.backend 'owl' needs detector.model_id (a Hugging Face id or local folder)")
+        if self.prompts and len(self.prompts) != len(self.classes):
+            raise ValueError(f"detector.prompts: one per class, got {len(self.prompts)} for {len(self.classes)}")
         return self
 
 

@@ -124,7 +124,7 @@ def test_auto_embeddings_equal_fixed_batch_embeddings(pool_rows: dict[str, dict]
 
     monkeypatch.setenv(auto_batch.CACHE_ENV, str(tmp_path / "auto_batch.json"))
     images = [decode_rgb(r["image_bytes"]) for r in pool_rows.values() if r["variant"] == "crop"][:20]
-    registry = ModelRegistry(load_profile("demo").models)
+    registry = ModelRegistry.of(load_profile("demo"))
     # keep the measuring short in a test; memo off, or the second size would reuse the first's vectors
     fast = {"auto_batch": {"cpu_candidates": [2, 8], "repeats": 1}, "memo_items": 0}
     vectors = {}

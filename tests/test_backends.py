@@ -12,6 +12,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from domain_sets import DOMAINS, LAYOUT
 from tiny_models import build_tiny_clip, build_tiny_dinov2, build_tiny_qwen2vl, random_images
 
 from models.backends.attributes import (
@@ -24,21 +25,23 @@ from models.backends.attributes import (
 from models.backends.detectors import Detections
 from models.backends.grounded_captioner import (
     GroundedCaptionGenerator,
+    claim_words,
     describe_image,
     keep_grounded,
+    type_agrees,
     ungrounded_words,
-    vehicle_type_agrees,
 )
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
 from models.backends.model_errors import ModelLoadError
 from models.backends.registry import ModelRegistry
+from models.domains import load_domains
 from models.specs import ModelSpec
 from rde.common.profiles import ProfileError, load_profile
 
 
 @pytest.fixture(scope="module")
 def registry() -> ModelRegistry:
-    return ModelRegistry(load_profile("demo").models)
+    return ModelRegistry.of(load_profile("demo"))
 
 
 @pytest.fixture(scope="module")
@@ -127,11 +130,11 @@ def test_measured_attributes_follow_the_person_box() -> None:
     image[100:170, 20:80] = (40, 60, 180)  # lower body blue
     dets = Detections(np.array([[20, 10, 80, 180], [60, 90, 90, 130]], np.float32), ["person", "handbag"],
                       np.array([0.9, 0.6], np.float32))
-    attrs = measure_attributes(image, dets)
+    attrs = measure_attributes(image, dets, LAYOUT)
     assert attrs.top("upper")[0] == "red" and attrs.top("lower")[0] == "blue"
     assert attrs.top("objects") == ["handbag"] and attrs.top("domain") == ["pedestrian"]
-    text = parse_text_attributes("a woman in a red jacket and blue jeans carrying a bag")
-    other = parse_text_attributes("a man in a green shirt and black trousers")
+    text = parse_text_attributes("a woman in a red jacket and blue jeans carrying a bag", LAYOUT)
+    other = parse_text_attributes("a man in a green shirt and black trousers", LAYOUT)
     assert attrs.vector() @ text.vector() > attrs.vector() @ other.vector()
 
 
@@ -150,9 +153,9 @@ def test_person_mask_keeps_pavement_out_of_the_garment_colours() -> None:
     """In the box's lower band the pavement outnumbers the legs 5:1: without the mask the
     trousers read white; GrabCut keeps the legs, and the trousers read blue."""
     image, dets = _person_on_pavement()
-    boxed = measure_attributes(image, dets, mask_iterations=0)
+    boxed = measure_attributes(image, dets, LAYOUT, mask_iterations=0)
     assert boxed.top("lower")[0] == "white"  # what the box halves said (the demo's "white bottoms")
-    masked = measure_attributes(image, dets)
+    masked = measure_attributes(image, dets, LAYOUT)
     assert masked.top("lower", 0.2) == ["blue"] and masked.top("upper", 0.2) == ["red"]
     mask = person_mask(image, dets.boxes[0])
     assert mask is not None and mask[140, 55] and not mask[140, 35]
@@ -174,20 +177,24 @@ def test_person_mask_is_the_same_whatever_ran_before(pool_rows: dict[str, dict])
     assert all(a is not None and np.array_equal(a, b) for a, b in zip(first, again, strict=True))
 
 
+TYPES = DOMAINS["vehicle"].subject.types
+CLAIMS = claim_words(DOMAINS)
+
+
 def test_vehicle_type_stands_unless_the_classifier_contradicts_it() -> None:
     """Evidence = summed probability of a type's ImageNet classes among the top 10 (hand-computed)."""
     names = ["Model T", "garbage truck", "moped", "horse cart", "tabby", "cab"]
     probs = lambda *p: np.array(p, np.float32)  # noqa: E731
     # the demo's 1906 car typed "motorcycle": Model T .33, no moped → motorcycle is not said
-    assert not vehicle_type_agrees("motorcycle", probs(0.33, 0.0, 0.0, 0.0, 0.6, 0.0), names)
+    assert not type_agrees("motorcycle", probs(0.33, 0.0, 0.0, 0.0, 0.6, 0.0), names, TYPES)
     # the same image typed "car": its own evidence .33 ≥ .05 support
-    assert vehicle_type_agrees("car", probs(0.33, 0.0, 0.0, 0.0, 0.6, 0.0), names)
+    assert type_agrees("car", probs(0.33, 0.0, 0.0, 0.0, 0.6, 0.0), names, TYPES)
     # a car with weak support (.06 cab) beside strong truck evidence still stands: support wins
-    assert vehicle_type_agrees("car", probs(0.0, 0.5, 0.0, 0.0, 0.4, 0.06), names)
+    assert type_agrees("car", probs(0.0, 0.5, 0.0, 0.0, 0.4, 0.06), names, TYPES)
     # a horse cart typed "car": car .04 < .05, "other" .12 ≥ .1 → contradicted
-    assert not vehicle_type_agrees("car", probs(0.02, 0.0, 0.0, 0.12, 0.8, 0.02), names)
+    assert not type_agrees("car", probs(0.02, 0.0, 0.0, 0.12, 0.8, 0.02), names, TYPES)
     # no vehicle class above .1: nothing contradicts, the detector stands
-    assert vehicle_type_agrees("bus", probs(0.03, 0.04, 0.0, 0.02, 0.9, 0.01), names)
+    assert type_agrees("bus", probs(0.03, 0.04, 0.0, 0.02, 0.9, 0.01), names, TYPES)
 
 
 def test_a_contradicted_vehicle_type_is_not_a_fact() -> None:
@@ -195,20 +202,20 @@ def test_a_contradicted_vehicle_type_is_not_a_fact() -> None:
     image[20:80, 30:170] = (20, 20, 20)
     dets = Detections(np.array([[30, 20, 170, 80]], np.float32), ["motorcycle"], np.array([0.8], np.float32))
     names = ["Model T", "moped", "tabby"]
-    facts = describe_image(image, dets, np.array([0.4, 0.0, 0.6], np.float32), names)
+    facts = describe_image(image, dets, np.array([0.4, 0.0, 0.6], np.float32), names, LAYOUT)
     assert facts.values["vehicle_type"] == [] and "subject: a vehicle" in facts.lines
     assert "motorcycle" not in facts.allowed and "black" in facts.allowed
-    agreed = describe_image(image, dets, np.array([0.0, 0.4, 0.6], np.float32), names)
+    agreed = describe_image(image, dets, np.array([0.0, 0.4, 0.6], np.float32), names, LAYOUT)
     assert agreed.values["vehicle_type"] == ["motorcycle"] and "motorcycle" in agreed.allowed
 
 
 def test_text_attribute_parsing() -> None:
-    a = parse_text_attributes("a person wearing a red and navy blue padded jacket")
+    a = parse_text_attributes("a person wearing a red and navy blue padded jacket", LAYOUT)
     assert a.top("upper") == ["red", "blue"] and a.top("lower") == []
-    b = parse_text_attributes("a white van parked by the road")
+    b = parse_text_attributes("a white van parked by the road", LAYOUT)
     assert b.top("domain") == ["vehicle"] and b.top("vehicle_type") == ["truck"]
     assert b.top("vehicle_colour") == ["white"]
-    c = parse_text_attributes("a woman in black with a backpack")
+    c = parse_text_attributes("a woman in black with a backpack", LAYOUT)
     assert c.top("upper") == ["black"] and c.top("lower") == ["black"] and c.top("objects") == ["backpack"]
 
 
@@ -219,17 +226,19 @@ def test_ungrounded_sentences_and_their_tokens_are_removed() -> None:
     tokens = [TokenLogprob(t, -0.1 * (i + 1)) for i, t in enumerate(
         ["The", " person", " wears", " a", " red", " top", ".", " He", " has", " long", " hair", "!", " The",
          " bottoms", " are", " navy", "."])]
-    kept, kept_tokens, dropped = keep_grounded(GenerationResult("r", text, tokens, "m"), {"red", "blue", "top"})
+    kept, kept_tokens, dropped = keep_grounded(GenerationResult("r", text, tokens, "m"), {"red", "blue", "top"},
+                                               CLAIMS)
     assert kept == "The person wears a red top. The bottoms are navy."  # navy = blue, a measured colour
     assert "".join(t.token for t in kept_tokens).strip() == kept
     assert len(dropped) == 1 and "['hair']" in dropped[0]
-    assert ungrounded_words("a woman in a green dress", {"green"}) == {"woman", "dress"}
+    assert ungrounded_words("a woman in a green dress", {"green"}, CLAIMS) == {"woman", "dress"}
 
 
 def test_clause_pruning_and_pronoun_neutralisation() -> None:
     text = "She wears a red top and a green hat, with blue bottoms. His bag is white."
     tokens = [TokenLogprob(w, -0.2) for w in re.findall(r"\s*\S+", text)]
-    kept, kept_tokens, dropped = keep_grounded(GenerationResult("r", text, tokens, "m"), {"red", "blue", "top"})
+    kept, kept_tokens, dropped = keep_grounded(GenerationResult("r", text, tokens, "m"), {"red", "blue", "top"},
+                                               CLAIMS)
     assert kept == "The person wears a red top, with blue bottoms."
     # tokens are kept by where they start: " hat," starts in the dropped clause, so its comma goes too
     assert "".join(t.token for t in kept_tokens).strip() == "She wears a red top with blue bottoms."
@@ -253,7 +262,7 @@ def test_grounded_captioner_puts_facts_in_the_prompt_and_rejects_inventions(
         registry: ModelRegistry, person_crop: np.ndarray) -> None:
     spec = ModelSpec(backend="grounded", model_id="grounded-test")
     llm = _ScriptedLlm("The man has a beard and a green umbrella.")
-    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm)
+    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm, DOMAINS)
     [res] = gen.generate([GenerationRequest("r1", [ChatMessage("user", "Describe the person.", [person_crop])])])
     system = llm.seen[0].messages[0].content
     assert "Image 1 (target): subject: a person" in system and "upper-body clothing colour" in system
@@ -267,7 +276,7 @@ def test_track_facts_reach_the_captioner_and_unmeasured_motion_is_removed(
     it was not given is an invention like an unmeasured colour."""
     spec = ModelSpec(backend="grounded", model_id="grounded-test")
     llm = _ScriptedLlm("The person is walking to the left. The person is running toward the camera.")
-    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm)
+    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm, DOMAINS)
     track = {"motion": ["walking"], "direction": ["left"]}
     [res] = gen.generate([GenerationRequest("r1", [ChatMessage("user", "Describe the person.", [person_crop],
                                                                [track])])])
@@ -306,7 +315,7 @@ def test_measured_ahead_facts_equal_sequential(registry: ModelRegistry, pool_row
             memo._items.clear()
         llm = _ScriptedLlm("The person wears a top.")
         spec = ModelSpec(backend="grounded", model_id="grounded-test", options={"facts_threads": threads})
-        GroundedCaptionGenerator(spec, registry.detector(), embedder, llm).generate(requests)
+        GroundedCaptionGenerator(spec, registry.detector(), embedder, llm, DOMAINS).generate(requests)
         seen.append([m.content for r in llm.seen for m in r.messages])
         rows.append(memo.get_or_compute(embedder._memo_namespace, images, lambda _: pytest.fail("not remembered")))
     assert seen[0] == seen[1]
@@ -320,7 +329,7 @@ def test_facts_are_measured_ahead_one_request_per_call_on_threads(registry: Mode
     running, most = [0], [0]
     lock = threading.Lock()
     gen = GroundedCaptionGenerator(ModelSpec(backend="grounded", model_id="grounded-test"), registry.detector(),
-                                   registry._bundled_embedder(), _ScriptedLlm("The person wears a top."))
+                                   registry._bundled_embedder(), _ScriptedLlm("The person wears a top."), DOMAINS)
     real = gen.facts
 
     def counting(images: list[np.ndarray]):
@@ -388,14 +397,14 @@ def test_grounded_captioner_with_real_smollm2(registry: ModelRegistry, person_cr
     facts = gen.facts([person_crop])[0]
     for res in gen.generate(requests):
         if res.ok:
-            assert res.text and ungrounded_words(res.text, facts.allowed) == set()
+            assert res.text and ungrounded_words(res.text, facts.allowed, CLAIMS) == set()
             assert 0 < res.mean_token_probability <= 1
         else:
             assert res.error.startswith("ungrounded"), res.error
     # a measured top colour when there is one ("top" alone is always allowed); gender, beards never are
     kept = f"The person wears a {' '.join([*facts.values['top'][:1], 'top'])}."
     forced = GroundedCaptionGenerator(gen.spec, gen.detector, gen.embedder,
-                                      _TeacherForcedLlm(gen.llm, kept + " The man has a beard."))
+                                      _TeacherForcedLlm(gen.llm, kept + " The man has a beard."), DOMAINS)
     [res] = forced.generate(requests[:1])
     assert res.ok and res.text == kept, (res.text, res.error)
     assert [t.token for t in res.tokens] == _pieces(gen.llm, kept)  # the dropped sentence's are gone
@@ -529,7 +538,7 @@ def test_grounded_captioner_scores_under_the_request_generate_sends(registry: Mo
                                                                      person_crop: np.ndarray) -> None:
     spec = ModelSpec(backend="grounded", model_id="grounded-test")
     llm = _ScoringLlm("The person wears a top.")
-    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm)
+    gen = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), llm, DOMAINS)
     req = GenerationRequest("r1", [ChatMessage("user", "Describe the person.", [person_crop])], max_tokens=30)
     qa = GenerationRequest("r2", [ChatMessage("user", "Ask.", [person_crop])], expects="qa_pairs")
     gen.generate([req])
@@ -540,7 +549,8 @@ def test_grounded_captioner_scores_under_the_request_generate_sends(registry: Mo
     # no grounding filter on a given text; the end-of-turn token is not counted, as in generate's q_txt
     assert len(scored.tokens) == 3 and scored.mean_token_probability == pytest.approx(math.exp(-0.1))
     assert not from_facts.ok and "answered from the facts" in from_facts.error
-    plain = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), _ScriptedLlm("x"))
+    plain = GroundedCaptionGenerator(spec, registry.detector(), registry._bundled_embedder(), _ScriptedLlm("x"),
+                                     DOMAINS)
     with pytest.raises(NotImplementedError, match="_ScriptedLlm"):
         plain.score([req], ["x"])
 
@@ -629,17 +639,22 @@ def test_unknown_backend_is_a_profile_error() -> None:
 def test_a_composed_backends_lineage_names_the_parts_it_is_built_from() -> None:
     """The semantic-bridge and attribute experts and the grounded captioner run the profile's
     detector: its threshold is in their lineage (and so in MECF's, evaluate's and caption-pool's
-    keys); a speed-only field (memo_items) is not; a plain backend has no parts."""
+    keys); a speed-only field (memo_items) is not; a plain backend has no parts. The attribute
+    expert and the grounded captioner measure the profile's domains: their files are in the lineage."""
     models = load_profile("demo").models
     bridge, attributes = models.experts
-    base = ModelRegistry(models)
+    base = ModelRegistry(models, DOMAINS)
     stricter = ModelRegistry(models.model_copy(update={"detector": models.detector.model_copy(
-        update={"score_threshold": 0.7})}))
+        update={"score_threshold": 0.7})}), DOMAINS)
     roomier = ModelRegistry(models.model_copy(update={"detector": models.detector.model_copy(
-        update={"memo_items": 16})}))
+        update={"memo_items": 16})}), DOMAINS)
     for spec in (bridge, attributes, models.generators[0]):
         assert base.lineage(spec)["parts"]["detector"]["score_threshold"] == 0.5
         assert stricter.lineage(spec) != base.lineage(spec) and roomier.lineage(spec) == base.lineage(spec)
+    pedestrians_only = ModelRegistry(models, load_domains(["pedestrian"]))
+    for spec in (attributes, models.generators[0]):
+        assert pedestrians_only.lineage(spec)["domains"] != base.lineage(spec)["domains"]
+    assert pedestrians_only.lineage(bridge) == base.lineage(bridge)
     assert set(base.lineage(bridge)["parts"]) == {"image_embedder", "detector", "text_encoder"}
     assert set(base.lineage(attributes)["parts"]) == {"detector"}
     llm = ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct")

@@ -63,7 +63,7 @@ def test_paths_file_missing_paths_directories_and_roots(tmp_path: Path, person: 
                                "root/link.jpg"],
                       "domain": ["pedestrian", "pedestrian", None, "pedestrian", "pedestrian", "boats"]})
     pq.write_table(table, tmp_path / "paths.parquet")
-    spec = InputSpec(kind="paths", path=str(tmp_path / "paths.parquet"))
+    spec = InputSpec(kind="paths", path=str(tmp_path / "paths.parquet"), default_domain="pedestrian")
     refs, _ = _list_paths_file(str(tmp_path / "paths.parquet"), spec)
     images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=[str(tmp_path / "root")])
     assert images.column("source").to_pylist() == [str(tmp_path / "root" / "ok_person.jpg")]

@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from domain_sets import DOMAINS, LAYOUT
 
 from models.prompt_files import load_prompt
 from rde.common import caption_stats
@@ -22,6 +23,7 @@ from rde.secmm.dap import (
     sample_keywords,
     split_queries,
 )
+from rde.secmm.dap_prompts import dap_prompt
 from rde.secmm.sentence_checks import clean_caption
 
 SPEC = QueriesSpec(min_words=5, max_words=15, per_request=7, keywords_per_pos=3, near_duplicate_cosine=0.9,
@@ -95,12 +97,14 @@ def test_near_duplicates_must_state_the_same_attributes() -> None:
              ("A person wearing black bottoms and a red top.", "r0"),  # 0.924 in the demo: another query
              ("A person wearing a black top.", "r1"),  # states no bottoms
              ("A car that is black.", "r1"), ("A vehicle that is black.", "r1"), ("A car that is gray.", "r1")]
-    verdicts = postprocess_queries(cands, DOMAIN | {"person", "car", "vehicle"}, SPEC, BLOCKED, FixedCosine(0.95))
+    verdicts = postprocess_queries(cands, DOMAIN | {"person", "car", "vehicle"}, SPEC, BLOCKED, FixedCosine(0.95),
+                                   context=LineContext(layout=LAYOUT))
     assert [v.reason for v in verdicts] == [None, "near_duplicate", None, None, None, None, None]
     assert "'A person wearing a black top and black bottoms.'" in verdicts[1].detail
     off = SPEC.model_copy(update={"near_duplicate_attributes": False})  # cosine alone, as before
     assert [v.reason for v in postprocess_queries(cands, DOMAIN | {"person", "car", "vehicle"}, off, BLOCKED,
-                                                  FixedCosine(0.95))][1:] == ["near_duplicate"] * 6
+                                                  FixedCosine(0.95), context=LineContext(layout=LAYOUT))][1:] == \
+        ["near_duplicate"] * 6
 
 
 def test_accepted_before_counts_for_duplicates() -> None:
@@ -135,8 +139,8 @@ def test_generation_failures_map_to_reason_codes() -> None:
 
 # --- distribution checks: echoes, vocabulary, keywords ---------------------------------------------
 
-PED = load_prompt("dap_pedestrian")
-VEH = load_prompt("dap_vehicle")
+PED = dap_prompt(DOMAINS["pedestrian"])
+VEH = dap_prompt(DOMAINS["vehicle"])
 # A small surveillance caption pool (what the grounded captioner keeps).
 POOL = ["The person is wearing a black top and blue bottoms.", "The person is carrying a backpack.",
         "The person is wearing a gray top and black bottoms.", "The person is wearing a white top.",
@@ -250,7 +254,8 @@ def test_a_caption_with_nothing_left_is_rendered_from_the_measured_values() -> N
     from rde.secmm.sentence_checks import facts_caption
 
     prompt = load_prompt("caption_pool")
-    templates, phrases, derived = prompt.extras["from_facts"], prompt.extras["phrases"], prompt.extras["derived"]
+    templates = {d.name: d.captions.from_facts for d in DOMAINS}
+    phrases, derived = prompt.extras["phrases"], prompt.extras["derived"]
     values = {"top": ["red", "black"], "bottom": ["blue"], "carried": [], "clothing": [], "motion": ["walking"],
               "direction": ["left"], "distance": ["far"]}
     said = {facts_caption(values, templates["pedestrian"], phrases, derived, f"img{i}") for i in range(12)}
@@ -405,7 +410,7 @@ def test_constrained_smollm2_writes_only_lines_that_pass_the_checks() -> None:
 
 # --- caption pool: one row per captioned image ------------------------------------------------------
 
-POOL_FACTS = load_prompt("caption_pool").extras["from_facts"]["pedestrian"]
+POOL_FACTS = DOMAINS["pedestrian"].captions.from_facts
 
 
 def _pool(text: str, error: str | None = None, values: dict | None = None):
@@ -463,7 +468,7 @@ def test_domain_queries_fills_the_quota_and_accounts_for_every_line() -> None:
     gen = ScriptedGenerator(lambda request: next(answers))
     spec = SPEC.model_copy(update={"per_domain": 3, "max_rounds": 5, "keyword_check": False,
                                    "near_duplicate_cosine": 0.999})
-    made = domain_queries("pedestrian", PED, stats, pool, gen, BagOfWords(), spec, BLOCKED)
+    made = domain_queries("pedestrian", PED, stats, pool, gen, BagOfWords(), spec, BLOCKED, LAYOUT)
     assert [q["text"] for q in made.queries] == ["A person wearing a black top.", "A person wearing a red top.",
                                                  "A person carrying a backpack."]
     assert [q["query_id"] for q in made.queries] == ["pedestrian-q0001", "pedestrian-q0002", "pedestrian-q0003"]
@@ -493,7 +498,7 @@ def test_rounds_generated_ahead_give_the_same_queries_and_record_only_the_rounds
     def run(parallel: int):
         gen = ScriptedGenerator(lambda r: by_round.get(int(r.request_id.rsplit("r", 1)[1]), "A person walks."))
         gen.parallel_requests = parallel
-        return gen, domain_queries("pedestrian", PED, stats, pool, gen, BagOfWords(), spec, BLOCKED)
+        return gen, domain_queries("pedestrian", PED, stats, pool, gen, BagOfWords(), spec, BLOCKED, LAYOUT)
 
     one_gen, one = run(1)
     many_gen, many = run(3)
@@ -580,9 +585,10 @@ def test_a_fixed_seed_dap_run_states_two_facets() -> None:
     stats = caption_stats.pos_frequencies(ACTION_POOL)
     spec = SPEC.model_copy(update={"grammar_min_count": 1, "per_domain": 3, "max_rounds": 4, "seed": 5,
                                    "constrained_decoding": True, "vocabulary_check": False})
-    made = domain_queries("pedestrian", PED, stats, ACTION_POOL, FirstPath(), BagOfWords(), spec, BLOCKED)
+    made = domain_queries("pedestrian", PED, stats, ACTION_POOL, FirstPath(), BagOfWords(), spec, BLOCKED,
+                          LAYOUT)
     texts = [q["text"] for q in made.queries]
     assert texts, [r["detail"] for r in made.rejects]
-    summary = diversity(texts)
+    summary = diversity(texts, LAYOUT)
     assert summary["facet_appearance"] == 1.0 and summary["facet_action"] > 0, texts
     assert summary["two_or_more_facets"] > 0, texts

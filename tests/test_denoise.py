@@ -9,10 +9,11 @@ import pytest
 from conftest import PERSON_A, PERSON_B
 
 from models.backends.detectors import Detections, load_detector
+from models.domains import load_domain
 from models.specs import DetectorSpec
 from rde.common.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import DenoiseSpec, DomainSpec, load_profile
+from rde.common.profiles import DenoiseSpec, load_profile
 from storage.schemas import IMAGES, MEASUREMENTS
 
 SPEC = DenoiseSpec()
@@ -106,8 +107,7 @@ def _images_table(arrays: list[np.ndarray], domains: list[str] | None = None) ->
 
 def test_detector_failure_on_one_image_does_not_lose_the_shard() -> None:
     images = _images_table([np.zeros((77, 40, 3), np.uint8), np.zeros((90, 40, 3), np.uint8)])
-    table = measure_table(images, _BrokenDetector(), {"pedestrian": DomainSpec(name="pedestrian",
-                                                                              target_classes=["person"])},
+    table = measure_table(images, _BrokenDetector(), {"pedestrian": load_domain("pedestrian")},
                           batch_size=8, max_pixels=10**7)
     rows = table.to_pylist()
     assert rows[0]["error"].startswith("detector failed: RuntimeError: boom") and rows[0]["target_count"] is None

@@ -1,13 +1,21 @@
-"""Detector backends through their real code paths (bundled SSD weights; YOLO built from config)."""
+"""Detector backends through their real code paths (bundled SSD weights; YOLO and OWL-ViT built from
+config)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from models.backends.detectors import SsdMobileNetDetector, YoloDetector, load_detector
+from models.backends.detectors import OwlDetector, SsdMobileNetDetector, YoloDetector, known_classes, load_detector
 from models.backends.model_errors import ModelLoadError
 from models.specs import DetectorSpec
+from rde.common.profiles import load_profile
+from tiny_models import build_tiny_owl
+
+
+@pytest.fixture(scope="module")
+def tiny_owl_folder(tmp_path_factory: pytest.TempPathFactory):
+    return build_tiny_owl(tmp_path_factory.mktemp("tiny-owl"))
 
 
 def test_ssd_finds_the_persons_of_a_real_frame_crop(person_crop: np.ndarray) -> None:
@@ -34,6 +42,52 @@ def test_yolo_backend_runs_from_an_architecture_file() -> None:
     for dets in results:
         assert dets.boxes.shape[1] == 4 and len(dets.labels) == len(dets.scores)
         assert all(isinstance(label, str) for label in dets.labels)
+
+
+def test_owl_open_vocabulary_backend_finds_the_classes_a_domain_names(tmp_path, tiny_owl_folder) -> None:
+    """A random-weight OWL-ViT built from config, through the profile: a domain naming a class outside
+    COCO ("forklift") makes the owl detector look for it by text; every box is labelled with one of
+    the classes it was told and lies inside its (non-square) image."""
+    domain = tmp_path / "forklift.yaml"
+    domain.write_text("name: forklift\nsubject: {classes: [forklift], open_vocabulary: [a forklift truck], "
+                      "noun: forklift, said_as: the forklift, nouns: [forklift]}\n"
+                      "queries: {prompt: dap_generic}\ncaptions: {request: Describe the forklift.}\n")
+    profile = load_profile("demo", overrides={"domains": ["pedestrian", "vehicle", str(domain)], "models": {
+        "detector": {"backend": "owl", "model_id": str(tiny_owl_folder), "score_threshold": 0.0}}})
+    spec = profile.models.detector
+    assert "forklift" in spec.classes and spec.prompts[spec.classes.index("forklift")] == "a forklift truck"
+    assert known_classes(spec) == set(spec.classes)
+    detector = load_detector(spec)
+    assert isinstance(detector, OwlDetector) and detector.identity()["model_type"] == "owlvit"
+    images = [np.random.default_rng(0).integers(0, 255, (96, 64, 3), dtype=np.uint8),
+              np.random.default_rng(1).integers(0, 255, (40, 120, 3), dtype=np.uint8)]
+    results = detector.detect(images)
+    assert len(results) == 2 and sum(len(d.labels) for d in results) > 0  # threshold 0: every box is kept
+    for image, dets in zip(images, results, strict=True):
+        h, w = image.shape[:2]
+        assert set(dets.labels) <= set(spec.classes)
+        assert (dets.boxes[:, 0] >= 0).all() and (dets.boxes[:, 2] <= w).all() and (dets.boxes[:, 3] <= h).all()
+        assert (dets.boxes[:, 0] <= dets.boxes[:, 2]).all() and (dets.boxes[:, 1] <= dets.boxes[:, 3]).all()
+    # the best box is the model's own best prediction (centre, size as shares of the image) in pixels
+    import torch
+
+    image = images[1]
+    h, w = image.shape[:2]
+    with torch.no_grad():
+        out = detector.model(**detector.text, pixel_values=detector.image_processor(images=[image],
+                                                                                    return_tensors="pt")["pixel_values"])
+    best = int(out.logits[0].max(-1).values.argmax())
+    cx, cy, bw, bh = out.pred_boxes[0, best].numpy()
+    expected = np.clip([(cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h], 0, [w, h, w, h])
+    top = results[1].boxes[int(np.argmax(results[1].scores))]
+    np.testing.assert_allclose(top, expected, atol=1e-3)  # pixels
+
+
+def test_owl_without_a_model_or_classes_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="needs detector.model_id"):
+        DetectorSpec(backend="owl")
+    with pytest.raises(ModelLoadError, match="needs its classes"):
+        OwlDetector(DetectorSpec(backend="owl", model_id="nowhere"))
 
 
 def test_yolo_missing_weights_is_a_clear_error() -> None:

@@ -256,14 +256,14 @@ def test_a_missing_model_names_it_with_a_hint(monkeypatch: pytest.MonkeyPatch, t
 
 def test_expert_by_backend_or_model_id(demo) -> None:
     model = _load("expert:attributes", demo)
-    registry_expert = ModelRegistry(demo.models).expert(demo.models.experts[1])
+    registry_expert = ModelRegistry.of(demo).expert(demo.models.experts[1])
     images = random_images(2, seed=3)
     assert model.dim == registry_expert.dim and model.track_slots  # the wrapped expert's attributes pass through
     np.testing.assert_allclose(model.encode_text(TEXTS), l2_normalize(registry_expert.encode_text(TEXTS)))
     np.testing.assert_allclose(model.encode_image(images), l2_normalize(registry_expert.encode_image(images)))
     assert _load("expert:attributes-v1", demo).inner is registry_expert
     lineage = retriever_lineage(parse_retriever("expert:attributes"), demo)
-    assert lineage["expert"] == ModelRegistry(demo.models).lineage(demo.models.experts[1])
+    assert lineage["expert"] == ModelRegistry.of(demo).lineage(demo.models.experts[1])
     with pytest.raises(RetrieverError, match=r"no expert .* 'clip' \(its experts: semantic-bridge"):
         _load("expert:clip", demo)
 

@@ -300,7 +300,7 @@ def test_offline_experts_beat_random_by_a_wide_margin() -> None:
 
     check = load_check_set()
     baseline = random_map(check, 10)
-    registry = ModelRegistry(load_profile("demo").models)
+    registry = ModelRegistry.of(load_profile("demo"))
     experts = load_profile("demo").models.experts
     scores = {spec.backend: expert_map(registry.expert(spec), check, 10) for spec in experts}
     # each query ranks its own domain's crops (rde evaluate's ranking): random mAP@10 of check set v6

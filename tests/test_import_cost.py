@@ -25,7 +25,7 @@ from models.backends.registry import ModelRegistry
 from rde.common.denoise import laplacian_variance
 from rde.common.profiles import load_profile
 
-detector = ModelRegistry(load_profile("demo").models).detector()
+detector = ModelRegistry.of(load_profile("demo")).detector()
 image = np.zeros((128, 64, 3), np.uint8)
 detector.detect([image])
 laplacian_variance(image)

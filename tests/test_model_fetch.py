@@ -94,3 +94,27 @@ def test_what_cannot_be_fetched_is_missing_with_the_reason(hub: HubStandIn, tmp_
         rows["teacher"]["note"]
     assert rows["detector"]["status"] == "fetched"  # the others still fetched
     assert not list((tmp_path / "cache").rglob("*.incomplete"))
+
+
+def test_fetch_downloads_an_open_vocabulary_detector_by_hub_id(tmp_path: Path) -> None:
+    """detector.backend owl names a Hugging Face id (production: an OWLv2): fetched like the other
+    hub models, and then found in the cache by `rde models` and by the next fetch."""
+    from tiny_models import build_tiny_owl
+
+    stand_in = HubStandIn({"tiny-org/tiny-owl": build_tiny_owl(tmp_path / "owl")}, {})
+    data = yaml.safe_load((PROFILE_DIR / "demo.yaml").read_text())
+    data["models"]["detector"] = {"backend": "owl", "model_id": "tiny-org/tiny-owl"}
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    cache = tmp_path / "cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_ENDPOINT", stand_in.url)
+        try:
+            code, rows = _fetch(profile, cache)
+            again_code, again = _fetch(profile, cache)
+        finally:
+            stand_in.close()
+    assert code == 0 and rows["detector"]["status"] == "fetched", rows["detector"]
+    snapshot = Path(rows["detector"]["where"])
+    assert {"config.json", "model.safetensors", "preprocessor_config.json"} <= {p.name for p in snapshot.iterdir()}
+    assert again_code == 0 and again["detector"]["status"] == "present"

@@ -55,7 +55,7 @@ def test_semantic_checks() -> None:
     with pytest.raises(ProfileError, match="min_per_cluster must not exceed"):
         parse_profile(data)
     data = _demo()
-    data["domains"].append({"name": "pedestrian", "target_classes": ["person"]})
+    data["domains"].append("pedestrian")
     with pytest.raises(ProfileError, match="names must be unique"):
         parse_profile(data)
     data = _demo()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from domain_sets import DOMAINS
 
 from models.backends import auto_batch, content_memo
 from models.backends.content_memo import ContentMemo, image_digest
@@ -130,7 +131,7 @@ def test_bridge_embedder_and_attribute_expert_share_one_forward_and_one_detectio
     models = models.model_copy(update={
         "image_embedder": models.image_embedder.model_copy(update=fixed),
         "experts": [s.model_copy(update=fixed) for s in models.experts]})
-    reg = ModelRegistry(models)
+    reg = ModelRegistry(models, DOMAINS)
     embedder, bridge, attributes = reg.image_embedder(), reg.expert(models.experts[0]), reg.expert(models.experts[1])
     assert bridge.embedder is embedder  # the profile's embedder at the bridge's batch size: one instance
     forwards, detections = [], []
@@ -198,10 +199,10 @@ def test_a_composed_expert_is_rebuilt_when_its_parts_differ() -> None:
     slow = models.model_copy(update={"image_embedder": models.image_embedder.model_copy(
         update={"options": {"fold_batch_norm": False, "memo_items": 0}})})
     other_detector = models.model_copy(update={"detector": models.detector.model_copy(update={"score_threshold": 0.3})})
-    bridge = ModelRegistry(models).expert(models.experts[0])
-    assert ModelRegistry(models).expert(models.experts[0]) is bridge
-    slow_bridge = ModelRegistry(slow).expert(slow.experts[0])
+    bridge = ModelRegistry(models, DOMAINS).expert(models.experts[0])
+    assert ModelRegistry(models, DOMAINS).expert(models.experts[0]) is bridge
+    slow_bridge = ModelRegistry(slow, DOMAINS).expert(slow.experts[0])
     assert slow_bridge is not bridge and not slow_bridge.embedder.folded and bridge.embedder.folded
-    assert ModelRegistry(other_detector).expert(models.experts[0]).detector.spec.score_threshold == 0.3
-    attributes = ModelRegistry(models).expert(models.experts[1])
-    assert ModelRegistry(other_detector).expert(models.experts[1]) is not attributes
+    assert ModelRegistry(other_detector, DOMAINS).expert(models.experts[0]).detector.spec.score_threshold == 0.3
+    attributes = ModelRegistry(models, DOMAINS).expert(models.experts[1])
+    assert ModelRegistry(other_detector, DOMAINS).expert(models.experts[1]) is not attributes

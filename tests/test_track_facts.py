@@ -8,13 +8,17 @@ import json
 
 import numpy as np
 import pytest
+from domain_sets import DOMAINS
 
-from models.backends.attributes import belongs_to, measure_attributes, parse_text_attributes, rides
+from models.backends.attributes import belongs_to, measure_attributes, parse_text_attributes, rides, slot_layout
 from models.backends.detectors import Detections
 from models.backends.track_facts import MotionOptions, motion_facts, track_fact_words, track_velocity
 from rde.common import caption_stats
 from rde.common.text_diversity import distinct_n, diversity, facets
 from rde.common.track_slots import fuse_track_slots
+
+LAYOUT = slot_layout(DOMAINS)
+PEDESTRIAN, VEHICLE = DOMAINS["pedestrian"], DOMAINS["vehicle"]
 
 FRAME = [768, 576]
 
@@ -47,7 +51,7 @@ def _track(dx: float, dy: float, height: float = 80.0, seconds: float = 2.0, fps
 ])
 def test_motion_and_direction_from_a_synthetic_track(dx: float, dy: float, motion: str | None,
                                                      direction: str | None) -> None:
-    facts = motion_facts(json.dumps(_track(dx, dy)), "pedestrian")
+    facts = motion_facts(json.dumps(_track(dx, dy)), PEDESTRIAN)
     assert facts.get("motion") == ([motion] if motion else None)
     assert facts.get("direction") == ([direction] if direction else None)
 
@@ -59,11 +63,11 @@ def test_velocity_is_in_box_heights_per_second_by_least_squares() -> None:
 
 
 def test_vehicles_are_parked_or_moving_and_a_moving_camera_says_neither() -> None:
-    assert motion_facts(_track(0.5, 0.0, height=60.0), "vehicle")["motion"] == ["parked"]
-    assert motion_facts(_track(-30.0, 0.0, height=60.0), "vehicle") == {"motion": ["moving"], "direction": ["left"]}
-    assert "motion" not in motion_facts(_track(3.0, 0.0, height=60.0), "vehicle")  # 0.05: between the two
+    assert motion_facts(_track(0.5, 0.0, height=60.0), VEHICLE)["motion"] == ["parked"]
+    assert motion_facts(_track(-30.0, 0.0, height=60.0), VEHICLE) == {"motion": ["moving"], "direction": ["left"]}
+    assert "motion" not in motion_facts(_track(3.0, 0.0, height=60.0), VEHICLE)  # 0.05: between the two
     moving_camera = {**_track(-30.0, 0.0, height=60.0), "camera": "moving"}
-    assert "motion" not in motion_facts(moving_camera, "vehicle") and "direction" not in motion_facts(moving_camera,
+    assert "motion" not in motion_facts(moving_camera, VEHICLE) and "direction" not in motion_facts(moving_camera,
                                                                                                      "vehicle")
 
 
@@ -73,22 +77,22 @@ def test_distance_and_place_in_the_frame_and_no_track_no_motion() -> None:
 
     # 50/576 = 0.087 <= 0.1: far; 220/576 = 0.38 >= 0.35: near; centre 384/768: neither side;
     # feet at 300/576 = 0.52: neither the upper nor the lower 35 %
-    assert motion_facts(box(384, 300, 50), "pedestrian") == {"distance": ["far"]}
-    assert motion_facts(box(384, 300, 220), "pedestrian") == {"distance": ["near"]}
-    assert motion_facts(box(384, 300, 100), "pedestrian") == {}
+    assert motion_facts(box(384, 300, 50), PEDESTRIAN) == {"distance": ["far"]}
+    assert motion_facts(box(384, 300, 220), PEDESTRIAN) == {"distance": ["near"]}
+    assert motion_facts(box(384, 300, 100), PEDESTRIAN) == {}
     # centre 200/768 = 0.26 <= 0.3: left; feet 180/576 = 0.31 <= 0.35: upper part
-    assert motion_facts(box(200, 180, 100), "pedestrian") == {"side": ["left"], "height": ["upper"]}
-    assert motion_facts(box(600, 500, 100), "pedestrian") == {"side": ["right"], "height": ["lower"]}
+    assert motion_facts(box(200, 180, 100), PEDESTRIAN) == {"side": ["left"], "height": ["upper"]}
+    assert motion_facts(box(600, 500, 100), PEDESTRIAN) == {"side": ["right"], "height": ["lower"]}
     moving = {**box(200, 180, 50), "camera": "moving"}  # the frame is no place in the scene any more
-    assert motion_facts(moving, "vehicle") == {"distance": ["far"]}
-    assert motion_facts(None, "pedestrian") == {} and motion_facts("not json", "pedestrian") == {}
+    assert motion_facts(moving, VEHICLE) == {"distance": ["far"]}
+    assert motion_facts(None, PEDESTRIAN) == {} and motion_facts("not json", PEDESTRIAN) == {}
     few = _track(-64.0, 0.0)
     few["track_window"] = few["track_window"][9:12]  # 3 points < min_points (4)
-    assert "motion" not in motion_facts(few, "pedestrian", MotionOptions())
+    assert "motion" not in motion_facts(few, PEDESTRIAN, MotionOptions())
 
 
 def test_words_a_track_fact_allows() -> None:
-    words = track_fact_words({"motion": ["walking"], "direction": ["toward"]})
+    words = track_fact_words({"motion": ["walking"], "direction": ["toward"]}, PEDESTRIAN)
     assert {"walking", "walks", "toward", "camera", "heading"} <= words and "left" not in words
 
 
@@ -109,7 +113,7 @@ def test_measured_carried_objects_leave_out_a_neighbours_bag() -> None:
     dets = Detections(np.array([[100, 50, 160, 250], [150, 50, 210, 250], [152, 140, 172, 180],
                                 [110, 100, 150, 160]], np.float32),
                       ["person", "person", "handbag", "backpack"], np.array([0.9, 0.6, 0.8, 0.7], np.float32))
-    attrs = measure_attributes(rgb, dets, mask_iterations=0)
+    attrs = measure_attributes(rgb, dets, LAYOUT, mask_iterations=0)
     assert attrs.top("objects") == ["backpack"]  # the handbag is the neighbour's
 
 
@@ -124,11 +128,11 @@ def test_riding_needs_the_bike_under_the_person() -> None:
 
 
 def test_texts_state_motion_direction_and_riding() -> None:
-    attrs = parse_text_attributes("A person in a red top walking toward the camera while riding a bicycle.")
+    attrs = parse_text_attributes("A person in a red top walking toward the camera while riding a bicycle.", LAYOUT)
     assert attrs.top("motion") == ["walking"] and attrs.top("direction") == ["toward"]
     assert attrs.top("riding") == ["bicycle"] and attrs.top("vehicle_type") == []
-    assert parse_text_attributes("A white truck that is parked.").top("motion") == ["parked"]
-    place = parse_text_attributes("A person on the left side of the frame heading to the right.")
+    assert parse_text_attributes("A white truck that is parked.", LAYOUT).top("motion") == ["parked"]
+    place = parse_text_attributes("A person on the left side of the frame heading to the right.", LAYOUT)
     assert place.top("direction") == ["right"]  # "on the left side" is a place, not a direction
 
 
@@ -138,7 +142,7 @@ def test_track_slots_fuse_as_hand_computed() -> None:
     q = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
     g = np.array([[1.0, 0.0], [0.6, 0.8]], np.float32)
     qf, gf = fuse_track_slots(q, g, ["a person in red", "a person walking to the left"],
-                              [{"motion": ["walking"], "direction": ["left"]}, {}])
+                              [{"motion": ["walking"], "direction": ["left"]}, {}], LAYOUT)
     scores = qf @ gf.T
     # no motion stated: the expert's own scores; stated: (1 + 1 + 1) / sqrt(3) and 0.6 / sqrt(3)
     assert scores[0] == pytest.approx([1.0, 0.6], abs=1e-6)
@@ -153,10 +157,10 @@ def test_diversity_measures_by_hand() -> None:
     assert distinct_n(texts, 2) == pytest.approx(8 / 12)
     # unigrams: 6 + 6 + 3 = 15; distinct: a person walking to the left right red car -> 9
     assert distinct_n(texts, 1) == pytest.approx(9 / 15)
-    assert facets("A person in a black top walking away from the camera carrying a backpack.") == \
+    assert facets("A person in a black top walking away from the camera carrying a backpack.", LAYOUT) == \
         {"appearance", "action", "carried"}
-    assert facets("A gray car far from the camera.") == {"appearance", "context"}
-    summary = diversity(texts)
+    assert facets("A gray car far from the camera.", LAYOUT) == {"appearance", "context"}
+    summary = diversity(texts, LAYOUT)
     assert summary["texts"] == 3 and summary["distinct_texts"] == 3 and summary["median_words"] == 6.0
     assert summary["facet_action"] == pytest.approx(2 / 3, abs=1e-4) and summary["two_or_more_facets"] == 0.0
     assert summary["vocabulary"] == 9 and summary["facets_used"] == 2
@@ -184,17 +188,17 @@ def test_the_tiers_ask_and_compare_the_new_facts() -> None:
     from models.prompt_files import load_prompt
 
     prompt = load_prompt("grounded_captioner")
-    target = ImageFacts([], set(), {"top": ["black"]}, "pedestrian").with_track(
+    target = ImageFacts([], set(), {"top": ["black"]}, PEDESTRIAN).with_track(
         {"motion": ["walking"], "direction": ["left"], "side": ["left"], "height": ["upper"]})
     answers = [a for _, a in facts_qa_pairs([target], prompt)]
     assert answers == ["The person's top is black.", "The person is walking to the left.",
                        "The person is on the left side and in the upper part of the frame."]
-    standing = ImageFacts([], set(), {"top": ["red"]}, "pedestrian").with_track({"motion": ["standing"],
+    standing = ImageFacts([], set(), {"top": ["red"]}, PEDESTRIAN).with_track({"motion": ["standing"],
                                                                                 "height": ["lower"]})
     assert [a for _, a in facts_qa_pairs([standing], prompt)][1:] == [
         "The person is standing.", "The person is in the lower part of the frame."]
     compared = dict(facts_qa_pairs([target, standing], prompt))
     assert compared["How does what they do differ?"] == ("The person in Target-Image is walking to the left, "
                                                          "unlike the person in Compare-Image, who is standing.")
-    parked = ImageFacts([], set(), {"vehicle_type": ["truck"]}, "vehicle").with_track({"motion": ["parked"]})
+    parked = ImageFacts([], set(), {"vehicle_type": ["truck"]}, VEHICLE).with_track({"motion": ["parked"]})
     assert ("What is the vehicle doing?", "The vehicle is parked.") in facts_qa_pairs([parked], prompt)

@@ -19,9 +19,10 @@ from conftest import DEMO_VIDEOS, needs_demo_videos
 
 from flows.build_secmm import build_secmm
 from models.backends.detectors import load_detector
+from models.domains import load_domains
 from rde.common.denoise import count_targets
 from rde.common.ingest import InputRef
-from rde.common.profiles import DenoiseSpec, DomainSpec, InputSpec, VideoSpec, load_profile
+from rde.common.profiles import DenoiseSpec, InputSpec, VideoSpec, load_profile
 from rde.common.video_decoding import DecodeOutcome, probe, sampled_frames
 from rde.common.video_input import Segment, detector_for_video, list_videos, plan_segments, process_segment, video_roots
 from rde.common.video_tracks import Candidate, TrackBook, crop_quality, spread
@@ -29,8 +30,7 @@ from storage import Artifact
 
 VTEST = DEMO_VIDEOS / "vtest.avi"
 STREET = DEMO_VIDEOS / "street.mp4"
-DOMAINS = [DomainSpec(name="pedestrian", target_classes=["person"]),
-           DomainSpec(name="vehicle", target_classes=["car", "bus", "truck", "motorcycle"])]
+DOMAINS = list(load_domains(["pedestrian", "vehicle"]))
 # a small frame rate: 2 sampled frames per second of the 10 fps recording
 SPEC = VideoSpec(sample_fps=2.0, min_track_detections=2, crops_per_track=2)
 needs_videos = needs_demo_videos

@@ -7,6 +7,7 @@ from entry.tiny_models import (  # noqa: F401
     build_tiny_bert,
     build_tiny_clip,
     build_tiny_dinov2,
+    build_tiny_owl,
     build_tiny_qwen2,
     build_tiny_qwen2vl,
     tiny_tokenizer,

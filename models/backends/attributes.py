@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import cv2
 import numpy as np
 
 from models.backends.detectors import Detections
+from models.domains import Domain, DomainSet, Region
 
 COLOURS = ["black", "white", "gray", "red", "orange", "yellow", "green", "blue", "purple", "pink", "brown"]
 # Several prototypes per term: surveillance colours are dark and washed out (denim is a dark
@@ -38,60 +40,79 @@ _PROTO_INDEX = np.array([COLOURS.index(name) for name, _ in _PROTOTYPES])
 _COLOUR_LAB = cv2.cvtColor(np.array([[rgb for _, rgb in _PROTOTYPES]], np.uint8), cv2.COLOR_RGB2LAB)[0].astype(
     np.float32)
 
-OBJECTS = ["backpack", "handbag", "umbrella", "suitcase"]
-RIDDEN = ["bicycle", "motorcycle"]
-VEHICLE_TYPES = ["car", "bus", "truck", "motorcycle"]
-DOMAINS = ["pedestrian", "vehicle"]
-
 COLOUR_SYNONYMS = {
     "grey": "gray", "silver": "gray", "navy": "blue", "maroon": "red", "crimson": "red", "beige": "brown",
     "tan": "brown", "khaki": "brown", "violet": "purple", "dark": "black", "light": None, "bright": None,
     **{c: c for c in COLOURS},
 }
-UPPER = {"shirt", "t-shirt", "tshirt", "top", "jacket", "coat", "sweater", "hoodie", "blouse", "vest", "jersey",
-         "sweatshirt", "cardigan", "blazer", "parka", "upper", "torso"}
-LOWER = {"pants", "trousers", "jeans", "shorts", "skirt", "leggings", "slacks", "lower", "bottoms"}
-WHOLE = {"dress", "suit", "outfit", "clothes", "clothing", "uniform", "overalls"}
-OBJECT_WORDS = {"backpack": "backpack", "rucksack": "backpack", "handbag": "handbag", "bag": "handbag",
-                "purse": "handbag", "umbrella": "umbrella", "suitcase": "suitcase", "luggage": "suitcase"}
-VEHICLE_WORDS = {"car": "car", "sedan": "car", "suv": "car", "taxi": "car", "bus": "bus", "truck": "truck",
-                 "van": "truck", "lorry": "truck", "pickup": "truck", "motorcycle": "motorcycle",
-                 "motorbike": "motorcycle", "scooter": "motorcycle", "vehicle": None}
-PERSON_WORDS = {"man", "woman", "person", "people", "pedestrian", "boy", "girl", "child", "kid", "lady", "guy",
-                "he", "she", "someone", "walker", "adult", "men", "women"}
-
-SLOTS = {"domain": DOMAINS, "upper": COLOURS, "lower": COLOURS, "objects": OBJECTS, "riding": RIDDEN,
-         "vehicle_type": VEHICLE_TYPES, "vehicle_colour": COLOURS}
-SLOT_WEIGHTS = {"domain": 0.5, "upper": 1.0, "lower": 1.0, "objects": 1.0, "riding": 1.0, "vehicle_type": 1.0,
-                "vehicle_colour": 1.0}
 # what a text can state that only a video track measures (track_facts): parsed for the near-
 # duplicate rule and the diversity facets, not part of the image-side vector
-MOTIONS = ["standing", "walking", "running", "parked", "moving"]
 DIRECTIONS = ["left", "right", "toward", "away"]
-TEXT_SLOTS = {**SLOTS, "motion": MOTIONS, "direction": DIRECTIONS}
-MOTION_TEXT = {"stand": "standing", "stands": "standing", "standing": "standing", "walk": "walking",
-               "walks": "walking", "walking": "walking", "run": "running", "runs": "running", "running": "running",
-               "parked": "parked", "stationary": "parked", "move": "moving", "moves": "moving", "moving": "moving",
-               "drive": "moving", "drives": "moving", "driving": "moving"}
-RIDDEN_WORDS = {"bicycle": "bicycle", "bike": "bicycle", "cycling": "bicycle", "cyclist": "bicycle",
-                "motorcycle": "motorcycle", "motorbike": "motorcycle", "scooter": "motorcycle"}
+DOMAIN_WEIGHT = 0.5  # the domain slot's weight in the vector; every other slot weighs 1
+
+
+class SlotLayout:
+    """The slots of a profile's domains, in vector order, and the words a text fills them with.
+
+    Slots: ``domain`` (the domains' names), then per domain its type (the subject's classes), its
+    regions' colours (the 11 basic terms), its carried and ridden objects (their classes). Text
+    slots add ``motion`` (every domain's motion states) and ``direction``."""
+
+    def __init__(self, domains: DomainSet) -> None:
+        self.domains = domains
+        self.slots: dict[str, list[str]] = {"domain": domains.names}
+        self.kinds: dict[str, str] = {"domain": "domain"}
+        for d in domains:
+            for slot, kind in d.slot_kinds():
+                self.kinds[slot] = kind
+                self.slots[slot] = d.subject.classes if kind == "type" else COLOURS if kind == "colour" else \
+                    [item.label for item in (d.carried if kind == "carried" else d.ridden).items]
+        motions = list(dict.fromkeys(s.name for d in domains for s in d.motion))
+        self.text_slots = {**self.slots, "motion": motions, "direction": DIRECTIONS}
+        self.motion_text = {w: s.name for d in domains for s in d.motion for w in s.says}
+        self.mentions = {d.name: self._mention_words(d) for d in domains}
+        self.carried_words = {w: (d.carried.slot, item.label) for d in domains if d.carried
+                              for item in d.carried.items for w in item.words}
+        self.type_words = {w: (d.subject.types.slot, t) for d in domains if d.subject.types
+                           for w, t in d.subject.types.words.items() if t is not None}
+
+    @staticmethod
+    def _mention_words(d: Domain) -> set[str]:
+        words = set(d.subject.mentions) | set(d.appearance.whole_words)
+        words |= {w for r in d.regions for w in r.words}
+        return words | set(d.subject.types.words if d.subject.types else ())
+
+    def of_kind(self, *kinds: str) -> list[str]:
+        """The slots of the given kinds (``colour``, ``type``, ``carried``, ``ridden``)."""
+        return [slot for slot, kind in self.kinds.items() if kind in kinds]
+
+    def onehot(self, slot: str, value: str) -> np.ndarray:
+        return np.array([float(v == value) for v in self.text_slots[slot]], np.float32)
+
+
+@lru_cache(maxsize=16)
+def slot_layout(domains: DomainSet) -> SlotLayout:
+    """The layout of ``domains`` (kept: texts are parsed one at a time)."""
+    return SlotLayout(domains)
 
 
 @dataclass
 class Attributes:
-    """Per-slot distributions (values in [0, 1]); an empty slot means 'not measured / not said'."""
+    """Per-slot distributions (values in [0, 1]) over ``layout``'s vocabularies; an empty slot means
+    'not measured / not said'."""
 
+    layout: SlotLayout
     slots: dict[str, np.ndarray] = field(default_factory=dict)
-    lightness: float | None = None  # median CIELAB L* (0–100) of the person's clothing pixels
+    lightness: float | None = None  # median CIELAB L* (0–100) of the subject's pixels (a domain with tone)
 
     def vector(self) -> np.ndarray:
         """Weighted concatenation of all slots (zeros where empty), L2-normalised."""
         parts = []
-        for name, vocab in SLOTS.items():
+        for name, vocab in self.layout.slots.items():
             v = self.slots.get(name)
             v = np.zeros(len(vocab), np.float32) if v is None else np.asarray(v, np.float32)
             norm = np.linalg.norm(v)
-            parts.append(SLOT_WEIGHTS[name] * (v / norm if norm > 0 else v))
+            parts.append((DOMAIN_WEIGHT if name == "domain" else 1.0) * (v / norm if norm > 0 else v))
         vec = np.concatenate(parts)
         norm = np.linalg.norm(vec)
         return vec / norm if norm > 0 else vec
@@ -101,7 +122,7 @@ class Attributes:
         v = self.slots.get(slot)
         if v is None:
             return []
-        vocab = TEXT_SLOTS[slot]
+        vocab = self.layout.text_slots[slot]
         order = np.argsort(-v)
         return [vocab[i] for i in order if v[i] > 0 and v[i] >= min_share]
 
@@ -146,10 +167,11 @@ def person_mask(rgb: np.ndarray, box: np.ndarray, iterations: int = 2,
 
 
 def masked_colours(rgb: np.ndarray, box: np.ndarray, top: float, bottom: float, mask: np.ndarray | None,
-                   min_share: float = 0.05) -> np.ndarray | None:
+                   min_share: float = 0.05, side: float = 0.2) -> np.ndarray | None:
     """Colour distribution of the rows ``top``..``bottom`` of ``box``: over the person's pixels when
     ``mask`` holds at least ``min_share`` of the band (thin legs in a loose box hold 10–15 %), else
-    (no mask, or GrabCut lost the person) over the band's central 60 % of columns."""
+    (no mask, or GrabCut lost the person) over the band's columns less ``side`` of the width on
+    each side (the central 60 % by default)."""
     if mask is not None:
         x1, y1, x2, y2 = box
         bh = y2 - y1
@@ -158,7 +180,7 @@ def masked_colours(rgb: np.ndarray, box: np.ndarray, top: float, bottom: float, 
         band, keep = rgb[r0:r1, c0:c1], mask[r0:r1, c0:c1]
         if keep.size and keep.mean() >= min_share:
             return colour_distribution(band[keep][None])
-    return colour_distribution(_region(rgb, box, top, bottom))
+    return colour_distribution(_region(rgb, box, top, bottom, side))
 
 
 def clothing_lightness(rgb: np.ndarray, box: np.ndarray, mask: np.ndarray | None) -> float | None:
@@ -187,49 +209,57 @@ def _largest(dets: Detections, classes: set[str]) -> tuple[np.ndarray, str, floa
     return mine.boxes[i], mine.labels[i], float(mine.scores[i])
 
 
-def measure_attributes(rgb: np.ndarray, dets: Detections, object_min_score: float = 0.3,
+def measure_attributes(rgb: np.ndarray, dets: Detections, layout: SlotLayout, object_min_score: float = 0.3,
                        mask_iterations: int = 2) -> Attributes:
-    """Attributes of the main subject (largest confident person or vehicle; whole image if none).
+    """Attributes of the main subject: of each domain the largest confident detection of its
+    classes (``_largest``), and of those the largest box (ties and no detection: the first domain,
+    measured over the whole image).
 
-    Person: upper body = rows 15–50 % of the box, lower body = 50–85 %, over the person's pixels
-    (``person_mask``, GrabCut with ``mask_iterations``; 0 = no mask, the central 60 % of columns).
-    Carried objects: detections of bag classes that belong to the person (``belongs_to``: mostly
-    inside the box, not held more by another detected person); a ridden bicycle or motorcycle
-    (``rides``); clothing lightness (``clothing_lightness``). None of these without a detected person.
-    Vehicle: type from the detector label, colour from the central 60 % of its box.
-    """
+    Per region, the colour distribution of its band of rows: over the subject's pixels for a domain
+    with ``appearance.mask`` (``person_mask``, GrabCut with ``mask_iterations``; 0 = no mask), else
+    over the band's central columns. The type (a domain with ``subject.types``) is the detector's
+    class. Carried objects: detections of the domain's carried classes that belong to the subject
+    (``belongs_to``: mostly inside its box, not held more by another subject of the domain); ridden
+    ones by ``rides``; the clothing lightness (``clothing_lightness``) for a domain with
+    ``appearance.tone``. None of these without a detected subject."""
     h, w = rgb.shape[:2]
-    whole = np.array([0, 0, w, h], np.float32)
-    person = _largest(dets, {"person"})
-    vehicle = _largest(dets, set(VEHICLE_TYPES))
-    attrs = Attributes()
-    person_area = 0.0 if person is None else float(np.prod(person[0][2:] - person[0][:2]))
-    vehicle_area = 0.0 if vehicle is None else float(np.prod(vehicle[0][2:] - vehicle[0][:2]))
-    if vehicle is not None and vehicle_area > person_area:
-        box, label, _ = vehicle
-        attrs.slots["domain"] = np.array([0.0, 1.0], np.float32)
-        attrs.slots["vehicle_type"] = np.array([float(t == label) for t in VEHICLE_TYPES], np.float32)
-        attrs.slots["vehicle_colour"] = colour_distribution(_region(rgb, box, 0.2, 0.8))
-        return attrs
-    box = person[0] if person is not None else whole
-    attrs.slots["domain"] = np.array([1.0, 0.0], np.float32)
-    mask = person_mask(rgb, box, mask_iterations) if person is not None and mask_iterations > 0 else None
-    attrs.slots["upper"] = masked_colours(rgb, box, 0.15, 0.5, mask)
-    attrs.slots["lower"] = masked_colours(rgb, box, 0.5, 0.85, mask)
-    attrs.lightness = clothing_lightness(rgb, box, mask) if person is not None else None
-    people = [b for b, lab, sc in zip(dets.boxes, dets.labels, dets.scores, strict=True)
-              if lab == "person" and sc >= object_min_score]
-    carried = np.zeros(len(OBJECTS), np.float32)
-    riding = np.zeros(len(RIDDEN), np.float32)
-    for obj_box, label, score in zip(dets.boxes, dets.labels, dets.scores, strict=True):
-        if score < object_min_score or person is None:
+    domains = list(layout.domains)
+    found = {d.name: _largest(dets, set(d.subject.classes)) for d in domains}
+
+    def area(d: Domain) -> float:
+        hit = found[d.name]
+        return 0.0 if hit is None else float(np.prod(hit[0][2:] - hit[0][:2]))
+
+    subject = domains[0]
+    for d in domains[1:]:
+        if found[d.name] is not None and area(d) > area(subject):
+            subject = d
+    hit = found[subject.name]
+    box = hit[0] if hit is not None else np.array([0, 0, w, h], np.float32)
+    attrs = Attributes(layout)
+    attrs.slots["domain"] = layout.onehot("domain", subject.name)
+    if subject.subject.types is not None and hit is not None:
+        attrs.slots[subject.subject.types.slot] = layout.onehot(subject.subject.types.slot, hit[1])
+    use_mask = subject.appearance.mask and hit is not None and mask_iterations > 0
+    mask = person_mask(rgb, box, mask_iterations) if use_mask else None
+    for region in subject.regions:
+        attrs.slots[region.slot] = masked_colours(rgb, box, region.band[0], region.band[1], mask, side=region.side)
+    if subject.appearance.tone and hit is not None:
+        attrs.lightness = clothing_lightness(rgb, box, mask)
+    subjects = [b for b, lab, sc in zip(dets.boxes, dets.labels, dets.scores, strict=True)
+                if lab in subject.subject.classes and sc >= object_min_score]
+    for spec in (subject.carried, subject.ridden):
+        if spec is None:
             continue
-        if label in OBJECTS and belongs_to(obj_box, box, people):
-            carried[OBJECTS.index(label)] = max(carried[OBJECTS.index(label)], float(score))
-        elif label in RIDDEN and rides(box, obj_box, people):
-            riding[RIDDEN.index(label)] = max(riding[RIDDEN.index(label)], float(score))
-    attrs.slots["objects"] = carried
-    attrs.slots["riding"] = riding
+        classes = [item.label for item in spec.items]
+        scores = np.zeros(len(classes), np.float32)
+        for obj_box, label, score in zip(dets.boxes, dets.labels, dets.scores, strict=True):
+            if hit is None or score < object_min_score or label not in classes:
+                continue
+            if rides(box, obj_box, subjects) if spec.relation == "under" else belongs_to(obj_box, box, subjects):
+                k = classes.index(label)
+                scores[k] = max(scores[k], float(score))
+        attrs.slots[spec.slot] = scores
     return attrs
 
 
@@ -281,61 +311,52 @@ def rides(person: np.ndarray, ridden: np.ndarray, people: list[np.ndarray], min_
 _TOKEN = re.compile(r"[a-z]+(?:-[a-z]+)?")
 
 
-def parse_text_attributes(text: str, window: int = 3) -> Attributes:
-    """Attributes a text states: colour words bound to the nearest garment (ahead first, then
-    behind, within ``window`` tokens), carried objects, vehicle type and colour, domain."""
+def parse_text_attributes(text: str, layout: SlotLayout, window: int = 3) -> Attributes:
+    """Attributes a text states: its domain (the first of the profile's domains it mentions),
+    colour words bound to that domain's nearest region word (ahead first, then behind, within
+    ``window`` tokens; a domain without region words takes every colour into its first region),
+    carried objects, the ridden object of a domain that rides, types, motion and direction."""
     tokens = _TOKEN.findall(text.lower())
-    attrs = Attributes()
-    is_vehicle = any(t in VEHICLE_WORDS for t in tokens)
-    is_person = any(t in PERSON_WORDS for t in tokens) or any(t in UPPER | LOWER | WHOLE for t in tokens)
-    if is_vehicle and not is_person:
-        attrs.slots["domain"] = np.array([0.0, 1.0], np.float32)
-    elif is_person:
-        attrs.slots["domain"] = np.array([1.0, 0.0], np.float32)
-    upper = np.zeros(len(COLOURS), np.float32)
-    lower = np.zeros(len(COLOURS), np.float32)
-    vcol = np.zeros(len(COLOURS), np.float32)
+    attrs = Attributes(layout)
+    mentioned = [d for d in layout.domains if any(t in layout.mentions[d.name] for t in tokens)]
+    if mentioned:
+        attrs.slots["domain"] = layout.onehot("domain", mentioned[0].name)
+    subject = mentioned[0] if mentioned else next(iter(layout.domains))
+    worded = [r for r in subject.regions if r.words]
+    colours = {r.slot: np.zeros(len(COLOURS), np.float32) for r in subject.regions}
     for i, tok in enumerate(tokens):
         colour = COLOUR_SYNONYMS.get(tok)
-        if colour is None:
+        if colour is None or not colours:
             continue
         if tok == "dark" and i + 1 < len(tokens) and COLOUR_SYNONYMS.get(tokens[i + 1]):
             continue  # "dark blue" → blue
         c = COLOURS.index(colour)
-        if is_vehicle and not is_person:
-            vcol[c] = 1.0
+        if not worded:
+            colours[subject.regions[0].slot][c] = 1.0
             continue
-        target = _garment_near(tokens, i, window)
-        if target == "upper":
-            upper[c] = 1.0
-        elif target == "lower":
-            lower[c] = 1.0
+        target = _region_near(tokens, i, window, worded, set(subject.appearance.whole_words))
+        if target is not None:
+            colours[target][c] = 1.0
         else:  # "in black", "a red dress": the whole outfit
-            upper[c] = max(upper[c], 0.5)
-            lower[c] = max(lower[c], 0.5)
-    if upper.any():
-        attrs.slots["upper"] = upper
-    if lower.any():
-        attrs.slots["lower"] = lower
-    if vcol.any():
-        attrs.slots["vehicle_colour"] = vcol
-    objects = np.zeros(len(OBJECTS), np.float32)
+            for region in worded:
+                colours[region.slot][c] = max(colours[region.slot][c], 0.5)
+    attrs.slots.update({slot: v for slot, v in colours.items() if v.any()})
+    ridden = {w: item.label for item in subject.ridden.items for w in item.words} if subject.ridden and mentioned \
+        else {}
+    found: dict[str, np.ndarray] = {}
     for tok in tokens:
-        if tok in OBJECT_WORDS:
-            objects[OBJECTS.index(OBJECT_WORDS[tok])] = 1.0
-    if objects.any():
-        attrs.slots["objects"] = objects
-    vtype = np.zeros(len(VEHICLE_TYPES), np.float32)
-    riding = np.zeros(len(RIDDEN), np.float32)
-    for tok in tokens:
-        if is_person and RIDDEN_WORDS.get(tok):  # "a person riding a motorcycle": ridden, not the subject
-            riding[RIDDEN.index(RIDDEN_WORDS[tok])] = 1.0
-        elif VEHICLE_WORDS.get(tok):
-            vtype[VEHICLE_TYPES.index(VEHICLE_WORDS[tok])] = 1.0
-    if vtype.any():
-        attrs.slots["vehicle_type"] = vtype
-    if riding.any():
-        attrs.slots["riding"] = riding
+        if tok in layout.carried_words:
+            slot, value = layout.carried_words[tok]
+            found.setdefault(slot, np.zeros(len(layout.slots[slot]), np.float32))[
+                layout.slots[slot].index(value)] = 1.0
+        if tok in ridden:  # "a person riding a motorcycle": ridden, not the subject
+            slot, value = subject.ridden.slot, ridden[tok]
+        elif tok in layout.type_words:
+            slot, value = layout.type_words[tok]
+        else:
+            continue
+        found.setdefault(slot, np.zeros(len(layout.slots[slot]), np.float32))[layout.slots[slot].index(value)] = 1.0
+    attrs.slots.update(found)
     _parse_track_words(tokens, attrs)
     return attrs
 
@@ -345,13 +366,16 @@ _HEADING_WORDS = {"heading", "heads", "head", "walking", "walks", "walk", "movin
 
 
 def _parse_track_words(tokens: list[str], attrs: Attributes) -> None:
-    """The motion ("walking", "parked") and direction ("to the left", "toward the camera", "away
-    from it") a text states, into the ``motion`` and ``direction`` slots."""
-    motion = np.zeros(len(MOTIONS), np.float32)
+    """The motion ("walking", "parked": the domains' states' ``says`` words) and direction ("to the
+    left", "toward the camera", "away from it") a text states, into the ``motion`` and ``direction``
+    slots."""
+    motions = attrs.layout.text_slots["motion"]
+    motion_text = attrs.layout.motion_text
+    motion = np.zeros(len(motions), np.float32)
     direction = np.zeros(len(DIRECTIONS), np.float32)
     for i, tok in enumerate(tokens):
-        if tok in MOTION_TEXT:
-            motion[MOTIONS.index(MOTION_TEXT[tok])] = 1.0
+        if tok in motion_text:
+            motion[motions.index(motion_text[tok])] = 1.0
         before = tokens[max(i - 2, 0):i]
         if tok in {"left", "right"} and ({"to", "toward", "towards"} & set(before)
                                          or (before and before[-1] in _HEADING_WORDS)):
@@ -371,18 +395,18 @@ def _parse_track_words(tokens: list[str], attrs: Attributes) -> None:
 _CONNECTORS = {"and", "or", "with", "light", "bright", "pale", "deep"}
 
 
-def _garment_near(tokens: list[str], i: int, window: int) -> str | None:
-    """The garment a colour word at ``i`` describes: look ahead, then behind, counting only
-    words that are neither colours nor connectors ("red and navy blue jacket" → jacket)."""
+def _region_near(tokens: list[str], i: int, window: int, regions: list[Region], whole: set[str]) -> str | None:
+    """The region slot a colour word at ``i`` describes: look ahead, then behind, counting only
+    words that are neither colours nor connectors ("red and navy blue jacket" → jacket); None for a
+    whole-covering word ("dress") or none within ``window``."""
     def scan(indices: range) -> str | None:
         seen = 0
         for j in indices:
             tok = tokens[j]
-            if tok in UPPER:
-                return "upper"
-            if tok in LOWER:
-                return "lower"
-            if tok in WHOLE:
+            for region in regions:
+                if tok in region.words:
+                    return region.slot
+            if tok in whole:
                 return "whole"
             if tok in COLOUR_SYNONYMS or tok in _CONNECTORS:
                 continue
@@ -391,4 +415,5 @@ def _garment_near(tokens: list[str], i: int, window: int) -> str | None:
                 return None
         return None
 
-    return scan(range(i + 1, len(tokens))) or scan(range(i - 1, -1, -1))
+    target = scan(range(i + 1, len(tokens))) or scan(range(i - 1, -1, -1))
+    return None if target == "whole" else target

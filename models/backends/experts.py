@@ -5,7 +5,7 @@ Offline (real bundled weights, no vision-language model needed):
 * ``SemanticBridgeExpert``: an image becomes the probability-weighted MiniLM embedding of its
   ImageNet classes (EfficientNet-Lite0) plus its detected COCO objects (SSD-MobileNet); a query
   is its MiniLM embedding. Knows *what* is in the image, not colours.
-* ``AttributeExpert``: measured colours per body region, carried objects, vehicle type and colour
+* ``AttributeExpert``: measured colours per region, carried and ridden objects, the subject's type
   versus the same slots parsed from the query. Knows colours and objects, not semantics.
 
 Production: ``TransformersClipExpert`` (CLIP / SigLIP by id) and ``VlmEmbeddingExpert``
@@ -21,13 +21,14 @@ import numpy as np
 import torch
 
 from models.backends import auto_batch
-from models.backends.attributes import measure_attributes, parse_text_attributes
+from models.backends.attributes import measure_attributes, parse_text_attributes, slot_layout
 from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
 from models.backends.interfaces import TextEncoder, l2_normalize
 from models.backends.model_errors import ModelLoadError, hub_hint
 from models.backends.text_vectors import cached_text_vectors
 from models.backends.torch_runtime import batched, load_image_text_model, resolve_device, resolve_dtype
+from models.domains import DomainSet
 from models.specs import ModelSpec
 
 
@@ -83,24 +84,25 @@ class SemanticBridgeExpert:
 
 
 class AttributeExpert:
-    """Measured attributes (colours per body region, carried objects, a ridden bicycle or
-    motorcycle, vehicle type/colour) vs parsed query. ``track_slots``: the stages that rank with it
-    also compare the motion and direction a query states with each image's video track
-    (``rde.common.track_slots``): the pixels of one crop cannot say which way a person walks."""
+    """Measured attributes vs parsed query, in the slots of the profile's domains (colours per
+    region, carried and ridden objects, the subject's type: ``attributes.SlotLayout``).
+    ``track_slots`` (its slot layout, whose motion states a text is parsed into): the stages that
+    rank with it also compare the motion and direction a query states with each image's video
+    track (``rde.common.track_slots``): the pixels of one crop cannot say which way a subject
+    moves."""
 
-    dim = 45
-    track_slots = True
-
-    def __init__(self, spec: ModelSpec, detector: Detector) -> None:
+    def __init__(self, spec: ModelSpec, detector: Detector, domains: DomainSet) -> None:
         self.spec = spec
         self.model_id = spec.model_id
         self.detector = detector
+        self.layout = self.track_slots = slot_layout(domains)
+        self.dim = sum(len(vocab) for vocab in self.layout.slots.values())
         self.object_min_score = float(spec.options.get("object_min_score", 0.3))
         self.mask_iterations = int(spec.options.get("mask_iterations", 2))  # GrabCut person mask; 0 = box
         self.preprocessing = f"ssd-coco+grabcut{self.mask_iterations}+lab-colour-naming-v2+riding-v1"
 
     def encode_text(self, texts: list[str]) -> np.ndarray:
-        return np.stack([parse_text_attributes(t).vector() for t in texts]) if texts \
+        return np.stack([parse_text_attributes(t, self.layout).vector() for t in texts]) if texts \
             else np.zeros((0, self.dim), np.float32)
 
     def encode_image(self, images: list[np.ndarray]) -> np.ndarray:
@@ -110,7 +112,8 @@ class AttributeExpert:
         size = max(1, len(images)) if self.spec.batch_size == auto_batch.AUTO else int(self.spec.batch_size)
         for batch in batched(images, size):
             for image, dets in zip(batch, self.detector.detect(list(batch)), strict=True):
-                out.append(measure_attributes(image, dets, self.object_min_score, self.mask_iterations).vector())
+                out.append(measure_attributes(image, dets, self.layout, self.object_min_score,
+                                                  self.mask_iterations).vector())
         return np.stack(out) if out else np.zeros((0, self.dim), np.float32)
 
 

@@ -1,7 +1,7 @@
 """A captioning Generator for the CPU built from real models that cannot see in words by themselves.
 
-Per attached image it measures facts (detected subject and objects, colour names of body regions
-or of the vehicle, ImageNet clothing cues), renders them into the system prompt (a versioned
+Per attached image it measures facts (the subject of the profile's domains and what it carries or
+rides, colour names of its regions, its type, ImageNet clothing cues), renders them into the system prompt (a versioned
 file in ``prompts/``) and lets a small text LLM answer the request. The answer is then checked:
 any sentence that names a colour, garment, object, vehicle type, gender, age or accessory that
 was not measured is removed, together with its tokens' log-probabilities. If nothing is left the
@@ -15,19 +15,11 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
-from models.backends.attributes import (
-    COLOUR_SYNONYMS,
-    LOWER,
-    OBJECT_WORDS,
-    RIDDEN_WORDS,
-    UPPER,
-    VEHICLE_WORDS,
-    WHOLE,
-    measure_attributes,
-)
+from models.backends.attributes import COLOUR_SYNONYMS, Attributes, SlotLayout, measure_attributes, slot_layout
 from models.backends.content_memo import image_digest
 from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
@@ -40,7 +32,8 @@ from models.backends.interfaces import (
     parallel_requests,
     score_texts,
 )
-from models.backends.track_facts import DIRECTION_PHRASES, TRACK_CLAIM_WORDS, facts_phrase, track_fact_words
+from models.backends.track_facts import DIRECTION_PHRASES, facts_phrase, track_claim_words, track_fact_words
+from models.domains import Domain, DomainSet, Held, SubjectTypes
 from models.fact_wording import fill_values, say_values
 from models.prompt_files import PromptFile, load_prompt
 from models.specs import ModelSpec
@@ -58,50 +51,38 @@ IMAGENET_CUES = {
     "sombrero": "hat", "bonnet": "hat", "military uniform": "uniform", "bulletproof vest": "vest",
     "stole": "scarf", "mailbag": "bag", "purse": "handbag", "shopping basket": "basket",
 }
-# ImageNet classes that name a kind of vehicle → the vehicle type they support; "other" are vehicles
-# of none of the types (a horse cart is not a car, whatever the COCO detector says).
-IMAGENET_VEHICLE_TYPES = {
-    "Model T": "car", "cab": "car", "limousine": "car", "sports car": "car", "convertible": "car",
-    "beach wagon": "car", "jeep": "car", "minivan": "car", "racer": "car",
-    "school bus": "bus", "trolleybus": "bus", "minibus": "bus", "streetcar": "bus",
-    "trailer truck": "truck", "garbage truck": "truck", "moving van": "truck", "tow truck": "truck",
-    "pickup": "truck", "fire engine": "truck", "snowplow": "truck", "police van": "truck",
-    "moped": "motorcycle", "motor scooter": "motorcycle",
-    "horse cart": "other", "jinrikisha": "other", "oxcart": "other", "tricycle": "other",
-}
 GENDER_AGE = {"man", "woman", "men", "women", "boy", "girl", "he", "she", "his", "her", "him", "male", "female",
               "lady", "gentleman", "guy", "young", "old", "elderly", "child", "kid", "teenager", "adult", "senior"}
 ACCESSORIES = {"hair", "hat", "cap", "glasses", "sunglasses", "beard", "scarf", "helmet", "mask", "gloves", "watch",
                "earrings", "necklace", "tie", "belt", "shoes", "sneakers", "boots", "sandals", "heels"}
-# Generic words name no attribute ("top", "bottoms" are what the prompt asks the model to say).
-GENERIC_ALLOWED = {"top", "bottoms", "clothing", "clothes", "outfit", "person", "people", "pedestrian"}
-GARMENTS = (UPPER | LOWER | WHOLE | {"poncho", "kimono", "abaya", "sarong", "uniform"}) - {"upper", "lower",
-                                                                                          "torso"} - GENERIC_ALLOWED
+# ImageNet cue words for garments (claims like the domains' region words)
+CUE_GARMENTS = {"poncho", "kimono", "abaya", "sarong", "uniform"}
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
 
 @dataclass
 class ImageFacts:
-    """What was measured in one image: prompt lines, the words a caption may use, and the values
-    per attribute (``top``, ``bottom``, ``carried``, ``riding``, ``tone``, ``clothing``,
-    ``vehicle_type``, ``vehicle_colour``; from the video track ``motion``, ``direction``,
-    ``distance``), and the subject's domain as measured."""
+    """What was measured in one image: prompt lines, the words a caption may use, the values per
+    fact (the subject domain's regions, type, carried and ridden objects, ``tone``, ``clothing``;
+    from the video track ``motion``, ``direction``, ``distance``), and the subject's domain as
+    measured."""
 
     lines: list[str]
     allowed: set[str]
     values: dict[str, list[str]] = field(default_factory=dict)
-    domain: str = "pedestrian"
+    domain: Domain | None = None
 
     def with_track(self, track: dict[str, list[str]] | None) -> ImageFacts:
         """These facts plus the image's track facts (``ChatMessage.image_facts``): a line for the
         prompt, the values (and ``movement``: the motion with its direction, "walking to the left",
-        what a comparison names), and the words that state them. A person's ``parked``/``moving`` or
-        a vehicle's ``walking`` cannot happen: facts measured for the other domain are dropped."""
+        what a comparison names), and the words that state them. A motion state that is not the
+        measured domain's (a person ``parked``, a vehicle ``walking``) cannot happen: it and its
+        direction are dropped."""
         if not track:
             return self
-        kinds = {"pedestrian": {"standing", "walking", "running"}, "vehicle": {"parked", "moving"}}[self.domain]
-        track = {k: v for k, v in track.items() if k != "motion" or set(v) <= kinds}
+        states = {s.name for s in self.domain.motion} if self.domain else set()
+        track = {k: v for k, v in track.items() if k != "motion" or set(v) <= states}
         if "motion" not in track:
             track.pop("direction", None)
         phrase = facts_phrase(track)
@@ -110,7 +91,8 @@ class ImageFacts:
         movement = {"movement": [" ".join([*track.get("motion", []),
                                             *(DIRECTION_PHRASES[d] for d in track.get("direction", []))])]} \
             if track.get("motion") else {}
-        return ImageFacts([*self.lines, f"seen in the video: {phrase}"], self.allowed | track_fact_words(track),
+        return ImageFacts([*self.lines, f"seen in the video: {phrase}"],
+                          self.allowed | track_fact_words(track, self.domain),
                           {**self.values, **track, **movement}, self.domain)
 
 
@@ -118,8 +100,8 @@ class ImageFacts:
 class FactOptions:
     """What counts as measured (the grounded captioner's ``options``): a colour covering at least
     ``min_colour_share`` of its region, an ImageNet clothing cue at ``min_cue_prob``; a detector's
-    vehicle type is kept unless the classifier contradicts it (``vehicle_type_agrees``); GrabCut
-    runs ``mask_iterations`` for the person's pixels (0: box regions)."""
+    class said as a type unless the classifier contradicts it (``type_agrees``, with the domain's
+    thresholds); GrabCut runs ``mask_iterations`` for the subject's pixels (0: box regions)."""
 
     # 0.3: faded denim measures blue 0.4–0.65 with gray 0.2–0.3 on the demo's crops; at 0.2 the pool
     # said "blue and gray bottoms" and DAP asked for "gray bottoms" that nobody there wears
@@ -131,74 +113,97 @@ class FactOptions:
     # crops the median is 10 (5th–95th percentile 0.4–38): vtest.avi's people wear dark coats
     dark_lightness: float = 20.0
     light_lightness: float = 60.0
-    vehicle_type_support: float = 0.05
-    vehicle_type_contradiction: float = 0.1
     mask_iterations: int = 2
 
 
-def vehicle_type_agrees(detected: str, class_probs: np.ndarray, class_names: list[str],
-                        support: float = FactOptions.vehicle_type_support,
-                        contradiction: float = FactOptions.vehicle_type_contradiction, top_k: int = 10) -> bool:
-    """Whether the ImageNet classifier lets the detector's vehicle type stand. Evidence for a type
-    is the summed probability of its classes (``IMAGENET_VEHICLE_TYPES``) among the ``top_k``.
-    The type stands when its own evidence is at least ``support``, or when no other type (or
-    "other": carts) reaches ``contradiction``. On the demo's 1906 film the COCO detector calls old
-    cars motorcycles and horse carts cars; the classifier's top classes there are Model T,
-    garbage truck or horse cart, never moped or cab, so those types are left unsaid."""
+def type_agrees(detected: str, class_probs: np.ndarray, class_names: list[str], types: SubjectTypes,
+                top_k: int = 10) -> bool:
+    """Whether the ImageNet classifier lets the detector's class stand as the subject's type.
+    Evidence for a type is the summed probability of its ImageNet classes (``types.classifier``)
+    among the ``top_k``. The type stands when its own evidence is at least ``types.support``, or
+    when no other type (or "other") reaches ``types.contradiction``. On the demo's 1906 film the
+    COCO detector calls old cars motorcycles and horse carts cars; the classifier's top classes
+    there are Model T, garbage truck or horse cart, never moped or cab, so those types are left
+    unsaid."""
     evidence: dict[str, float] = {}
     for i in np.argsort(-class_probs)[:top_k]:
-        kind = IMAGENET_VEHICLE_TYPES.get(class_names[i])
+        kind = types.classifier.get(class_names[i])
         if kind:
             evidence[kind] = evidence.get(kind, 0.0) + float(class_probs[i])
-    if evidence.get(detected, 0.0) >= support:
+    if evidence.get(detected, 0.0) >= types.support:
         return True
-    return max((v for k, v in evidence.items() if k != detected), default=0.0) < contradiction
+    return max((v for k, v in evidence.items() if k != detected), default=0.0) < types.contradiction
+
+
+def always_allowed(domains: DomainSet) -> set[str]:
+    """Words any caption may use: every domain's ``subject.allowed`` (they state no attribute)."""
+    return {w for d in domains for w in d.subject.allowed}
+
+
+@lru_cache(maxsize=16)
+def claim_words(domains: DomainSet) -> frozenset[str]:
+    """Words that claim an attribute and so must have been measured: the domains' region, covering,
+    type and held-object words (less those any caption may use), ImageNet garment cues, gender,
+    age, accessories and the track facts' words. Colour words are claims too (``_attribute_words``)."""
+    worded = {w for d in domains for r in d.regions for w in r.words} | CUE_GARMENTS
+    worded |= {w for d in domains for w in d.appearance.whole_words}
+    held = {w for d in domains for h in (d.carried, d.ridden) if h for item in h.items for w in item.words}
+    types = {w for d in domains if d.subject.types for w in d.subject.types.words}
+    return frozenset((worded - always_allowed(domains)) | held | types | GENDER_AGE | ACCESSORIES
+                     | track_claim_words(domains))
+
+
+def _held_facts(spec: Held, attrs: Attributes) -> tuple[list[str], list[str], set[str]]:
+    """Lines, values and allowed words of one carried or ridden declaration (objects detected at a
+    score of at least 0.3)."""
+    found = attrs.top(spec.slot, 0.3)[:spec.at_most]
+    if not found and spec.none is None:
+        return [], [], set()
+    line = f"{spec.line}: {spec.value.format(items=', '.join(found)) if found else spec.none}"
+    words = {w for item in spec.items if item.label in found for w in item.words}
+    return [line], found, set(found) | words | (set(spec.verbs) if found else set())
 
 
 def describe_image(image: np.ndarray, detections, class_probs: np.ndarray, class_names: list[str],
-                   options: FactOptions = FactOptions()) -> ImageFacts:
-    """Facts about one image: subject, region colours, carried objects, clothing cues, size. A
-    vehicle type the classifier contradicts is not a fact: the subject is then "a vehicle"."""
-    attrs = measure_attributes(image, detections, mask_iterations=options.mask_iterations)
-    min_colour_share = options.min_colour_share
-    allowed: set[str] = set(GENERIC_ALLOWED)
+                   layout: SlotLayout, options: FactOptions = FactOptions()) -> ImageFacts:
+    """Facts about one image in its subject domain's terms: the subject (its type, where the domain
+    has types and the classifier does not contradict it: else the domain's noun), its regions'
+    colours, what it carries and rides, its clothing tone, ImageNet clothing cues, the image size."""
+    attrs = measure_attributes(image, detections, layout, mask_iterations=options.mask_iterations)
+    domain = layout.domains[attrs.top("domain")[0]]
+    subject = domain.subject
+    allowed = always_allowed(layout.domains) | {subject.noun}
     lines: list[str] = []
     values: dict[str, list[str]] = {}
     h, w = image.shape[:2]
-    if attrs.top("domain")[:1] == ["vehicle"]:
-        vtype = [t for t in attrs.top("vehicle_type")[:1]
-                 if vehicle_type_agrees(t, class_probs, class_names, options.vehicle_type_support,
-                                        options.vehicle_type_contradiction)]
-        colours = attrs.top("vehicle_colour", min_colour_share)[:2]
-        values.update(vehicle_type=vtype, vehicle_colour=colours)
-        lines += [f"subject: a {(vtype or ['vehicle'])[0]}", f"vehicle colour: {', '.join(colours) or 'unclear'}"]
-        allowed |= set(vtype) | set(colours) | {"vehicle"}
-        allowed |= {word for word, kind in VEHICLE_WORDS.items() if kind in vtype}
-        domain = "vehicle"
+    if subject.types is not None:
+        kind = [t for t in attrs.top(subject.types.slot)[:1]
+                if type_agrees(t, class_probs, class_names, subject.types)]
+        values[subject.types.fact] = kind
+        lines.append(f"subject: a {(kind or [subject.noun])[0]}")
+        allowed |= set(kind) | {word for word, k in subject.types.words.items() if k in kind}
     else:
-        domain = "pedestrian"
-        persons = [lab for lab in detections.labels if lab == "person"]
-        lines.append("subject: a person" if persons else "subject: no person detected")
-        upper = attrs.top("upper", min_colour_share)[:2]
-        lower = attrs.top("lower", min_colour_share)[:2]
-        lines.append(f"upper-body clothing colour: {', '.join(upper) or 'unclear'}")
-        lines.append(f"lower-body clothing colour: {', '.join(lower) or 'unclear'}")
-        allowed |= set(upper) | set(lower)
-        carried = attrs.top("objects", 0.3)
-        lines.append(f"carried objects: {', '.join(carried) if carried else 'none detected'}")
-        values.update(top=upper, bottom=lower, carried=carried)
-        allowed |= set(carried) | {w for w, kind in OBJECT_WORDS.items() if kind in carried}
-        riding = attrs.top("riding", 0.3)[:1]
-        if riding:
-            lines.append(f"riding: a {riding[0]}")
-            values["riding"] = riding
-            allowed |= {"riding", "rides", "ride"} | {w for w, kind in RIDDEN_WORDS.items() if kind in riding}
-        tone = [] if attrs.lightness is None else ["dark"] if attrs.lightness <= options.dark_lightness else \
-            ["light"] if attrs.lightness >= options.light_lightness else []
-        if tone:
-            lines.append(f"clothing tone: {tone[0]}")
-            values["tone"] = tone
-            allowed |= set(tone)
+        detected = any(label in subject.classes for label in detections.labels)
+        lines.append(f"subject: a {subject.noun}" if detected or subject.missing is None
+                     else f"subject: {subject.missing}")
+    for region in domain.regions:
+        colours = attrs.top(region.slot, options.min_colour_share)[:region.colours]
+        lines.append(f"{region.line}: {', '.join(colours) or 'unclear'}")
+        values[region.fact] = colours
+        allowed |= set(colours)
+    for spec in (domain.carried, domain.ridden):
+        if spec is not None:
+            held_lines, found, words = _held_facts(spec, attrs)
+            lines += held_lines
+            if held_lines:
+                values[spec.fact] = found
+            allowed |= words
+    tone = [] if attrs.lightness is None else ["dark"] if attrs.lightness <= options.dark_lightness else \
+        ["light"] if attrs.lightness >= options.light_lightness else []
+    if tone:
+        lines.append(f"clothing tone: {tone[0]}")
+        values["tone"] = tone
+        allowed |= set(tone)
     cues = sorted({IMAGENET_CUES[class_names[i]] for i in np.argsort(-class_probs)[:10]
                    if class_probs[i] >= options.min_cue_prob and class_names[i] in IMAGENET_CUES})
     if cues:
@@ -213,19 +218,21 @@ def facts_qa_pairs(facts: list[ImageFacts], prompt: PromptFile) -> list[tuple[st
     """Question-and-answer pairs rendered from measured facts (``qa_single`` / ``qa_compare`` in the
     prompt file): one image → one pair per measured attribute; two images (target, reference) → a
     similarity or difference pair per attribute measured in both. Unmeasured attributes are skipped,
-    as the GTR+ prompts ask ("if any attribute is not clearly visible, ignore it"). A value is said
-    through the file's ``phrases`` ("left" → "to the left"), ``{subject}`` through its ``subjects``
-    by the measured domain ("the person", "the vehicle"); an answer may name other attributes
+    as the GTR+ prompts ask ("if any attribute is not clearly visible, ignore it"). The measured
+    domain's ``questions`` and ``comparisons`` come first, then the file's (the track facts'). A
+    value is said through the file's ``phrases`` ("left" → "to the left"), ``{subject}`` as the
+    measured domain's ``subject.said_as`` ("the person"); an answer may name other attributes
     (``{direction}``) and be a list, the first whose attributes were all measured is said ("The
     person is walking to the left.", else "The person is walking."); an entry is skipped when every
     attribute in its ``unless`` was measured (their answers already say it)."""
-    single, compare = prompt.extras.get("qa_single", {}), prompt.extras.get("qa_compare", {})
+    domain = facts[0].domain
+    single = {**(domain.questions if domain else {}), **prompt.extras.get("qa_single", {})}
+    compare = {**(domain.comparisons if domain else {}), **prompt.extras.get("qa_compare", {})}
     phrases: dict[str, dict[str, str]] = prompt.extras.get("phrases", {})
-    subjects: dict[str, str] = prompt.extras.get("subjects", {})
 
     pairs: list[tuple[str, str]] = []
     if len(facts) == 1:
-        subject = subjects.get(facts[0].domain, "it")
+        subject = domain.subject.said_as if domain else "it"
         values = facts[0].values
         for attribute, spec in single.items():
             unless = spec.get("unless", [])
@@ -255,19 +262,19 @@ def _capitalised(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _attribute_words(words: set[str]) -> set[str]:
+def _attribute_words(words: set[str], claims: frozenset[str]) -> set[str]:
     """The subset of ``words`` that makes an attribute claim (and so must have been measured)."""
     colours = {w for w in words if w in COLOUR_SYNONYMS and COLOUR_SYNONYMS[w] is not None}
-    vehicles = {w for w in words if w in VEHICLE_WORDS or w in RIDDEN_WORDS}
-    return colours | vehicles | (words & (GARMENTS | set(OBJECT_WORDS) | GENDER_AGE | ACCESSORIES | TRACK_CLAIM_WORDS))
+    return colours | (words & claims)
 
 
-def ungrounded_words(sentence: str, allowed: set[str]) -> set[str]:
-    """Attribute words in ``sentence`` that the facts do not contain (synonyms count as the same colour)."""
+def ungrounded_words(sentence: str, allowed: set[str], claims: frozenset[str]) -> set[str]:
+    """Attribute words (``claims``, ``claim_words``) in ``sentence`` that the facts do not contain
+    (synonyms count as the same colour)."""
     words = set(_WORD.findall(sentence.lower()))
     allowed_colours = {COLOUR_SYNONYMS[a] for a in allowed if COLOUR_SYNONYMS.get(a)}
     bad = set()
-    for word in _attribute_words(words):
+    for word in _attribute_words(words, claims):
         if word in allowed:
             continue
         if word in COLOUR_SYNONYMS and COLOUR_SYNONYMS[word] in allowed_colours:
@@ -297,7 +304,8 @@ def _clause_spans(sentence: str, offset: int) -> list[tuple[int, int]]:
     return spans
 
 
-def keep_grounded(result: GenerationResult, allowed: set[str]) -> tuple[str, list[TokenLogprob], list[str]]:
+def keep_grounded(result: GenerationResult, allowed: set[str],
+                  claims: frozenset[str]) -> tuple[str, list[TokenLogprob], list[str]]:
     """Remove what the facts do not support; keep the log-probabilities of the kept tokens.
 
     Pronouns are neutralised first. Then, per sentence, each clause (split at commas, semicolons,
@@ -312,7 +320,7 @@ def keep_grounded(result: GenerationResult, allowed: set[str]) -> tuple[str, lis
         if not sentence.strip():
             continue
         clauses = _clause_spans(sentence, match.start())
-        verdicts = [ungrounded_words(neutralise_pronouns(original[a:b]), allowed) for a, b in clauses]
+        verdicts = [ungrounded_words(neutralise_pronouns(original[a:b]), allowed, claims) for a, b in clauses]
         if verdicts[0]:
             dropped.append(f"{sentence.strip()[:80]!r}: {sorted(verdicts[0])}")
             continue
@@ -356,8 +364,10 @@ class GroundedCaptionGenerator:
     """
 
     def __init__(self, spec: ModelSpec, detector: Detector, embedder: EfficientNetLiteEmbedder,
-                 llm: Generator, prompt: PromptFile | None = None) -> None:
+                 llm: Generator, domains: DomainSet, prompt: PromptFile | None = None) -> None:
         self.spec = spec
+        self.layout = slot_layout(domains)
+        self.claims = claim_words(domains)
         self.detector, self.embedder, self.llm = detector, embedder, llm
         self.prompt = prompt or load_prompt("grounded_captioner")
         self.model_id = f"{spec.model_id}[{llm.model_id}]"
@@ -376,7 +386,7 @@ class GroundedCaptionGenerator:
             return []
         detections = self.detector.detect(images)
         probs = self.embedder.class_probabilities(images)
-        return [describe_image(im, d, p, self.embedder.class_names, self.fact_options)
+        return [describe_image(im, d, p, self.embedder.class_names, self.layout, self.fact_options)
                 for im, d, p in zip(images, detections, probs, strict=True)]
 
     def _facts_qa(self, request: GenerationRequest, facts: list[ImageFacts]) -> GenerationResult:
@@ -403,7 +413,7 @@ class GroundedCaptionGenerator:
         extra_system = [m.content for m in request.messages if m.role == "system"]
         if extra_system:
             system.content += "\n" + "\n".join(extra_system)
-        allowed = set().union(*(f.allowed for f in facts)) if facts else set(GENERIC_ALLOWED)
+        allowed = set().union(*(f.allowed for f in facts)) if facts else always_allowed(self.layout.domains)
         return GenerationRequest(request.request_id, [system, *rest], request.max_tokens, request.temperature,
                                  request.seed), allowed
 
@@ -440,7 +450,7 @@ class GroundedCaptionGenerator:
                 results.append(GenerationResult(result.request_id, "", [], self.model_id, result.finish_reason,
                                                 result.error, result.attempts))
                 continue
-            text, tokens, dropped = keep_grounded(result, allowed)
+            text, tokens, dropped = keep_grounded(result, allowed, self.claims)
             error = None if text else "ungrounded: every sentence stated something not measured (" + \
                 "; ".join(dropped)[:300] + ")"
             results.append(GenerationResult(result.request_id, text, tokens if text else [], self.model_id,

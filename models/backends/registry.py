@@ -22,6 +22,7 @@ from models.backends import auto_batch
 from models.backends.detectors import Detector, load_detector
 from models.backends.interfaces import Generator, ImageEmbedder, TextEncoder, TextImageExpert
 from models.backends.model_errors import ModelLoadError
+from models.domains import DomainSet
 from models.prompt_files import load_prompt
 from models.specs import (
     BACKENDS,
@@ -32,6 +33,7 @@ from models.specs import (
     ModelSpec,
     ModelsSection,
 )
+from storage.hashing import sha256_json
 from storage.locations import state_dir
 
 BUNDLED_IMAGE_EMBEDDER = ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0", batch_size="auto")
@@ -40,6 +42,7 @@ BUNDLED_TEXT_ENCODER = ModelSpec(backend="sentence-transformers", model_id="bund
 AUTO_BATCH_CACHE = "auto_batch.json"  # chosen batch sizes, in the state folder
 TEXT_VECTOR_CACHE = "text_vectors"  # fixed prompt lists' embeddings (the bridge's class prompts), in the state folder
 BUNDLED_LLM = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
+DOMAIN_BACKENDS = {"attributes", "grounded"}  # what they measure and say is the profile's domains'
 
 _cache: dict[tuple[str, str], Any] = {}
 _lock = threading.RLock()  # composite backends load their parts through _cached too
@@ -100,9 +103,21 @@ def models_lineage(models: ModelsSection) -> dict[str, Any]:
 class ModelRegistry:
     """The models a profile names, built on first use and shared by every stage in the process."""
 
-    def __init__(self, models: ModelsSection) -> None:
+    def __init__(self, models: ModelsSection, domains: DomainSet | None = None) -> None:
         self.models = models
+        self.domains = domains
         auto_batch.set_cache_file(state_dir() / AUTO_BATCH_CACHE)
+
+    @classmethod
+    def of(cls, profile: Any) -> ModelRegistry:
+        """The registry of a profile's models and domains."""
+        return cls(profile.models, profile.domain_set)
+
+    def _domains(self, spec: ModelSpec) -> DomainSet:
+        if self.domains is None:
+            raise ModelLoadError(f"{spec.backend}: this backend measures the profile's domains; build the registry "
+                                 "with them (ModelRegistry.of(profile))")
+        return self.domains
 
     def detector(self) -> Detector:
         return load_detector(self.models.detector, str(state_dir()))
@@ -158,9 +173,10 @@ class ModelRegistry:
         return {}
 
     def _parts(self, spec: ModelSpec) -> tuple[str, ...]:
-        """The specs a composed backend is built from (see ``_cached``)."""
-        return tuple(p.model_dump_json() if isinstance(p, DetectorSpec) else p.cache_key()
-                     for p in self._part_specs(spec).values())
+        """The specs a composed backend is built from (see ``_cached``), and the domains it measures."""
+        parts = tuple(p.model_dump_json() if isinstance(p, DetectorSpec) else p.cache_key()
+                      for p in self._part_specs(spec).values())
+        return (*parts, sha256_json(self._domains(spec).identity)) if spec.backend in DOMAIN_BACKENDS else parts
 
     def lineage(self, spec: ModelSpec) -> dict[str, Any]:
         """``spec_lineage`` of a backend with the lineage of the parts it is composed of (``parts``):
@@ -171,6 +187,8 @@ class ModelRegistry:
         if parts:
             out["parts"] = {name: detector_lineage(p) if isinstance(p, DetectorSpec) else spec_lineage(p)
                             for name, p in parts.items()}
+        if spec.backend in DOMAIN_BACKENDS:
+            out["domains"] = sha256_json(self._domains(spec).identity)
         return out
 
     def expert(self, spec: ModelSpec) -> TextImageExpert:
@@ -184,7 +202,7 @@ class ModelRegistry:
                                                     self.text_encoder(),
                                                     cache_folder(state_dir() / TEXT_VECTOR_CACHE))
             if spec.backend == "attributes":
-                return experts.AttributeExpert(spec, self.detector())
+                return experts.AttributeExpert(spec, self.detector(), self._domains(spec))
             if spec.backend == "transformers-clip":
                 return experts.TransformersClipExpert(spec)
             if spec.backend in ("sentence-transformers", "open-clip"):
@@ -207,7 +225,8 @@ class ModelRegistry:
                 from models.backends.grounded_captioner import GroundedCaptionGenerator
 
                 llm = self.generator(ModelSpec(**{**BUNDLED_LLM, **spec.options.get("llm", {})}))
-                return GroundedCaptionGenerator(spec, self.detector(), self._bundled_embedder(), llm)
+                return GroundedCaptionGenerator(spec, self.detector(), self._bundled_embedder(), llm,
+                                                self._domains(spec))
             return {"llama-cpp": generators.LlamaCppGenerator, "openai-http": generators.OpenAIHttpGenerator,
                     "vllm": generators.VllmGenerator, "transformers-vlm": generators.TransformersVlmGenerator,
                     }[spec.backend](spec)

@@ -9,11 +9,11 @@ the ``frame_size``. From these, per crop:
   median box height per second (``heights/s``). Dividing by the height makes the speed independent
   of the distance to the camera: a person walking at 1.4 m/s who is 1.7 m tall moves about
   0.8 heights/s wherever they are in the frame.
-* **motion**: a person is ``standing`` below ``still_speed``, ``walking`` from ``walk_speed``,
-  ``running`` from ``run_speed``; a vehicle is ``parked`` below ``parked_speed`` and ``moving``
-  from ``moving_speed``. Between the standing and the moving threshold nothing is said: a person
-  stopping or starting within the window, or shifting on the spot while the box jitters, is
-  neither.
+* **motion**: the state of the crop's domain (its ``motion`` list: a person is ``standing`` below
+  0.06, ``walking`` from 0.15, ``running`` from 1.6; a vehicle ``parked`` below 0.03 and ``moving``
+  from 0.1: ``Domain.state``). Between a ``below`` and the first ``from`` threshold nothing is
+  said: a person stopping or starting within the window, or shifting on the spot while the box
+  jitters, is neither.
 * **direction**: the dominant axis of the velocity, when it is at least ``direction_ratio`` times
   the other: left or right in the frame, or, for the vertical axis, toward the camera (moving
   down the image) or away from it (up). Moving down the image means coming closer for a camera
@@ -41,14 +41,10 @@ from typing import Any
 
 import numpy as np
 
-# phrase per measured value, and the words a caption stating it may use
-MOTION_WORDS = {
-    "standing": {"stand", "stands", "standing", "still"},
-    "walking": {"walk", "walks", "walking"},
-    "running": {"run", "runs", "running"},
-    "parked": {"park", "parked", "stationary", "still"},
-    "moving": {"move", "moves", "moving", "drive", "drives", "driving"},
-}
+from models.domains import Domain, DomainSet
+
+# phrase per measured value, and the words a caption stating it may use (a motion state's words
+# are its domain's: ``MotionState.says`` and ``also``)
 DIRECTION_PHRASES = {"left": "to the left", "right": "to the right", "toward": "toward the camera",
                      "away": "away from the camera"}
 _HEADING = {"head", "heads", "heading"}
@@ -59,27 +55,27 @@ DISTANCE_WORDS = {"near": {"near", "close", "camera"}, "far": {"far", "distant",
 SIDE_PHRASES = {"left": "on the left side of the frame", "right": "on the right side of the frame"}
 HEIGHT_PHRASES = {"upper": "in the upper part of the frame", "lower": "in the lower part of the frame"}
 PLACE_WORDS = {"side", "frame", "part", "upper", "lower"}
-# every word that claims a motion, direction or distance: said only when measured
-TRACK_CLAIM_WORDS = set().union(*MOTION_WORDS.values(), *DIRECTION_WORDS.values(), *DISTANCE_WORDS.values(),
-                                PLACE_WORDS)
+# every word that claims a direction, distance or place: said only when measured
+PLACE_CLAIM_WORDS = set().union(*DIRECTION_WORDS.values(), *DISTANCE_WORDS.values(), PLACE_WORDS)
+
+
+def track_claim_words(domains: DomainSet) -> set[str]:
+    """Every word that claims a motion (any domain's states), direction, distance or place."""
+    return PLACE_CLAIM_WORDS | {w for d in domains for s in d.motion for w in (*s.says, *s.also)}
 
 
 @dataclass(frozen=True)
 class MotionOptions:
     """Thresholds of the track facts, in box heights per second (speeds) and shares of the frame's
-    height (distance); a profile sets them in its ``track_facts`` section. The defaults were set on
-    the demo pool's tracks (vtest.avi at 10 fps): people's speeds have median 0.44 heights/s, 95th
-    percentile 1.03; the two parked vans 0.00–0.02. The standing and walking thresholds were then
-    set against 285 crops labelled by eye (results: "what the demo says"): below 0.06, 8 of 9
-    crops were standing; from 0.15, 250 of 259 walking; the 17 crops between are left unsaid."""
+    height (distance); a profile sets them in its ``track_facts`` section, a domain its motion
+    states' speeds. The defaults were set on the demo pool's tracks (vtest.avi at 10 fps): people's
+    speeds have median 0.44 heights/s, 95th percentile 1.03; the two parked vans 0.00–0.02. The
+    pedestrian domain's standing and walking thresholds were then set against 285 crops labelled by
+    eye (results: "what the demo says"): below 0.06, 8 of 9 crops were standing; from 0.15, 250 of
+    259 walking; the 17 crops between are left unsaid."""
 
     window_s: float = 1.0
     min_points: int = 4
-    still_speed: float = 0.06
-    walk_speed: float = 0.15
-    run_speed: float = 1.6
-    parked_speed: float = 0.03
-    moving_speed: float = 0.1
     direction_ratio: float = 1.5
     direction_min_speed: float = 0.2
     near_height: float = 0.35
@@ -135,10 +131,11 @@ def direction_of(velocity: TrackVelocity, ratio: float) -> str | None:
     return None
 
 
-def motion_facts(meta: dict[str, Any] | str | None, domain: str,
+def motion_facts(meta: dict[str, Any] | str | None, domain: Domain | None,
                  options: MotionOptions = MotionOptions()) -> dict[str, list[str]]:
-    """``motion``, ``direction``, ``distance``, ``side`` and ``height`` values of one crop from its
-    ``source_meta`` (a dict or its JSON); a key is present only when measured."""
+    """``motion``, ``direction``, ``distance``, ``side`` and ``height`` values of one crop of
+    ``domain`` from its ``source_meta`` (a dict or its JSON); a key is present only when measured
+    (no domain: no motion)."""
     if isinstance(meta, str):
         try:
             meta = json.loads(meta)
@@ -169,25 +166,22 @@ def motion_facts(meta: dict[str, Any] | str | None, domain: str,
     if velocity is None or velocity.points < options.min_points:
         return facts
     speed = velocity.speed
-    if domain == "vehicle":
-        state = "parked" if speed < options.parked_speed else "moving" if speed >= options.moving_speed else None
-    else:
-        state = "standing" if speed < options.still_speed else "running" if speed >= options.run_speed \
-            else "walking" if speed >= options.walk_speed else None
+    state = domain.state(speed) if domain is not None else None
     if state:
-        facts["motion"] = [state]
-    if state in {"walking", "running", "moving"} and speed >= options.direction_min_speed:
+        facts["motion"] = [state.name]
+    if state is not None and state.at_least is not None and speed >= options.direction_min_speed:
         direction = direction_of(velocity, options.direction_ratio)
         if direction:
             facts["direction"] = [direction]
     return facts
 
 
-def track_fact_words(facts: dict[str, list[str]]) -> set[str]:
-    """The words a caption may use to state ``facts`` (``motion_facts``' output)."""
+def track_fact_words(facts: dict[str, list[str]], domain: Domain | None) -> set[str]:
+    """The words a caption may use to state ``facts`` (``motion_facts``' output for ``domain``)."""
     words: set[str] = set()
+    states = {s.name: {*s.says, *s.also} for s in domain.motion} if domain is not None else {}
     for value in facts.get("motion", []):
-        words |= MOTION_WORDS.get(value, set())
+        words |= states.get(value, set())
     for value in facts.get("direction", []):
         words |= DIRECTION_WORDS.get(value, set()) | set(DIRECTION_PHRASES[value].split())
     for value in facts.get("distance", []):

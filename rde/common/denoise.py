@@ -16,8 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from models.backends.detectors import Detections, Detector, box_iou
+from models.domains import Domain
 from rde.common.image_decoding import DecodeError, decode_rgb
-from rde.common.profiles import DenoiseSpec, DomainSpec
+from rde.common.profiles import DenoiseSpec
 from rde.common.reasons import Reason, rejected_row
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
 
@@ -45,7 +46,7 @@ def count_targets(dets: Detections, target_classes: Iterable[str], merge_iou: fl
     return Detections(mine.boxes[keep], [mine.labels[k] for k in keep], mine.scores[keep])
 
 
-def measure_table(images: pa.Table, detector: Detector, domains: dict[str, DomainSpec],
+def measure_table(images: pa.Table, detector: Detector, domains: dict[str, Domain],
                   batch_size: int, max_pixels: int) -> pa.Table:
     """Measurements for one shard of images: Laplacian variance and target detections.
 

@@ -7,6 +7,7 @@ or crops: ``data/check_set/queries.yaml`` (hand-labelled). Scored through ``rde 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -17,6 +18,7 @@ import yaml
 
 from models.backends.interfaces import TextImageExpert
 from models.backends.track_facts import motion_facts
+from models.domains import DomainSet
 from rde.common.image_decoding import decode_rgb
 from rde.common.profiles import TrackFactsSpec
 from rde.common.track_context import motion_options
@@ -39,7 +41,7 @@ class CheckSet:
     gallery_domains: list[str]
     gallery_ids: list[str] | None = None  # content hashes of the images (image_id), where known
     query_ids: list[str] | None = None  # the YAML's query ids, in query order, where known
-    query_domains: list[str] | None = None  # each query's domain (pedestrian / vehicle), where known
+    query_domains: list[str] | None = None  # each query's domain, where known
     gallery_meta: list[str] | None = None  # each crop's source_meta (JSON: its video track), where known
     gallery_pool_ids: list[str] | None = None  # each crop's pool id, where known
 
@@ -51,7 +53,7 @@ class CheckSet:
                 if ident in keys or pid in keys}
 
 
-DOMAINS = ("pedestrian", "vehicle")
+_DOMAIN_NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # a domain file's name rule
 DEFAULT_CHECK_FILE = Path("data") / "check_set" / "queries.yaml"
 
 
@@ -69,7 +71,7 @@ def validate_check_yaml(data: Any, source: Path) -> dict:
     """Check a parsed check-set file; raise ValueError naming the file and the query id at the first problem.
 
     Rules: a mapping with a non-empty ``queries`` list; unique query ids; non-empty text; domain in
-    :data:`DOMAINS`; at least one relevant identity or crop (``relevant_identities``, ``relevant_crops``:
+    a domain name; at least one relevant identity or crop (``relevant_identities``, ``relevant_crops``:
     pool ids); ``labelled_by`` (non-empty) and ``labelled_on`` (an ISO date) on every query; no
     relevant identity listed in ``junk_identities``."""
     if not isinstance(data, dict):
@@ -91,8 +93,9 @@ def validate_check_yaml(data: Any, source: Path) -> dict:
         seen.add(qid)
         if not isinstance(q.get("text"), str) or not q["text"].strip():
             raise _fail(source, where, "empty or missing text")
-        if q.get("domain") not in DOMAINS:
-            raise _fail(source, where, f"domain must be one of {', '.join(DOMAINS)}, got {q.get('domain')!r}")
+        if not isinstance(q.get("domain"), str) or not _DOMAIN_NAME.match(q["domain"]):
+            raise _fail(source, where, f"domain must be a domain's name (lower case, digits, underscores), got "
+                                       f"{q.get('domain')!r}")
         relevant = _identity_list(q.get("relevant_identities", []), source, where, "relevant_identities")
         crops = _identity_list(q.get("relevant_crops", []), source, where, "relevant_crops")
         if not relevant and not crops:
@@ -170,7 +173,7 @@ def relevance_lists(check: CheckSet, ranked: np.ndarray) -> tuple[list[list[bool
     return rankings, [len(rel) for rel in relevant]
 
 
-def expert_vectors(expert: TextImageExpert, check: CheckSet, image_vecs: np.ndarray | None = None,
+def expert_vectors(expert: TextImageExpert, check: CheckSet, domains: DomainSet, image_vecs: np.ndarray | None = None,
                    track: TrackFactsSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The query and gallery vectors an expert ranks the check set with, as MECF and the evaluation
     rank: an expert with track slots (the attribute expert) also compares the queries' motion and
@@ -179,15 +182,17 @@ def expert_vectors(expert: TextImageExpert, check: CheckSet, image_vecs: np.ndar
     gallery = expert.encode_image(check.gallery_images) if image_vecs is None else image_vecs
     queries = expert.encode_text(check.queries)
     if getattr(expert, "track_slots", False):
-        queries, gallery = fuse_track_slots(queries, gallery, check.queries, gallery_track_facts(check, track))
+        queries, gallery = fuse_track_slots(queries, gallery, check.queries,
+                                            gallery_track_facts(check, domains, track), expert.track_slots)
     return queries, gallery
 
 
-def gallery_track_facts(check: CheckSet, track: TrackFactsSpec | None = None) -> list[dict[str, list[str]]]:
-    """Each gallery crop's track facts (motion, direction, place), from its source_meta; empty
-    where the check set carries no metadata."""
+def gallery_track_facts(check: CheckSet, domains: DomainSet, track: TrackFactsSpec | None = None
+                        ) -> list[dict[str, list[str]]]:
+    """Each gallery crop's track facts (motion in its domain's states, direction, place), from its
+    source_meta; empty where the check set carries no metadata."""
     if check.gallery_meta is None:
         return [{} for _ in check.gallery_identities]
     options = motion_options(track or TrackFactsSpec())
-    return [motion_facts(meta, domain, options)
+    return [motion_facts(meta, domains.get(domain), options)
             for meta, domain in zip(check.gallery_meta, check.gallery_domains, strict=True)]

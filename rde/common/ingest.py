@@ -79,6 +79,8 @@ def list_inputs(spec: InputSpec, project_root: Path, known_domains: list[str],
     """All inputs in a deterministic order, plus a fingerprint of the listing (for stage keys).
     ``allow_urls`` False (video lists) rejects a path list's URL rows as ``unsupported_url``."""
     check_input(spec, project_root)
+    if spec.default_domain is None and known_domains:  # a spec outside a profile: the first domain
+        spec = spec.model_copy(update={"default_domain": known_domains[0]})
     location = input_location(spec, project_root)
     if spec.kind == "pool":
         return list_pool(location)

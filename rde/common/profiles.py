@@ -5,13 +5,16 @@ Unknown keys and wrong types are rejected with a message naming the key and the 
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from models.backends.detectors import known_classes
 from models.backends.track_facts import MotionOptions
+from models.domains import Domain, DomainError, DomainSet, SizeRule, load_domain
 from models.specs import ModelSpec, ModelsSection, Strict
 from storage.hashing import sha256_json
 
@@ -20,15 +23,6 @@ PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"
 
 class ProfileError(ValueError):
     """A profile could not be loaded; the message is meant for the user as it is."""
-
-
-class DomainSpec(Strict):
-    """A sub-domain of the benchmark and the detector classes that count as its target."""
-
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="The domain's name, as rows, folders and "
-                      "reports use it (lower case, digits, underscores).")
-    target_classes: list[str] = Field(min_length=1, description="Detector class names that count as this "
-                                      "domain's target (e.g. person; car, bus, truck).")
 
 
 class InputSpec(Strict):
@@ -45,8 +39,8 @@ class InputSpec(Strict):
     path: str = Field("data/demo_pool", description="The pool, folder, Parquet file or shard(s): a path (relative "
                       "to the project root, or absolute) or, except for video, an fsspec URL such as "
                       "s3://bucket/prefix/.")
-    default_domain: str = Field("pedestrian", description="The domain of an image whose subfolder or row names "
-                                "none (must be one of domains).")
+    default_domain: str | None = Field(None, description="The domain of an image whose subfolder or row names "
+                                       "none (one of domains; default: the first).")
     # A folder input is confined to itself; real paths (after links and '..') outside are rejected as outside_root.
     roots: list[str] = Field(default_factory=list, description="Folders or URL prefixes (s3://bucket/prefix/) a "
                              "'paths' list may point into; empty: the list file's own folder (profile file only, "
@@ -97,16 +91,6 @@ class TrackFactsSpec(Strict):
                             description="The velocity is fitted over the track's boxes within this many seconds "
                                         "of the crop's frame.")
     min_points: int = Field(_MOTION.min_points, ge=2, description="Fewer boxes in that window: no motion fact.")
-    still_speed: float = Field(_MOTION.still_speed, ge=0.0,
-                               description="A person slower than this (box heights per second) is standing.")
-    walk_speed: float = Field(_MOTION.walk_speed, ge=0.0,
-                              description="A person at least this fast is walking; between still_speed and this "
-                                          "nothing is said (stopping, starting, shifting on the spot).")
-    run_speed: float = Field(_MOTION.run_speed, ge=0.0, description="A person at least this fast is running.")
-    parked_speed: float = Field(_MOTION.parked_speed, ge=0.0, description="A vehicle slower than this is parked.")
-    moving_speed: float = Field(_MOTION.moving_speed, ge=0.0,
-                                description="A vehicle at least this fast is moving (between the two nothing is "
-                                            "said).")
     direction_ratio: float = Field(_MOTION.direction_ratio, ge=0.0,
                                    description="A direction is said when one axis of the velocity is at least this "
                                                "many times the other (0: never; for a camera at ground level, where "
@@ -160,18 +144,12 @@ class VideoSpec(Strict):
                                                "frame, a parked car seen from a tram moves.")
 
 
-class SizeRule(Strict):
-    """Minimum image width and height (pixels) below which an image is ``too_small``."""
-
-    min_width: int = Field(ge=1, description="Narrower images are too_small (pixels).")
-    min_height: int = Field(ge=1, description="Lower images are too_small (pixels).")
-
-
 class DenoiseSpec(Strict):
     """GTR+ denoising thresholds (paper Sec. 5.1): w<32 or h<64, Laplacian var <80, count≠1.
 
     ``min_width``/``min_height`` are the paper's rule for upright people and apply to every domain
-    not named in ``size_by_domain`` (e.g. vehicles, which are wide and low, get their own rule).
+    with no size rule of its own (``size_by_domain``, filled from each domain file's
+    ``subject.size`` where the profile names none).
     """
 
     min_width: int = Field(32, ge=1, description="Narrower images are too_small, for domains without a "
@@ -402,8 +380,8 @@ class TemplateGallerySpec(Strict):
 class LargeFineSpec(Strict):
     """``build-largefine``: GTR+ three-tier captioning (paper Sec. 3.1) into LargeFine-style shards."""
 
-    domains: list[str] = Field(default_factory=lambda: ["pedestrian"], description="Domains captioned; images "
-                               "of other domains are rejected as out_of_domain.")
+    domains: list[str] = Field(default_factory=list, description="Domains captioned (unset: the profile's first "
+                               "domain); images of other domains are rejected as out_of_domain.")
     tier_prompt: str = Field("gtr_tiers", description="Prompt file prompts/<name>.yaml of the tiers: gtr_tiers "
                              "has the paper's wording, gtr_tiers_small suits tiny LLMs.")
     shard_size: int = Field(64, ge=1, description="Images per captioning task.")
@@ -637,8 +615,10 @@ class Profile(Strict):
     artifacts_root: str = Field(".rde/artifacts", description="Where runs write their artifacts: a local path "
                                 "(relative to the project root) or an fsspec URL such as s3://bucket/prefix.")
     input: InputSpec = Field(InputSpec(), description="Where the images come from.")
-    domains: list[DomainSpec] = Field(min_length=1, description="The sub-domains of the benchmark and the "
-                                      "detector classes each one targets.")
+    domains: list[Domain] = Field(min_length=1, description="The sub-domains of the benchmark, in order (the "
+                                  "first is the default): each a bundled domain's name (pedestrian, vehicle) or "
+                                  "the path of a domain file (relative to the project root); see "
+                                  "docs/adding-a-domain.md for a domain file's fields.")
     ingest: IngestSpec = Field(IngestSpec(), description="Reading the inputs: shards and the limits on a file.")
     video: VideoSpec = Field(VideoSpec(), description="Video input (input.kind: video): sampling, tracking and "
                              "crops per track.")
@@ -667,11 +647,38 @@ class Profile(Strict):
     prefect: PrefectSpec = Field(PrefectSpec(), description="Orchestration: the GPU concurrency limit and "
                                  "shard fan-out.")
 
+    @field_validator("domains", mode="before")
+    @classmethod
+    def _load_domain_files(cls, value: Any) -> Any:
+        """A name or path entry → its domain file, loaded (an inline mapping is validated as it is)."""
+        return [load_domain(v) if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_domain_first(cls, data: Any) -> Any:
+        """``input.default_domain`` and ``largefine.domains`` unset: the first domain."""
+        if not isinstance(data, dict) or not isinstance(data.get("domains"), list) or not data["domains"]:
+            return data
+        first = data["domains"][0]
+        try:
+            name = first.name if isinstance(first, Domain) else first.get("name") if isinstance(first, dict) \
+                else load_domain(str(first)).name
+        except (DomainError, AttributeError):
+            return data  # the domains field reports it
+        out = dict(data)
+        for section, key, value in (("input", "default_domain", name), ("largefine", "domains", [name])):
+            given = out.get(section, {})
+            if isinstance(given, dict) and not given.get(key):
+                out[section] = {**given, key: value}
+        return out
+
     @model_validator(mode="after")
     def _domains_unique(self) -> Profile:
+        try:
+            DomainSet(self.domains)
+        except DomainError as exc:
+            raise ValueError(str(exc)) from None
         names = [d.name for d in self.domains]
-        if len(set(names)) != len(names):
-            raise ValueError(f"domains: names must be unique, got {names}")
         if self.input.default_domain not in names:
             raise ValueError(f"input.default_domain {self.input.default_domain!r} is not one of domains {names}")
         unknown = [d for d in self.largefine.domains if d not in names]
@@ -682,11 +689,45 @@ class Profile(Strict):
             raise ValueError(f"denoise.size_by_domain {unknown} are not among domains {names}")
         return self
 
-    def domain(self, name: str) -> DomainSpec:
-        for spec in self.domains:
-            if spec.name == name:
-                return spec
-        raise KeyError(name)
+    @model_validator(mode="after")
+    def _domain_sizes(self) -> Profile:
+        """Each domain file's ``subject.size`` where ``denoise.size_by_domain`` names no rule for it."""
+        sizes = {d.name: d.subject.size for d in self.domains if d.subject.size and d.name not in
+                 self.denoise.size_by_domain}
+        if not sizes:
+            return self
+        denoise = self.denoise.model_copy(update={"size_by_domain": {**self.denoise.size_by_domain, **sizes}})
+        return self.model_copy(update={"denoise": denoise})
+
+    @model_validator(mode="after")
+    def _detector_knows_the_classes(self) -> Profile:
+        """An open-vocabulary detector without classes is told every domain's (subject, carried,
+        ridden; its text names); any detector whose classes are known must know every class a
+        domain names."""
+        detector = self.models.detector
+        wanted = list(dict.fromkeys((c, t) for d in self.domains for c, t, _ in d.detector_classes()))
+        if detector.backend == "owl" and not detector.classes:
+            detector = detector.model_copy(update={"classes": tuple(c for c, _ in wanted),
+                                                   "prompts": tuple(t for _, t in wanted)})
+            self = self.model_copy(update={"models": self.models.model_copy(update={"detector": detector})})
+        known = known_classes(detector)
+        if known is None:
+            return self
+        for d in self.domains:
+            for cls, _, where in d.detector_classes():
+                if cls not in known:
+                    raise ValueError(f"domain file {d.source}: {where}: {cls!r} is not a class of the "
+                                     f"{detector.backend} detector (an open-vocabulary detector, backend owl, "
+                                     "finds classes by name)")
+        return self
+
+    @cached_property
+    def domain_set(self) -> DomainSet:
+        """The domains, checked together, as the models read them."""
+        return DomainSet(self.domains)
+
+    def domain(self, name: str) -> Domain:
+        return self.domain_set[name]
 
     def section_hash(self, *sections: str) -> str:
         """Hash of the named sections only, so a stage reruns when *its* config changes."""
@@ -695,16 +736,20 @@ class Profile(Strict):
 
 
 def _format_errors(source: str, exc: ValidationError) -> str:
-    lines = [f"invalid profile {source}:"]
+    """One line per bad key (one line in all when there is one, as a domain file's error is)."""
+    lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        key = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+            lines.append(f"{key}: unknown key")
         else:
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-            lines.append(f"  {key}: {err['msg']}{shown}")
-    return "\n".join(lines)
+            message = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{key}: {message}{shown}" if key else message)
+    if len(lines) == 1:
+        return f"invalid profile {source}: {lines[0]}"
+    return "\n".join([f"invalid profile {source}:", *(f"  {line}" for line in lines)])
 
 
 def parse_profile(data: Any, source: str = "<profile>") -> Profile:

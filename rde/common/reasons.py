@@ -120,7 +120,7 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
                        "earlier row"),
     Reason.TOO_SMALL: ("denoise, videos (tracks)", "below the domain's minimum width or height"),
     Reason.BLURRY: ("denoise, videos (tracks)", "Laplacian variance below denoise.min_laplacian_variance"),
-    Reason.NO_TARGET: ("denoise", "the detector finds no person/vehicle of the domain"),
+    Reason.NO_TARGET: ("denoise", "the detector finds no subject of the image's domain (its subject classes)"),
     Reason.MULTIPLE_TARGETS: ("denoise", "the detector finds more than one target"),
     Reason.MEASURE_ERROR: ("denoise", "the image could not be measured (decode or detector failure)"),
     Reason.NOT_SAMPLED: ("cgds, hard-negatives", "not drawn: its cluster's share or the image cap was filled"),

@@ -4,9 +4,9 @@ domain (artifact table and manifest stats), so that a template-bound generator s
 * ``distinct_n``: distinct word n-grams over all n-grams of the texts (Li et al., 2016, "distinct-n");
   1.0 when no n-gram repeats, near 0 for one template with one slot.
 * ``facets``: what kinds of fact a text states, from the attribute parser
-  (``models.backends.attributes.parse_text_attributes``): ``appearance`` (a colour of clothing or of a
-  vehicle, a vehicle type), ``action`` (a motion, a direction, riding), ``carried`` (a carried
-  object), ``context`` (the distance to the camera, the place in the frame).
+  (``models.backends.attributes.parse_text_attributes``, in the profile's domains' slots):
+  ``appearance`` (a colour of a region, a type), ``action`` (a motion, a direction, a ridden object),
+  ``carried`` (a carried object), ``context`` (the distance to the camera, the place in the frame).
 * ``diversity``: per domain, the texts, the distinct texts, the median length in words, distinct-1
   and distinct-2, the vocabulary size, the share of texts per facet and the share stating two
   facets or more.
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from statistics import median
 from typing import Any
 
-from models.backends.attributes import parse_text_attributes
+from models.backends.attributes import SlotLayout, parse_text_attributes
 
 _WORD = re.compile(r"[a-z]+(?:['-][a-z]+)*")
 FACETS = ("appearance", "action", "carried", "context")
@@ -37,26 +37,26 @@ def distinct_n(texts: Iterable[str], n: int) -> float:
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
-def facets(text: str) -> set[str]:
+def facets(text: str, layout: SlotLayout) -> set[str]:
     """The facets ``text`` states (see the module docstring)."""
-    attrs = parse_text_attributes(text)
+    attrs = parse_text_attributes(text, layout)
     found = set()
-    if any(attrs.slots.get(s) is not None for s in ("upper", "lower", "vehicle_colour", "vehicle_type")):
+    if any(attrs.slots.get(s) is not None for s in layout.of_kind("colour", "type")):
         found.add("appearance")
-    if any(attrs.slots.get(s) is not None for s in ("motion", "direction", "riding")):
+    if any(attrs.slots.get(s) is not None for s in ("motion", "direction", *layout.of_kind("ridden"))):
         found.add("action")
-    if attrs.slots.get("objects") is not None:
+    if any(attrs.slots.get(s) is not None for s in layout.of_kind("carried")):
         found.add("carried")
     if set(words(text)) & _CONTEXT_WORDS:
         found.add("context")
     return found
 
 
-def diversity(texts: list[str]) -> dict[str, Any]:
+def diversity(texts: list[str], layout: SlotLayout) -> dict[str, Any]:
     """The diversity summary of one domain's texts (see the module docstring)."""
     if not texts:
         return {"texts": 0}
-    found = [facets(t) for t in texts]
+    found = [facets(t, layout) for t in texts]
     out: dict[str, Any] = {
         "texts": len(texts), "distinct_texts": len(set(texts)),
         "median_words": float(median(len(words(t)) for t in texts)),
@@ -69,9 +69,9 @@ def diversity(texts: list[str]) -> dict[str, Any]:
     return out
 
 
-def diversity_by_domain(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def diversity_by_domain(rows: list[dict[str, Any]], layout: SlotLayout) -> list[dict[str, Any]]:
     """``diversity`` per domain of rows with ``domain`` and ``text``, domains in sorted order."""
-    return [{"domain": d, **diversity([r["text"] for r in rows if r["domain"] == d])}
+    return [{"domain": d, **diversity([r["text"] for r in rows if r["domain"] == d], layout)}
             for d in sorted({r["domain"] for r in rows})]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from models.backends.track_facts import MotionOptions, motion_facts
+from models.domains import DomainSet
 from rde.common.profiles import TrackFactsSpec
 from storage import Artifact
 
@@ -19,9 +20,10 @@ def motion_options(spec: TrackFactsSpec) -> MotionOptions:
     return MotionOptions(**spec.model_dump())
 
 
-def track_facts(accepted: Artifact, image_ids: Iterable[str], spec: TrackFactsSpec
+def track_facts(accepted: Artifact, image_ids: Iterable[str], spec: TrackFactsSpec, domains: DomainSet
                 ) -> dict[str, dict[str, list[str]]]:
-    """Per wanted image id, its track facts (an empty dict for an image without a track)."""
+    """Per wanted image id, its track facts in its domain's terms (an empty dict for an image
+    without a track)."""
     wanted = set(image_ids)
     options = motion_options(spec)
     found: dict[str, dict[str, list[str]]] = {}
@@ -31,5 +33,5 @@ def track_facts(accepted: Artifact, image_ids: Iterable[str], spec: TrackFactsSp
         table = accepted.read_matching(shard.index, "image_id", wanted - set(found),
                                        ["image_id", "domain", "source_meta"])
         for row in table.to_pylist():
-            found[row["image_id"]] = motion_facts(row["source_meta"], row["domain"], options)
+            found[row["image_id"]] = motion_facts(row["source_meta"], domains.get(row["domain"]), options)
     return found

@@ -30,11 +30,12 @@ import numpy as np
 import pyarrow as pa
 
 from models.backends.detectors import Detections, Detector
+from models.domains import Domain
 from models.specs import DetectorSpec
 from rde.common.denoise import count_targets
 from rde.common.image_decoding import DecodeError, encode_jpeg
 from rde.common.ingest import InputRef, allowed_roots, confined_file, list_inputs, reject_row
-from rde.common.profiles import DenoiseSpec, DomainSpec, InputSpec, VideoSpec
+from rde.common.profiles import DenoiseSpec, InputSpec, VideoSpec
 from rde.common.reasons import Reason
 from rde.common.video_decoding import DecodeOutcome, VideoInfo, probe, sampled_frames
 from rde.common.video_tracks import Candidate, TrackBook, byte_tracker, link
@@ -169,7 +170,7 @@ def sample_step(info: VideoInfo, spec: VideoSpec) -> int:
     return max(1, round(info.fps / spec.sample_fps))
 
 
-def tracked_frames(path: str, info: VideoInfo, segment: Segment, spec: VideoSpec, domains: list[DomainSpec],
+def tracked_frames(path: str, info: VideoInfo, segment: Segment, spec: VideoSpec, domains: list[Domain],
                    detector: Detector, outcome: DecodeOutcome) -> Iterator[TrackedFrame]:
     """The segment's sampled frames, detected in batches of ``video.detect_batch`` and linked by
     one ByteTrack per domain (a domain's duplicate boxes under two classes merged first, as denoise
@@ -195,7 +196,7 @@ def lost_steps(spec: VideoSpec, info: VideoInfo) -> int:
     return max(1, round(spec.tracker.lost_seconds * info.fps / sample_step(info, spec)))
 
 
-def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, domains: list[DomainSpec],
+def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, domains: list[Domain],
                     detector: Detector, roots: list[str] | None, source_name: str) -> SegmentResult:
     """Decode, sample, detect, track and crop one segment (see the module docstring).
 

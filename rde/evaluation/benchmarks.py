@@ -75,20 +75,21 @@ class Benchmark:
 
 
 def open_benchmark(location: str, labels: str | None = None, check_set_pool: str = "data/demo_pool",
-                   track_facts: Any = None) -> Benchmark:
+                   track_facts: Any = None, domains: Any = None) -> Benchmark:
     """The benchmark at ``location`` with ``labels`` (None: verified when any exist, else pending);
-    ``check_set_pool``: the pool a check-set YAML's identities refer to; ``track_facts``: the
-    profile's ``TrackFactsSpec`` (an expert with track slots compares motion with each item's track)."""
+    ``check_set_pool``: the pool a check-set YAML's identities refer to; ``track_facts`` and
+    ``domains``: the profile's ``TrackFactsSpec`` and ``DomainSet`` (an expert with track slots
+    compares motion with each item's track, in its domain's states)."""
     if labels is not None and labels not in LABELS:
         raise BenchmarkError(f"labels {labels!r}: use one of {', '.join(LABELS)}")
     if location.endswith((".yaml", ".yml")):
-        return _check_set(location, labels, check_set_pool, track_facts)
+        return _check_set(location, labels, check_set_pool, track_facts, domains)
     fs, path = resolve(location)
     if not fs.exists(path):
         raise BenchmarkError(f"benchmark {location}: no such file or folder")
     if fs.exists(join(path, "clips")) and fs.exists(join(path, "frames")):
         return _clip_set(location, labels)
-    return _secmm(location, labels, track_facts)
+    return _secmm(location, labels, track_facts, domains)
 
 
 def _table(location: str, name: str) -> ShardedTable:
@@ -101,7 +102,7 @@ def _table(location: str, name: str) -> ShardedTable:
     return table
 
 
-def _secmm(location: str, labels: str | None, track_spec: Any) -> Benchmark:
+def _secmm(location: str, labels: str | None, track_spec: Any, domains: Any) -> Benchmark:
     queries_t, gallery_t, qrels_t = (_table(location, n) for n in ("queries", "gallery", "qrels"))
     verified: dict[str, set[str]] = {}
     pending: dict[str, set[str]] = {}
@@ -117,7 +118,7 @@ def _secmm(location: str, labels: str | None, track_spec: Any) -> Benchmark:
     qrels = {"verified": verified, "pending": pending,
              "all": {q: verified.get(q, set()) | pending.get(q, set()) for q in {*verified, *pending}}}[chosen]
     all_queries = queries_t.rows(["query_id", "domain", "text"])
-    gallery = ArtifactGallery(gallery_t, _accepted_facts(location, track_spec))
+    gallery = ArtifactGallery(gallery_t, _accepted_facts(location, track_spec, domains))
     scored, kept = _labelled(location, all_queries, qrels, gallery.ids(), chosen)
     return Benchmark(_run_name(location), "secmm", location, chosen,
                      sha256_json({"kind": "secmm", "labels": chosen, "tables": [t.fingerprint for t in
@@ -153,17 +154,17 @@ def _run_name(location: str) -> str:
     return parts[-1] or location
 
 
-def _accepted_facts(location: str, track_spec: Any) -> Callable[[list[str]], list[dict]] | None:
+def _accepted_facts(location: str, track_spec: Any, domains: Any) -> Callable[[list[str]], list[dict]] | None:
     """Each gallery image's track facts from the run's ``accepted`` artifact next to the benchmark
     folder (where there is one: a copied dataset folder has none, and track slots then see none)."""
     parent = location.rstrip("/").rsplit("/", 1)[0]
     accepted = Artifact(join(parent, "accepted"))
-    if track_spec is None or not accepted.is_complete():
+    if track_spec is None or domains is None or not accepted.is_complete():
         return None
     from rde.common.track_context import track_facts
 
     def facts(ids: list[str]) -> list[dict]:
-        found = track_facts(accepted, ids, track_spec)
+        found = track_facts(accepted, ids, track_spec, domains)
         return [found.get(i, {}) for i in ids]
 
     return facts
@@ -181,7 +182,7 @@ def _review_links(location: str) -> dict[str, str]:
     return {q["id"]: f"{page}#q/{q['n']}/1" for q in json.loads(text.removesuffix(")"))["queries"]}
 
 
-def _check_set(location: str, labels: str | None, pool: str, track_spec: Any) -> Benchmark:
+def _check_set(location: str, labels: str | None, pool: str, track_spec: Any, domains: Any) -> Benchmark:
     from rde.common.expert_check import gallery_track_facts, load_check_set, load_check_yaml
     from rde.evaluation.check_sets import check_queries
     from storage.locations import resolve_location
@@ -195,7 +196,8 @@ def _check_set(location: str, labels: str | None, pool: str, track_spec: Any) ->
     data = load_check_yaml(path)
     check = load_check_set(resolve_location(pool), path)
     queries, gallery_ids, _, qrels = check_queries(check)
-    gallery = CheckSetGallery(check, gallery_track_facts(check, track_spec) if track_spec is not None else None)
+    known = track_spec is not None and domains is not None
+    gallery = CheckSetGallery(check, gallery_track_facts(check, domains, track_spec) if known else None)
     scored, kept = _labelled(location, queries, qrels, gallery_ids, "verified")
     pool_artifact = Artifact(resolve_location(pool))
     pool_print = pool_artifact.manifest().fingerprint

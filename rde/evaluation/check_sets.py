@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from models.backends.interfaces import TextImageExpert
+from models.domains import DomainSet
 from rde.common.expert_check import CheckSet, expert_vectors
 from rde.evaluation.scoring import means_by_domain, score_vectors
 
@@ -32,10 +33,10 @@ def ranked_map(check: CheckSet, queries: np.ndarray, gallery: np.ndarray, k: int
     return means_by_domain(scored, (f"mAP@{k}",))["all"][f"mAP@{k}"] if scored else 0.0
 
 
-def expert_map(expert: TextImageExpert, check: CheckSet, k: int = 10,
+def expert_map(expert: TextImageExpert, check: CheckSet, domains: DomainSet, k: int = 10,
                image_vecs: np.ndarray | None = None) -> float:
-    """mAP@k of one expert on the check set."""
-    queries, gallery = expert_vectors(expert, check, image_vecs)
+    """mAP@k of one expert on the check set (``domains``: the profile's, for the track facts)."""
+    queries, gallery = expert_vectors(expert, check, domains, image_vecs)
     return ranked_map(check, queries, gallery, k)
 
 

@@ -27,8 +27,8 @@ def score_retriever(spec: RetrieverSpec, profile: Any, lineage: dict[str, Any], 
     expert = loaded_retriever(spec, profile, lineage)
     texts = [q["text"] for q in bench.queries]
     query_vecs = checked_text_vectors(spec, expert.encode_text(texts), len(texts))
-    track_slots = bool(getattr(expert, "track_slots", False))
-    stored = StoredVectors(vectors, bench, spec, query_vecs.shape[1], track_slots)
+    track_slots = getattr(expert, "track_slots", None)
+    stored = StoredVectors(vectors, bench, spec, query_vecs.shape[1], track_slots is not None)
 
     def domain_blocks(domain: str, positions: list[int]) -> ScoreBlocks:
         return vector_score_blocks(query_vecs[positions], [texts[n] for n in positions],

@@ -39,7 +39,7 @@ def retriever_lineage(spec: RetrieverSpec, profile: Any) -> dict[str, Any]:
         elif arch.startswith("local-dir:"):
             out["arch"] = {"content": fingerprint(existing_path(spec.text, arch.split(":", 1)[1]))}
     elif spec.kind == "expert":
-        out["expert"] = ModelRegistry(profile.models).lineage(profile_expert(spec, profile))
+        out["expert"] = ModelRegistry.of(profile).lineage(profile_expert(spec, profile))
     elif spec.kind == "student":
         out.update(student_lineage(spec, profile))
     elif spec.kind == "python":

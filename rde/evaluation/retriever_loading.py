@@ -142,7 +142,7 @@ def _load_model(spec: RetrieverSpec, profile: Any, device: str) -> Any:
 
     model_spec = _model_spec(spec, device)
     try:
-        return ModelRegistry(profile.models).expert(model_spec)
+        return ModelRegistry.of(profile).expert(model_spec)
     except Exception as exc:
         if OPEN_CLIP_MISSING in str(exc):
             raise RetrieverError(OPEN_CLIP_MISSING) from exc
@@ -229,7 +229,7 @@ def load_retriever(spec: RetrieverSpec, profile: Any, device: str = "auto") -> T
 
         model_spec = profile_expert(spec, profile)
         try:
-            inner = ModelRegistry(profile.models).expert(model_spec)
+            inner = ModelRegistry.of(profile).expert(model_spec)
         except Exception as exc:
             raise RetrieverError(f"{spec.text}: could not load the profile's {model_spec.backend} expert "
                                  f"({_one_line(exc)})") from exc

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,15 +50,15 @@ def outcome_metrics(ranking: QueryRanking, map_cutoffs: Sequence[int] = (10, 20,
 
 
 def vector_score_blocks(query_vecs: np.ndarray, texts: list[str], blocks: VectorBlocks,
-                        track_slots: bool = False) -> ScoreBlocks:
+                        track_slots: Any = None) -> ScoreBlocks:
     """Score blocks from gallery vector blocks: exact inner products (the same bits in any block
     shape); an expert with track slots fuses each block with its items' track facts first."""
 
     def scored(only: set[str] | None) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
         for ids, where, vecs, facts in blocks(only):
             queries, gallery = query_vecs, vecs
-            if track_slots:
-                queries, gallery = fuse_track_slots(query_vecs, vecs, texts, facts or [{} for _ in ids])
+            if track_slots is not None:
+                queries, gallery = fuse_track_slots(query_vecs, vecs, texts, facts or [{} for _ in ids], track_slots)
             yield ids, where, inner_products(queries, gallery)
 
     return scored
@@ -111,10 +112,11 @@ def rows_by_domain(scored: Sequence[ScoredQuery]) -> dict[str, list[dict[str, fl
 
 def score_vectors(query_vecs: np.ndarray, queries: Sequence[Mapping[str, str]], gallery_vecs: np.ndarray,
                   gallery_ids: Sequence[str], gallery_domains: Sequence[str], qrels: Mapping[str, set[str]],
-                  track_slots: bool = False, facts: list[dict] | None = None, top_n: int = 100,
+                  track_slots: Any = None, facts: list[dict] | None = None, top_n: int = 100,
                   map_cutoffs: Sequence[int] = (10, 20, 30)) -> list[ScoredQuery]:
     """``score_queries`` over an in-memory gallery (the build's evaluate stage, check sets): each
-    domain's rows as one block; with ``track_slots``, fused with ``facts`` (one dict per item)."""
+    domain's rows as one block; with ``track_slots`` (an expert's slot layout), fused with ``facts``
+    (one dict per item)."""
     texts = [q["text"] for q in queries]
     domains = np.asarray(gallery_domains)
 

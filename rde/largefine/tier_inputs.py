@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from models.backends.track_facts import motion_facts
+from models.domains import DomainSet
 from rde.common import caption_stats
 from rde.common.image_decoding import decode_rgb
 from rde.common.profiles import TrackFactsSpec
@@ -31,7 +32,7 @@ def accepted_rows(accepted_url: str, wanted: dict[int, set[str]], columns: list[
 
 
 def tier_images(accepted_url: str, rows: list[dict[str, Any]], with_negatives: bool,
-                 track: TrackFactsSpec) -> list[TierImage]:
+                 track: TrackFactsSpec, domains: DomainSet) -> list[TierImage]:
     """The shard's images (and hard negatives), decoded, each with its video-track facts."""
     wanted: dict[int, set[str]] = defaultdict(set)
     for r in rows:
@@ -41,7 +42,7 @@ def tier_images(accepted_url: str, rows: list[dict[str, Any]], with_negatives: b
     found = accepted_rows(accepted_url, wanted, ["image_bytes", "domain", "source_meta"])
     options = motion_options(track)
     images = {i: decode_rgb(rec["image_bytes"]) for i, rec in found.items()}
-    facts = {i: motion_facts(rec["source_meta"], rec["domain"], options) for i, rec in found.items()}
+    facts = {i: motion_facts(rec["source_meta"], domains.get(rec["domain"]), options) for i, rec in found.items()}
     negative = [r["hard_negative_id"] if with_negatives and r["hard_negative_id"] else None for r in rows]
     return [TierImage(r["image_id"], r["source"], r["domain"], images[r["image_id"]], r["generator_index"],
                       neg, images.get(neg) if neg else None, facts[r["image_id"]], facts.get(neg, {}) if neg else {})

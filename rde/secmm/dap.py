@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from models.backends.attributes import TEXT_SLOTS, parse_text_attributes
+from models.backends.attributes import SlotLayout, parse_text_attributes
 from models.backends.interfaces import (
     ChatMessage,
     GenerationRequest,
@@ -145,6 +145,7 @@ class LineContext:
     vocabulary: set[str] | None = None
     keywords: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     lemmatise: Callable[[list[str]], list[Lemmatised]] | None = None
+    layout: SlotLayout | None = None  # the profile's domains' slots: the near-duplicate rule's attributes
 
 
 def spacy_lemmas(texts: list[str]) -> list[Lemmatised]:
@@ -230,13 +231,16 @@ def echo_of(text: str, vec: np.ndarray | None, ctx: LineContext, spec: QueriesSp
     return None
 
 
-def stated_attributes(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """The attribute values a query states (colour per garment, carried objects, vehicle type and
-    colour: ``parse_text_attributes``), order-free. Two queries that state different values ask
-    for different images however close their embeddings: MiniLM puts "A person wearing black
-    bottoms and a red top." at cosine 0.924 to "A person wearing a black top and black bottoms."."""
-    attrs = parse_text_attributes(text)
-    return tuple((slot, tuple(sorted(attrs.top(slot)))) for slot in TEXT_SLOTS if slot != "domain")
+def stated_attributes(text: str, layout: SlotLayout | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The attribute values a query states in ``layout``'s slots (colour per region, carried
+    objects, types, motion: ``parse_text_attributes``), order-free; none without a layout. Two
+    queries that state different values ask for different images however close their embeddings:
+    MiniLM puts "A person wearing black bottoms and a red top." at cosine 0.924 to "A person
+    wearing a black top and black bottoms."."""
+    if layout is None:
+        return ()
+    attrs = parse_text_attributes(text, layout)
+    return tuple((slot, tuple(sorted(attrs.top(slot)))) for slot in layout.text_slots if slot != "domain")
 
 
 def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str], spec: QueriesSpec,
@@ -296,8 +300,8 @@ def postprocess_queries(candidates: list[tuple[str, str]], domain_words: set[str
                 sims = kept_vecs @ vec[0]
                 close = [j for j in np.argsort(-sims) if sims[j] >= spec.near_duplicate_cosine]
                 if spec.near_duplicate_attributes:
-                    mine = stated_attributes(text)
-                    close = [j for j in close if stated_attributes(kept_texts[j]) == mine]
+                    mine = stated_attributes(text, ctx.layout)
+                    close = [j for j in close if stated_attributes(kept_texts[j], ctx.layout) == mine]
                 if close:
                     j = int(close[0])
                     reason, detail = "near_duplicate", f"cosine {sims[j]:.3f} with {kept_texts[j]!r}"
@@ -517,7 +521,8 @@ def generate_rounds(generator: Generator, prompt: PromptFile, stats: dict[str, C
 
 
 def domain_queries(domain: str, prompt: PromptFile, stats: dict[str, Counter], texts: list[str],
-                   generator: Generator, encoder: TextEncoder, spec: QueriesSpec, blocked: list[str]) -> DomainQueries:
+                   generator: Generator, encoder: TextEncoder, spec: QueriesSpec, blocked: list[str],
+                   layout: SlotLayout | None = None) -> DomainQueries:
     """Distribution-Aware Prompting for one domain: up to ``spec.max_rounds`` requests, each with
     keywords sampled from the caption-pool ``stats`` (and a GBNF grammar of pool phrases when
     ``constrained_decoding``), until ``spec.per_domain`` lines pass the post-processing. A valid
@@ -528,7 +533,7 @@ def domain_queries(domain: str, prompt: PromptFile, stats: dict[str, Counter], t
     vocab = (caption_stats.vocabulary(texts) | set(prompt.extras.get("vocabulary_allowed", []))
              if spec.vocabulary_check else None)
     uses = caption_stats.noun_uses(texts) if spec.constrained_decoding else {}
-    line_ctx = LineContext(examples, encoder.encode(examples) if examples else None, vocab)
+    line_ctx = LineContext(examples, encoder.encode(examples) if examples else None, vocab, layout=layout)
     rng = np.random.default_rng([spec.seed, len(domain)])
     accepted: list[str] = []
     ahead: list[tuple[str, dict[str, Any], str | None, GenerationResult]] = []  # rounds generated, not yet read

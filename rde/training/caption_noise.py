@@ -6,7 +6,7 @@ Kinds and their vocabularies come from what the grounded captioner measures
 (``COLOURS`` and the unambiguous synonyms of ``COLOUR_SYNONYMS``; "dark", "light" and "bright"
 are modifiers and stay), garments (upper-body, lower-body and whole-body garments, each swapped
 within its group and grammatical number, so "jeans are" stays plural; the prompt's generic words
-"top", "bottoms", "clothing" are not garments and stay), carried objects (``OBJECT_WORDS``' kinds)
+"top", "bottoms", "clothing" are not garments and stay), carried objects (``CARRIED``)
 and directions (a documented list: the captioner measures none, so demo captions seldom have one).
 A replacement never repeats a colour already in the caption ("black and gray" does not become
 "gray and gray"); an article right before a replaced word is fixed ("a backpack" → "an umbrella");
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.backends.attributes import COLOURS, OBJECT_WORDS
+from models.backends.attributes import COLOURS
 
 # colour words that name one colour (COLOUR_SYNONYMS minus the modifiers): swapped to another base colour
 COLOUR_WORDS = (*COLOURS, "grey", "silver", "navy", "maroon", "crimson", "beige", "tan", "khaki", "violet")
@@ -32,7 +32,7 @@ UPPER_GARMENTS = ("shirt", "t-shirt", "jacket", "coat", "sweater", "hoodie", "bl
                   "sweatshirt", "cardigan", "blazer", "parka")
 LOWER_GARMENTS_PLURAL = ("pants", "trousers", "jeans", "shorts", "leggings", "slacks")
 WHOLE_GARMENTS = ("dress", "suit", "uniform", "kimono", "poncho")
-CARRIED = tuple(sorted({*OBJECT_WORDS.values(), "bag"}))  # backpack, bag, handbag, suitcase, umbrella
+CARRIED = ("backpack", "bag", "handbag", "suitcase", "umbrella")  # what the pedestrian domain's people carry
 # "walking to the left", "in the right hand": the other side ("front"/"back" are left out: "a
 # backpack on the back" would become "on the front")
 DIRECTIONS = ("left", "right")

@@ -120,7 +120,7 @@ def streamed_training_data(url: str, profile: Any) -> dict[str, Any]:
 
 
 def _check_domains(name: str) -> list[str]:
-    return [q.get("domain", "pedestrian") for q in load_check_yaml(Path(resolve_location(name)))["queries"]]
+    return [q["domain"] for q in load_check_yaml(Path(resolve_location(name)))["queries"]]
 
 
 def new_model(data: dict[str, Any], profile: Any) -> torch.nn.Module:
@@ -180,7 +180,7 @@ def evaluation_rows(model: torch.nn.Module, data: dict[str, Any], label: str) ->
         if held is not None:
             m = person_search_over_vectors(held[0], held[1], held[2], held[3])
             rows += [{"benchmark": "held-out-identities", "labels": "track identities", "expert": label,
-                      "domain": "pedestrian", "metric": k, "value": v, "queries": int(m["queries"])}
+                      "domain": "all", "metric": k, "value": v, "queries": int(m["queries"])}
                      for k, v in m.items() if k != "queries"]
     return rows
 

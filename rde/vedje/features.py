@@ -114,7 +114,7 @@ def cached_tensors(source: str, stage1_backend: str | None = None, profile_name:
     source_root = flow_root(profile.artifacts_root, profile.vedje.source_flow, profile.name)
     items = load_items(profile, source_root if source == "largefine" else None)
     if not all((folder / f"{n}.parquet").exists() for n in names):
-        reg = ModelRegistry(profile.models)
+        reg = ModelRegistry.of(profile)
         tables = build_tables(items, reg.image_embedder(), reg.expert(stage1))
         folder.mkdir(parents=True, exist_ok=True)
         for n, t in zip(names, tables, strict=True):

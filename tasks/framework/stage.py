@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 
 from models.backends.registry import ModelRegistry
+from models.domains import DomainSet
 from models.specs import ModelsSection
 from storage import Artifact
 from tasks.framework.context import RunContext
@@ -182,7 +183,14 @@ class StageRun:
         return self.ctx.profile.models
 
     def registry(self) -> ModelRegistry:
-        return ModelRegistry(self.ctx.profile.models)
+        """The profile's models; those that measure the domains (``DOMAIN_BACKENDS``) key them in
+        their ``lineage``, so the registry reads them from the whole profile."""
+        return ModelRegistry(self.ctx.profile.models, self._profile.domain_set)
+
+    @property
+    def domains(self) -> DomainSet:
+        """The profile's domains; the stage must declare ``domains`` (their files are in its key)."""
+        return DomainSet(self.section("domains"))
 
     @property
     def profile_name(self) -> str:

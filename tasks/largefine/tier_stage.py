@@ -9,7 +9,7 @@ from tasks.framework.stage import Lineage, Resources, Stage, StageRun
 GENERATION = (*(f"largefine.{name}" for name in (
     "temperature", "qa_max_tokens", "summary_max_tokens", "min_qa_pairs", "min_words", "max_words",
     "max_repeated_sentence_share", "drop_repeated_sentences", "boilerplate", "negative_mentions", "seed",
-    "tier_prompt", "retries")), "track_facts")  # the images' video-track facts go into the requests; retries
+    "tier_prompt", "retries")), "track_facts", "domains")  # the images' video-track facts go into the requests; retries
 # decide whether a call that failed for a transient reason ends as a caption or a reject
 
 

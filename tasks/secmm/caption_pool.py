@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from models.backends.attributes import slot_layout
 from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
@@ -52,7 +53,7 @@ class CaptionPool(Stage):
     writes = (Write("caption_pool", "captions", CAPTIONS),
               Write("caption_pool_rejects", "rejects", REJECTS, rejects=True))
     config = ("queries.caption_file", "queries.caption_sample_per_domain", "queries.caption_max_tokens",
-              "queries.seed", "input.default_domain", "track_facts")
+              "queries.seed", "input.default_domain", "track_facts", "domains")
     resources = Resources(device="gpu", hold_slot=False)  # the captioner (an MLLM in production)
     prepares = CaptionSource
     balance = True
@@ -85,13 +86,14 @@ class CaptionPool(Stage):
         generic = set(prompt.extras.get("generic_words", []))
         measured = getattr(generator, "measured_facts", None)  # composed captioners expose their facts
         generated = clean_before = rendered = 0
-        for domain in sorted({r["domain"] for r in rows}):
+        domains = run.domains
+        for domain in sorted({r["domain"] for r in rows} & set(domains.names)):
             mine = [r for r in rows if r["domain"] == domain]
             pick = rng.choice(len(mine), size=min(q.caption_sample_per_domain, len(mine)), replace=False)
             chosen = [mine[i] for i in sorted(pick)]
             images = decoded_images(accepted, [r["image_id"] for r in chosen])
-            tracks = track_facts(accepted, [r["image_id"] for r in chosen], run.section("track_facts"))
-            requests = [GenerationRequest(r["image_id"], [ChatMessage("user", prompt.templates[domain],
+            tracks = track_facts(accepted, [r["image_id"] for r in chosen], run.section("track_facts"), run.domains)
+            requests = [GenerationRequest(r["image_id"], [ChatMessage("user", domains[domain].captions.request,
                                                                       [images[r["image_id"]]],
                                                                       [tracks.get(r["image_id"], {})])],
                                           max_tokens=q.caption_max_tokens, temperature=0.0)
@@ -101,11 +103,13 @@ class CaptionPool(Stage):
             # complete sentences only, and (where the generator measured facts) only what was measured
             facts = [measured([images[r.request_id]], [tracks.get(r.request_id, {})])[0] if measured else None
                      for r in results]
+            subject = domains[domain].subject  # its nouns state no attribute of it
             checks = sentence_checks.check_captions([r.text if r.ok else "" for r in results],
-                                                    [f.allowed if f else None for f in facts], generic,
+                                                    [f.allowed if f else None for f in facts],
+                                                    generic | set(subject.allowed) | {subject.noun},
                                                     int(prompt.extras.get("restart_ngram", 3)),
                                                     needs_object=prompt.extras.get("needs_object", []))
-            from_facts = prompt.extras.get("from_facts", {}).get(domain, {})
+            from_facts = domains[domain].captions.from_facts
             for res, check, fact in zip(results, checks, facts, strict=True):
                 decided = pool_caption(res, check, fact.values if fact else None, from_facts, domain,
                                        prompt.identity, prompt.extras)
@@ -118,7 +122,7 @@ class CaptionPool(Stage):
                  "rejected": dict(Counter(r["reason"] for r in image_rows)),
                  "dropped_sentences": dict(Counter(r["reason"] for r in rejects if r["stage"] == SENTENCE_STAGE)),
                  "generated_captions_clean": clean_before, "rendered_from_facts": rendered,
-                 "diversity": diversity_by_domain(captions)}
+                 "diversity": diversity_by_domain(captions, slot_layout(domains))}
         return Work.one({"caption_pool": pa.Table.from_pylist(captions, schema=CAPTIONS),
                          "caption_pool_rejects": pa.Table.from_pylist(rejects, schema=REJECTS)}, stats)
 

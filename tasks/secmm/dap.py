@@ -8,11 +8,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from models.backends.attributes import slot_layout
 from models.backends.registry import BUNDLED_LLM, spec_lineage
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common.text_diversity import diversity_by_domain, diversity_line
 from rde.secmm import dap
+from rde.secmm.dap_prompts import dap_prompt
 from storage.schemas import (
     QUERIES,
     REJECTS,
@@ -46,7 +48,7 @@ class Dap(Stage):
 
     def lineage(self, run: StageRun) -> Lineage:
         gen_spec = run.models.query_generator or ModelSpec(**BUNDLED_LLM)
-        prompts = {d.name: load_prompt(f"dap_{d.name}") for d in run.section("domains")}
+        prompts = {d.name: dap_prompt(d) for d in run.domains}
         safety = load_prompt("query_safety")
         run.prepared = DapPrompts(gen_spec, prompts, safety)
         return Lineage(models={"generator": run.registry().lineage(gen_spec),
@@ -59,6 +61,7 @@ class Dap(Stage):
         registry = run.registry()
         generator = registry.generator(prepared.generator)
         encoder = registry.text_encoder()
+        layout = slot_layout(run.domains)  # the near-duplicate rule's attribute slots
         stats_rows = run.input("caption_stats").to_pandas()
         caption_rows = run.input("caption_pool").rows(["domain", "text"])
         queries, rejects, requests_seen = [], [], []
@@ -68,7 +71,7 @@ class Dap(Stage):
             stats = {pos: Counter(dict(zip(g.word, g["count"], strict=True))) for pos, g in mine.groupby("pos")}
             texts = [r["text"] for r in caption_rows if r["domain"] == domain]
             made = dap.domain_queries(domain, prompt, stats, texts, generator, encoder, run.section("queries"),
-                                      prepared.safety.extras["blocked"])
+                                      prepared.safety.extras["blocked"], layout)
             queries += made.queries
             rejects += made.rejects
             requests_seen += made.requests
@@ -79,7 +82,7 @@ class Dap(Stage):
                         {"input_rows": lines_in, "accepted": len(queries),
                          "rejected": dict(Counter(r["reason"] for r in rejects)),
                          "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen,
-                         "diversity": diversity_by_domain(queries)})
+                         "diversity": diversity_by_domain(queries, layout)})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         stats = result.stats

@@ -43,7 +43,7 @@ class Evaluate(Stage):
     version = "6"
     reads = ("benchmark/qrels", "benchmark/queries", "benchmark/gallery", "accepted")
     writes = (Write("evaluation", "evaluation", EVALUATION),)
-    config = ("evaluation.check_sets", "evaluation.check_set_pool", "track_facts")
+    config = ("evaluation.check_sets", "evaluation.check_set_pool", "track_facts", "domains")
     resources = Resources(device="gpu", hold_slot=False)
     prepares = CheckFiles
 
@@ -66,7 +66,7 @@ class Evaluate(Stage):
             texts = [q["text"] for q in queries]
             scored = score_vectors(expert.encode_text(texts), queries, gallery_vectors(cache),
                                    [g["image_id"] for g in gallery], [g["domain"] for g in gallery], qrels,
-                                   bool(getattr(expert, "track_slots", False)), gallery_facts)
+                                   getattr(expert, "track_slots", None), gallery_facts)
             for domain, metrics in means_by_domain(scored, metric_names()).items():
                 n = int(metrics.pop("queries"))
                 rows += [{"benchmark": bench, "labels": labels, "expert": f"{spec.backend}:{spec.model_id}",
@@ -87,7 +87,8 @@ class Evaluate(Stage):
             queries = run.input("benchmark/queries").rows(["query_id", "domain", "text"])
             bench_gallery = run.input("benchmark/gallery")
             gallery = bench_gallery.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
-            tracks = track_facts(run.input("accepted"), [g["image_id"] for g in gallery], run.section("track_facts"))
+            tracks = track_facts(run.input("accepted"), [g["image_id"] for g in gallery], run.section("track_facts"),
+                                 run.domains)
             rows += self._score(run, caches, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
                                 lambda cache: cache.embed_artifact(bench_gallery, ["image_id"])[1], verified,
                                 [tracks.get(g["image_id"], {}) for g in gallery])
@@ -101,7 +102,7 @@ class Evaluate(Stage):
             rows += self._score(run, caches, f"check-set:{data.get('name', Path(path).stem)}", "verified", queries,
                                 gallery, lambda cache, check=check: cache.embed(
                                     check.gallery_ids, lambda pos: [check.gallery_images[p] for p in pos]), qrels,
-                                gallery_track_facts(check, run.section("track_facts")))
+                                gallery_track_facts(check, run.domains, run.section("track_facts")))
         return Work.one({"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)},
                         {"input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
                          "verified_queries": len(verified), "embedded": sum(c.embedded for c in caches)})

@@ -25,7 +25,7 @@ class Mecf(Stage):
     version = "6"
     reads = ("queries", "gallery", "accepted")
     writes = (Write("candidates", "candidates", CANDIDATES),)
-    config = ("retrieval", "track_facts")
+    config = ("retrieval", "track_facts", "domains")
     resources = Resources(device="gpu", hold_slot=False)
 
     def lineage(self, run: StageRun) -> Lineage:
@@ -57,8 +57,9 @@ class Mecf(Stage):
                 if getattr(expert, "track_slots", False):
                     if tracks is None:
                         tracks = track_facts(run.input("accepted"), [g["image_id"] for g in gallery],
-                                             run.section("track_facts"))
-                    qv, gv = fuse_track_slots(qv, gv, texts, [tracks.get(r["image_id"], {}) for r in kept])
+                                             run.section("track_facts"), run.domains)
+                    qv, gv = fuse_track_slots(qv, gv, texts, [tracks.get(r["image_id"], {}) for r in kept],
+                                              expert.track_slots)
                 per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above, retrieval.ann)
                 per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
             for cand in mecf.union_candidates(per_expert):
