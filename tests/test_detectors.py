@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_models import build_tiny_owl
 
 from models.backends.detectors import OwlDetector, SsdMobileNetDetector, YoloDetector, known_classes, load_detector
 from models.backends.model_errors import ModelLoadError
 from models.specs import DetectorSpec
 from rde.common.profiles import load_profile
-from tiny_models import build_tiny_owl
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_owl_open_vocabulary_backend_finds_the_classes_a_domain_names(tmp_path, 
 
 
 def test_owl_without_a_model_or_classes_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="needs detector.model_id"):
+    with pytest.raises(ValueError, match=r"needs detector\.model_id"):
         DetectorSpec(backend="owl")
     with pytest.raises(ModelLoadError, match="needs its classes"):
         OwlDetector(DetectorSpec(backend="owl", model_id="nowhere"))
