@@ -133,6 +133,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print(f"videos {videos['input']} = accepted {videos['accepted']} + rejected {videos['rejected']}; "
                       f"their crops are the {videos['crops']} inputs below")
     console.print(f"{escape(accounting_line(summary))}: {status}")
+    if summary.get("domains"):
+        console.print("accepted images by domain: " + ", ".join(f"{k} {v}" for k, v in summary["domains"].items()))
+    for name in summary.get("empty_domains", []):
+        console.print(f"[yellow]domain {name}: no images accepted[/] (the input shows none that pass denoise); "
+                      "its queries, gallery and candidates are empty")
     if summary.get("captioning"):
         tiers = Table(title="captioning: retention and throughput")
         for col in ("stage", "input", "accepted", "retention", "images/s", "tokens/s"):

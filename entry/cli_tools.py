@@ -15,6 +15,7 @@ from entry.cli_base import (
     CHECK_COLOURS,
     ProfileOpt,
     _fail,
+    _parse_sets,
     _print_records,
     _profile_or_fail,
     app,
@@ -295,14 +296,33 @@ def doctor_cmd(
 def check_experts_cmd(
     profile: ProfileOpt = "demo",
     k: Annotated[int, typer.Option(min=1, help="Cut-off of mAP@K.")] = 10,
+    check_set: Annotated[Path | None, typer.Option(help="Check-set file (default data/check_set/queries.yaml; "
+                                                        "data/check_set/cyclist.yaml: the cyclist domain's).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a profile key, e.g. "
+                                                   "--set 'domains=[cyclist]'.")] = None,
 ) -> None:
-    """Score the profile's experts on the hand-labelled check set (data/check_set) against random."""
+    """Score the profile's experts on a hand-labelled check set (data/check_set) against random."""
     from models.backends.registry import ModelRegistry
-    from rde.common.expert_check import load_check_set
+    from rde.common.expert_check import load_check_set, restrict_to
+    from rde.common.profiles import ProfileError, load_profile
     from rde.evaluation.check_sets import expert_map, random_map
+    from storage.locations import resolve_location
 
-    prof = _profile_or_fail(profile)
-    check = load_check_set()
+    try:
+        prof = load_profile(profile, _parse_sets(sets or []))
+    except ProfileError as exc:
+        _fail(str(exc))
+    try:
+        check = load_check_set(resolve_location(prof.evaluation.check_set_pool), check_set)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    unknown = sorted(set(check.query_domains or []) - set(prof.domain_set.names))
+    check = restrict_to(check, prof.domain_set.names)
+    if unknown:
+        console.print(f"[yellow]queries of {unknown} left out[/]: not domains of profile {prof.name} "
+                      "(add them: --set 'domains=[...]')")
+    if not check.queries:
+        _fail(f"no query of the check set is of a domain of profile {prof.name}")
     registry = ModelRegistry.of(prof)
     table = Table(title=f"check set: {len(check.queries)} queries, {len(check.gallery_images)} gallery crops")
     table.add_column("expert")

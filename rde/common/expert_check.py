@@ -73,9 +73,12 @@ def validate_check_yaml(data: Any, source: Path) -> dict:
     Rules: a mapping with a non-empty ``queries`` list; unique query ids; non-empty text; domain in
     a domain name; at least one relevant identity or crop (``relevant_identities``, ``relevant_crops``:
     pool ids); ``labelled_by`` (non-empty) and ``labelled_on`` (an ISO date) on every query; no
-    relevant identity listed in ``junk_identities``."""
+    relevant identity listed in ``junk_identities``; ``pool``, where given, a path (the pool artifact
+    the file's identities are crops of, relative to the project root; default: the profile's)."""
     if not isinstance(data, dict):
         raise _fail(source, "file", f"expected a mapping at the top level, got {type(data).__name__}")
+    if "pool" in data and (not isinstance(data["pool"], str) or not data["pool"].strip()):
+        raise _fail(source, "file", f"pool must be the path of a pool artifact, got {data['pool']!r}")
     queries = data.get("queries")
     if not isinstance(queries, list) or not queries:
         raise _fail(source, "file", "'queries' must be a non-empty list")
@@ -138,17 +141,27 @@ def held_out_identities(data: dict) -> set[str]:
         {crop_identity(c) for q in data["queries"] for c in q.get("relevant_crops", [])}
 
 
+def check_pool(pool_url: str | None, data: dict) -> str:
+    """The pool a check set's identities are crops of: the file's own ``pool`` (a domain added as a
+    file has its crops in a pool of its own), else ``pool_url``, else the demo pool."""
+    if data.get("pool"):
+        return str(project_root() / data["pool"])
+    return pool_url or str(project_root() / "data" / "demo_pool")
+
+
 def gallery_pool_ids(pool_url: str | None, data: dict) -> list[str]:
     """The pool ids of a check set's gallery in ``load_check_set``'s order, read without image bytes."""
-    table = Artifact(pool_url or str(project_root() / "data" / "demo_pool")).read_shard(
+    table = Artifact(check_pool(pool_url, data)).read_shard(
         0, ["pool_id", "identity", "variant"]).to_pylist()
     junk = set(data.get("junk_identities") or [])
     return [r["pool_id"] for r in table if r["variant"] == "crop" and r["identity"] not in junk]
 
 
 def load_check_set(pool_url: str | None = None, queries_file: Path | None = None) -> CheckSet:
+    """A check-set file's queries over its pool's crops (``check_pool``), junk identities left out."""
     data = load_check_yaml(queries_file)
-    table = Artifact(pool_url or str(project_root() / "data" / "demo_pool")).read_shard(0).to_pylist()
+    pool_url = check_pool(pool_url, data)
+    table = Artifact(pool_url).read_shard(0).to_pylist()
     junk = set(data.get("junk_identities") or [])
     pool_crops = {r["identity"] for r in table if r["variant"] == "crop"}
     crop_ids = {r["pool_id"] for r in table if r["variant"] == "crop" and r["identity"] not in junk}
@@ -157,7 +170,7 @@ def load_check_set(pool_url: str | None = None, queries_file: Path | None = None
     if any(missing.values()):
         detail = "; ".join(f"query {qid}: {', '.join(ids)}" for qid, ids in missing.items() if ids)
         raise ValueError(f"check set {queries_file or project_root() / DEFAULT_CHECK_FILE}: relevant identities or "
-                         f"crops with no (non-junk) crop in the pool {pool_url or 'data/demo_pool'}: {detail}")
+                         f"crops with no (non-junk) crop in the pool {pool_url}: {detail}")
     crops = [r for r in table if r["variant"] == "crop" and r["identity"] not in junk]
     return CheckSet([q["text"] for q in data["queries"]],
                     [set(q.get("relevant_identities", [])) | set(q.get("relevant_crops", [])) for q in data["queries"]],
@@ -165,6 +178,24 @@ def load_check_set(pool_url: str | None = None, queries_file: Path | None = None
                     [r["domain"] for r in crops], [sha256_bytes(r["image_bytes"]) for r in crops],
                     [q["id"] for q in data["queries"]], [q["domain"] for q in data["queries"]],
                     [r["source_meta"] for r in crops], [r["pool_id"] for r in crops])
+
+
+def restrict_to(check: CheckSet, domains: list[str]) -> CheckSet:
+    """The check set's queries and crops of ``domains`` only (a profile scores the queries of its own
+    domains: its experts know no other domain's words, slots or motion)."""
+    keep_q = [n for n, d in enumerate(check.query_domains or []) if d in domains]
+    keep_g = [j for j, d in enumerate(check.gallery_domains) if d in domains]
+    if check.query_domains is None or (len(keep_q) == len(check.queries) and len(keep_g) == len(check.gallery_domains)):
+        return check
+
+    def pick(values: list | None, keep: list[int]) -> list | None:
+        return None if values is None else [values[i] for i in keep]
+
+    return CheckSet([check.queries[n] for n in keep_q], [check.relevant[n] for n in keep_q],
+                    [check.gallery_images[j] for j in keep_g], [check.gallery_identities[j] for j in keep_g],
+                    [check.gallery_domains[j] for j in keep_g], pick(check.gallery_ids, keep_g),
+                    pick(check.query_ids, keep_q), pick(check.query_domains, keep_q), pick(check.gallery_meta, keep_g),
+                    pick(check.gallery_pool_ids, keep_g))
 
 
 def relevance_lists(check: CheckSet, ranked: np.ndarray) -> tuple[list[list[bool]], list[int]]:

@@ -183,7 +183,7 @@ def _review_links(location: str) -> dict[str, str]:
 
 
 def _check_set(location: str, labels: str | None, pool: str, track_spec: Any, domains: Any) -> Benchmark:
-    from rde.common.expert_check import gallery_track_facts, load_check_set, load_check_yaml
+    from rde.common.expert_check import check_pool, gallery_track_facts, load_check_set, load_check_yaml
     from rde.evaluation.check_sets import check_queries
     from storage.locations import resolve_location
 
@@ -199,7 +199,7 @@ def _check_set(location: str, labels: str | None, pool: str, track_spec: Any, do
     known = track_spec is not None and domains is not None
     gallery = CheckSetGallery(check, gallery_track_facts(check, domains, track_spec) if known else None)
     scored, kept = _labelled(location, queries, qrels, gallery_ids, "verified")
-    pool_artifact = Artifact(resolve_location(pool))
+    pool_artifact = Artifact(check_pool(resolve_location(pool), data))
     pool_print = pool_artifact.manifest().fingerprint
     key = sha256_json({"kind": "check-set", "yaml": path.read_text(encoding="utf-8"), "pool": pool_print})
     junk = sorted(data.get("junk_identities") or [])

@@ -56,6 +56,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
              f"Inputs **{summary['inputs']}**, accepted **{summary['accepted']}**, "
              f"rejected **{summary['total_rejected']}**, balanced: **{summary['balanced']}**", "",
              *[f"- not balanced: {line}" for line in summary.get("imbalance", [])],
+             *[f"- domain {name}: no images accepted, nothing built for it"
+               for name in summary.get("empty_domains", [])],
              "| stage | skipped | input | accepted | rejected | shards | reused | seconds | balance |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in summary["stages"]:

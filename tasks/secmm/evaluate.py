@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from rde.common.embedding_cache import EmbeddingCache, expert_caches
-from rde.common.expert_check import gallery_track_facts, load_check_set, load_check_yaml
+from rde.common.expert_check import gallery_track_facts, load_check_set, load_check_yaml, restrict_to
 from rde.common.track_context import track_facts
 from rde.evaluation.check_sets import check_queries
 from rde.evaluation.scoring import means_by_domain, metric_names, score_vectors
@@ -39,8 +39,9 @@ class Evaluate(Stage):
 
     name = "evaluate"
     # 4: rankings from scores that are the same on any CPU; 5: the attribute expert's track slots;
-    # 6: through rde evaluate's scoring: mINP, nDCG@10 and MRR too
-    version = "6"
+    # 6: through rde evaluate's scoring: mINP, nDCG@10 and MRR too; 7: a check set's queries and crops
+    # of the profile's domains only
+    version = "7"
     reads = ("benchmark/qrels", "benchmark/queries", "benchmark/gallery", "accepted")
     writes = (Write("evaluation", "evaluation", EVALUATION),)
     config = ("evaluation.check_sets", "evaluation.check_set_pool", "track_facts", "domains")
@@ -93,9 +94,14 @@ class Evaluate(Stage):
                                 lambda cache: cache.embed_artifact(bench_gallery, ["image_id"])[1], verified,
                                 [tracks.get(g["image_id"], {}) for g in gallery])
         check_files: CheckFiles = run.prepared
+        skipped: list[str] = []
         for path in check_files.paths:
-            check = load_check_set(resolve_location(evaluation.check_set_pool), Path(path))
+            check = restrict_to(load_check_set(resolve_location(evaluation.check_set_pool), Path(path)),
+                                run.domains.names)
             data = load_check_yaml(Path(path))
+            if not check.queries:
+                skipped.append(f"{path}: no query of this profile's domains")
+                continue
             queries, gallery_ids, gallery_domains, qrels = check_queries(check)
             gallery = [{"image_id": i, "domain": d} for i, d in zip(gallery_ids, gallery_domains, strict=True)]
             assert check.gallery_ids is not None  # load_check_set hashes every crop it reads
@@ -105,7 +111,8 @@ class Evaluate(Stage):
                                 gallery_track_facts(check, run.domains, run.section("track_facts")))
         return Work.one({"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)},
                         {"input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
-                         "verified_queries": len(verified), "embedded": sum(c.embedded for c in caches)})
+                         "verified_queries": len(verified), "embedded": sum(c.embedded for c in caches),
+                         "check_sets_skipped": skipped})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         out = run.output_artifact("evaluation")
@@ -120,6 +127,7 @@ class Evaluate(Stage):
                          "note": f"{stats.get('pending_review', 0)} MECF candidates await review"})
         lines = [f"evaluate: {w['benchmark']} [{w['labels']}] {w['expert']} {w['domain']}: "
                  + ", ".join(f"{k}={v}" for k, v in w.items() if k.startswith(("mAP", "R@", "note"))) for w in wide]
+        lines += [f"evaluate: check set {s} (skipped)" for s in stats.get("check_sets_skipped", [])]
         return Report(tables=[("evaluation", wide or [{"benchmark": "-"}],
                                "Zero-shot retrieval per expert and domain (verified labels only)")],
                       log="\n".join(lines))
