@@ -69,6 +69,8 @@ class Subject(Strict):
                                        "detector looks for, one per class (default: the class names).")
     noun: str = Field(description="The word a fact line names the subject with ('subject: a person').")
     said_as: str = Field(description="How an answer refers to the subject ('the person').")
+    plural: str | None = Field(None, description="The noun's plural, as a tier prompt compares two subjects "
+                               "(default: the noun + s).")
     missing: str | None = Field(None, description="The fact line when no subject is detected (the first "
                                 "domain's, whose regions are then measured over the whole image).")
     nouns: list[str] = Field(min_length=1, description="Words that name the subject: a generated query must "
@@ -87,6 +89,10 @@ class Subject(Strict):
             raise ValueError(f"open_vocabulary: one name per class, got {len(self.open_vocabulary)} names for "
                              f"{len(self.classes)} classes")
         return self
+
+    @property
+    def plural_noun(self) -> str:
+        return self.plural or f"{self.noun}s"
 
     @property
     def text_names(self) -> list[str]:
@@ -183,6 +189,9 @@ class Captions(Strict):
     """The caption pool's request and the sentences a caption is rendered in from the facts."""
 
     request: str = Field(description="What a generator is asked about one image.")
+    attributes: list[str] = Field(default_factory=list, description="What a describer model's tier Q&A asks "
+                                  "about (the tier prompt's {attributes}; default: the prompt's own list, "
+                                  "written for people).")
     from_facts: dict[str, Any] = Field(default_factory=dict, description="Sentences rendered from measured "
                                        "values (rde/secmm/sentence_checks.py render_sentence).")
 

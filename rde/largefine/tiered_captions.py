@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, Generator
+from models.domains import DomainSet
 from models.prompt_files import PromptFile
 from rde.common.generation_retries import error_reason, generate_with_retries
 from rde.common.profiles import LargeFineSpec
@@ -81,11 +82,21 @@ def assign_generator(seed: int, image_id: str, n_generators: int) -> int:
 class TierCaptioner:
     """Runs the tiers over a batch of images with the profile's generators (one per image)."""
 
-    def __init__(self, generators: Sequence[Generator], prompt: PromptFile, spec: LargeFineSpec) -> None:
+    def __init__(self, generators: Sequence[Generator], prompt: PromptFile, spec: LargeFineSpec,
+                 domains: DomainSet | None = None) -> None:
         if not generators:
             raise ValueError("build-largefine needs at least one entry in models.generators")
-        self.generators, self.prompt, self.spec = list(generators), prompt, spec
+        self.generators, self.prompt, self.spec, self.domains = list(generators), prompt, spec, domains
         self.attributes = ", ".join(prompt.extras.get("attributes", []))
+
+    def wording(self, item: TierImage) -> dict[str, str]:
+        """The tier prompt's words for ``item``'s subject: its domain's ({subject}, {noun}, {nouns},
+        {attributes}), else the prompt file's ``wording`` (written for people)."""
+        domain = self.domains.get(item.domain) if self.domains is not None else None
+        if domain is None:
+            return {"attributes": self.attributes, **self.prompt.extras.get("wording", {})}
+        return {"subject": domain.subject.said_as, "noun": domain.subject.noun, "nouns": domain.subject.plural_noun,
+                "attributes": ", ".join(domain.captions.attributes) or self.attributes}
 
     # -- generator calls ---------------------------------------------------------------------------
 
@@ -164,7 +175,7 @@ class TierCaptioner:
                 runnable.append(item)
         images = {item.image_id: [item.image] if tier == "base" else [item.image, item.negative_image]
                   for item in runnable}
-        qa_jobs = [(item, self._request(item, tier, "qa", self.prompt.render(f"{tier}_qa", attributes=self.attributes),
+        qa_jobs = [(item, self._request(item, tier, "qa", self.prompt.render(f"{tier}_qa", **self.wording(item)),
                                         images[item.image_id], s.qa_max_tokens)) for item in runnable]
         pairs_by_image: dict[str, list[QAPair]] = {}
         for (item, _), result in zip(qa_jobs, self._generate(qa_jobs, out), strict=True):
@@ -180,7 +191,7 @@ class TierCaptioner:
             out.qa.extend({"image_id": item.image_id, "tier": tier, "pair_index": i, "question": p.question,
                            "answer": p.answer, "generator": result.model_id} for i, p in enumerate(pairs))
         sum_jobs = [(item, self._request(item, tier, "sum", self.prompt.render(
-            f"{tier}_sum", qa=format_qa_pairs(pairs_by_image[item.image_id]),
+            f"{tier}_sum", **self.wording(item), qa=format_qa_pairs(pairs_by_image[item.image_id]),
             answers=" ".join(p.answer for p in pairs_by_image[item.image_id])), images[item.image_id],
             s.summary_max_tokens)) for item in runnable if item.image_id in pairs_by_image]
         accepted: dict[str, str] = {}
@@ -205,7 +216,7 @@ class TierCaptioner:
                 continue
             template = gallery.choose(draw_seed(self.spec.seed, item.image_id + "#template"))
             chosen[item.image_id] = template
-            text = self.prompt.render("adv", template=template.text, base=base[item.image_id],
+            text = self.prompt.render("adv", **self.wording(item), template=template.text, base=base[item.image_id],
                                       inter=inter[item.image_id])
             jobs.append((item, self._request(item, "adv", "adv", text, [item.image], self.spec.summary_max_tokens)))
         for (item, _), result in zip(jobs, self._generate(jobs, out), strict=True):

@@ -23,7 +23,7 @@ class AdvTier(TierStage):
         rows = run.input("neighbours").read_shard(index).to_pylist()
         earlier = run.input("tier12_captions").read_shard(index, ["image_id", "tier", "text"]).to_pylist()
         texts = {tier: {r["image_id"]: r["text"] for r in earlier if r["tier"] == tier} for tier in ("base", "inter")}
-        captioner = TierCaptioner(run.registry().generators(), run.prepared, run.section("largefine"))
+        captioner = TierCaptioner(run.registry().generators(), run.prepared, run.section("largefine"), run.domains)
         items = tier_images(run.input("accepted").url, rows, False, run.section("track_facts"), run.domains)
         for item, row in zip(items, rows, strict=True):
             item.negative_id = row["hard_negative_id"]  # recorded on the T_adv row; the image is not needed

@@ -20,7 +20,7 @@ class QaTiers(TierStage):
 
     def process(self, run: StageRun, index: int) -> Work:
         rows = run.input("neighbours").read_shard(index).to_pylist()
-        captioner = TierCaptioner(run.registry().generators(), run.prepared, run.section("largefine"))
+        captioner = TierCaptioner(run.registry().generators(), run.prepared, run.section("largefine"), run.domains)
         items = tier_images(run.input("accepted").url, rows, True, run.section("track_facts"), run.domains)
         out = TierOutputs()
         captioner.qa_tier(items, "base", out)

@@ -37,8 +37,9 @@ class Dap(Stage):
     (rde/secmm/dap.py) until ``queries.per_domain`` are kept."""
 
     name = "dap"
-    # 5: a combination needs grammar_min_pair_count captions; 6: actions, diversity stats; 7: garbled lines
-    version = "7"
+    # 5: a combination needs grammar_min_pair_count captions; 6: actions, diversity stats; 7: garbled lines;
+    # 8: a domain with no caption asks for no query
+    version = "8"
     reads = ("caption_stats", "caption_pool")
     writes = (Write("queries", "queries", QUERIES), Write("query_rejects", "rejects", REJECTS, rejects=True))
     config = ("queries", "domains")
@@ -66,10 +67,14 @@ class Dap(Stage):
         caption_rows = run.input("caption_pool").rows(["domain", "text"])
         queries, rejects, requests_seen = [], [], []
         lines_in = 0  # the stage's input, counted as read: each line returned, each failed request
+        uncaptioned = []  # domains with no caption: nothing to be distribution-aware of, no query asked for
         for domain, prompt in prepared.prompts.items():
             mine = stats_rows[stats_rows.domain == domain]
             stats = {pos: Counter(dict(zip(g.word, g["count"], strict=True))) for pos, g in mine.groupby("pos")}
             texts = [r["text"] for r in caption_rows if r["domain"] == domain]
+            if not texts:
+                uncaptioned.append(domain)
+                continue
             made = dap.domain_queries(domain, prompt, stats, texts, generator, encoder, run.section("queries"),
                                       prepared.safety.extras["blocked"], layout)
             queries += made.queries
@@ -82,6 +87,7 @@ class Dap(Stage):
                         {"input_rows": lines_in, "accepted": len(queries),
                          "rejected": dict(Counter(r["reason"] for r in rejects)),
                          "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen,
+                         "domains_without_captions": uncaptioned,
                          "diversity": diversity_by_domain(queries, layout)})
 
     def report(self, run: StageRun, result: StageResult) -> Report:
@@ -90,4 +96,6 @@ class Dap(Stage):
                                "DAP: how varied the kept queries are, per domain (distinct-n, facets, length)")],
                       log=f"dap: {result.accepted} queries kept of {result.input_rows} generated lines, "
                           f"{stats.get('mean_keywords_per_query')} sampled keywords per kept query; "
-                          + diversity_line(stats.get("diversity") or []))
+                          + diversity_line(stats.get("diversity") or [])
+                          + "".join(f"; {d}: no caption, no query asked for"
+                                    for d in stats.get("domains_without_captions", [])))
