@@ -196,6 +196,28 @@ class Captions(Strict):
                                        "values (rde/secmm/sentence_checks.py render_sentence).")
 
 
+class Templates(Strict):
+    """The advanced tier's template gallery for this domain (default: the gallery prompt file's, for
+    people): its slots, the slot and words that make the subject a template's topic, its seeds."""
+
+    slots: list[str] = Field(min_length=1, description="Slots a template may use, in square brackets "
+                             "('[cyclist]', '[clothing description]').")
+    subject_slot: str = Field(description="The slot that names the subject (one of slots).")
+    subject_words: list[str] = Field(default_factory=list, description="Words that make a sentence about the "
+                                     "subject (with subject.nouns and the prompt's person words).")
+    stand_ins: dict[str, str] = Field(default_factory=dict, description="Words a slot is read as when a "
+                                      "template is parsed ('[cyclist]': cyclist; others: the prompt's).")
+    seeds: list[str] = Field(default_factory=list, description="Hand-written templates the gallery starts from.")
+    measurable: list[str] | None = Field(None, description="The slots the captioner can fill from what it "
+                                         "measures (null: all).")
+
+    @model_validator(mode="after")
+    def _subject_is_a_slot(self) -> Templates:
+        if self.subject_slot not in self.slots:
+            raise ValueError(f"subject_slot {self.subject_slot!r} is not one of slots {self.slots}")
+        return self
+
+
 class Domain(Strict):
     """A validated domain file."""
 
@@ -216,6 +238,8 @@ class Domain(Strict):
                                       "(the grounded captioner's qa_single entries).")
     comparisons: dict[str, Any] = Field(default_factory=dict, description="Q&A comparing two subjects per "
                                         "fact (qa_compare entries).")
+    templates: Templates | None = Field(None, description="The advanced tier's template gallery (default: the "
+                                        "gallery prompt file's, written for people).")
 
     @model_validator(mode="after")
     def _slots_unique(self) -> Domain:

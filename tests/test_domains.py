@@ -192,3 +192,30 @@ def test_no_module_names_a_bundled_domain_as_logic() -> None:
             found += [f"{path.relative_to(ROOT)}:{line}: {text!r}"
                       for line, text in domain_literals(path.read_text(encoding="utf-8"))]
     assert found == []
+
+
+def test_a_domain_with_templates_gives_the_gallery_its_slots_seeds_and_subject() -> None:
+    """The cyclist domain's templates replace the gallery prompt's (written for people): its seeds
+    pass the gallery's checks with its subject slot as the topic, a person-shaped template is
+    refused for a slot the domain does not have; the pedestrian domain keeps the prompt file."""
+    from models.backends.interfaces import GenerationResult
+    from models.prompt_files import load_prompt
+    from rde.largefine.template_gallery import build_gallery, validate_template
+    from tasks.largefine.template_gallery import domain_gallery_prompt
+
+    base = load_prompt("gtr_template_gallery")
+    assert domain_gallery_prompt(base, [load_domain("pedestrian")]) is base
+    cyclist = load_domain("cyclist")
+    prompt = domain_gallery_prompt(base, [cyclist])
+    assert prompt.extras["slots"] == cyclist.templates.slots and prompt.identity != base.identity
+    assert prompt.extras["caption_pattern"]["person_slot"] == "cyclist"
+
+    def nothing(requests):  # no generator: the gallery is its seeds
+        return [GenerationResult(r.request_id, "", [], "none", "error", "no generator", 1) for r in requests]
+
+    gallery = build_gallery(nothing, [], prompt, captions_per_request=4, rounds=0, max_templates=50, min_words=6,
+                            max_words=40, max_tokens=10, temperature=0.7, seed=0,
+                            measurable_slots=prompt.extras["measurable_slots"])
+    assert [t.text for t in gallery.templates] == cyclist.templates.seeds
+    reason = validate_template("The [person/man/woman] wears [top description] today.", prompt.extras["slots"], 6, 40)
+    assert reason is not None and reason[0] == "unknown_slot"
