@@ -159,12 +159,20 @@ def token_logprobs(text: str, key: str) -> list[dict[str, Any]]:
     return out
 
 
+def _worded(body: str, wording: dict[str, str]) -> str:
+    """A template with the subject's words filled in (the tier prompt's default, people's): two
+    templates may differ only after them."""
+    for key, value in wording.items():
+        body = body.replace("{" + key + "}", value)
+    return body
+
+
 class ScriptedCaptioner:
     """The answering logic, without HTTP: ``answer(text, image_urls, seed)`` → (kind, reply text)."""
 
     def __init__(self) -> None:
         tiers, gallery = load_prompt(TIER_PROMPT), load_prompt(GALLERY_PROMPT)
-        self.signatures = [(name, body.splitlines()[0].split("{")[0].strip())
+        self.signatures = [(name, _worded(body, prompt.extras.get("wording", {})).splitlines()[0].split("{")[0].strip())
                            for prompt in (tiers, gallery) for name, body in prompt.templates.items()]
 
     def kind(self, text: str) -> str:

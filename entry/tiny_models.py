@@ -105,9 +105,7 @@ def build_tiny_clip(folder: Path, width: int = 32, layers: int = 2, heads: int =
     torch.manual_seed(0)
     fast = tiny_tokenizer()
     config = CLIPConfig(
-        text_config={"vocab_size": len(fast), "hidden_size": text_width, "intermediate_size": 2 * text_width,
-                     "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 64,
-                     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        text_config=_text_tower(len(fast), text_width, 64),
         vision_config={"hidden_size": width, "intermediate_size": 2 * width if width <= 32 else 4 * width,
                        "num_hidden_layers": layers, "num_attention_heads": heads, "image_size": image_size,
                        "patch_size": patch_size},
@@ -117,6 +115,13 @@ def build_tiny_clip(folder: Path, width: int = 32, layers: int = 2, heads: int =
     CLIPImageProcessor(size={"shortest_edge": image_size},
                        crop_size={"height": image_size, "width": image_size}).save_pretrained(folder)
     return folder
+
+
+def _text_tower(vocab: int, width: int, positions: int) -> dict[str, int]:
+    """A two-layer text tower's config over the tiny tokenizer's vocabulary (CLIP's and OWL-ViT's)."""
+    return {"vocab_size": vocab, "hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "max_position_embeddings": positions, "bos_token_id": 1, "eos_token_id": 2,
+            "pad_token_id": 0}
 
 
 def build_tiny_owl(folder: Path, image_size: int = 64, patch_size: int = 16, width: int = 32) -> Path:
@@ -130,9 +135,7 @@ def build_tiny_owl(folder: Path, image_size: int = 64, patch_size: int = 16, wid
     torch.manual_seed(0)
     fast = tiny_tokenizer()
     config = OwlViTConfig(
-        text_config={"vocab_size": len(fast), "hidden_size": width, "intermediate_size": 2 * width,
-                     "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 16,
-                     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        text_config=_text_tower(len(fast), width, 16),
         vision_config={"hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": 2,
                        "num_attention_heads": 2, "image_size": image_size, "patch_size": patch_size},
         projection_dim=width)  # the class head compares projected text with image features of this width

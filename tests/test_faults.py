@@ -146,7 +146,8 @@ def test_failing_generator_calls_are_retried_then_recorded(tmp_path: Path, small
     from flows.build_largefine import build_largefine
     from models.prompt_files import load_prompt
 
-    down_prompt = load_prompt("gtr_tiers").templates["inter_sum"].splitlines()[0]  # the intermediate summary
+    tiers = load_prompt("gtr_tiers")  # the intermediate summary's first line, for the demo's people
+    down_prompt = tiers.render("inter_sum", **tiers.extras["wording"], qa="", answers="").splitlines()[0]
     faulty = FaultyGenerator(always_down=down_prompt)
     client_tries, rounds = 2, 2  # max_retries + 1 HTTP calls per round, max_attempts rounds
     with StubServer(script=faulty) as server:
