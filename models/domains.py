@@ -298,15 +298,16 @@ class DomainSet:
         for d in self.domains:
             for cls in d.subject.classes:
                 if cls in owner:
-                    raise DomainError(f"domains {owner[cls]!r} and {d.name!r} both claim the detector class "
-                                      f"{cls!r} (subject.classes): a detection must have one domain")
+                    raise DomainError(f"domain file {d.source}: subject.classes: domains {owner[cls]!r} and "
+                                      f"{d.name!r} both claim the detector class {cls!r} (a detection must "
+                                      "have one domain)")
                 owner[cls] = d.name
         slots: dict[str, str] = {}
         for d in self.domains:
             for slot, _ in d.slot_kinds():
                 if slot in slots:
-                    raise DomainError(f"domains {slots[slot]!r} and {d.name!r} both declare the slot {slot!r}: "
-                                      "name the second one apart")
+                    raise DomainError(f"domain file {d.source}: slots: domains {slots[slot]!r} and {d.name!r} "
+                                      f"both declare the slot {slot!r}: name the second one apart")
                 slots[slot] = d.name
 
     def __iter__(self):

@@ -300,9 +300,10 @@ def test_offline_experts_beat_random_by_a_wide_margin() -> None:
 
     check = load_check_set()
     baseline = random_map(check, 10)
-    registry = ModelRegistry.of(load_profile("demo"))
-    experts = load_profile("demo").models.experts
-    scores = {spec.backend: expert_map(registry.expert(spec), check, 10) for spec in experts}
+    profile = load_profile("demo")
+    registry = ModelRegistry.of(profile)
+    scores = {spec.backend: expert_map(registry.expert(spec), check, profile.domain_set, 10)
+              for spec in profile.models.experts}
     # each query ranks its own domain's crops (rde evaluate's ranking): random mAP@10 of check set v6
     # over the demo pool 0.062 (0.039 when both domains were ranked together); the experts 0.160
     # (semantic bridge) and 0.363 (attributes), unchanged by the domain restriction

@@ -154,7 +154,7 @@ def test_bridge_embedder_and_attribute_expert_share_one_forward_and_one_detectio
     off = off.model_copy(update={"image_embedder": off.image_embedder.model_copy(update={**fixed, **slow}),
                                  "experts": [s.model_copy(update=fixed) for s in off.experts],
                                  "detector": off.detector.model_copy(update={"memo_items": 0})})
-    reg_off = ModelRegistry(off)
+    reg_off = ModelRegistry(off, DOMAINS)
     alone = (reg_off.expert(off.experts[0]).encode_image(images), reg_off.image_embedder().embed(images),
              reg_off.expert(off.experts[1]).encode_image(images))
     for a, b in zip(shared, alone, strict=True):
