@@ -1,11 +1,11 @@
 """``rde domain new``: a commented domain file and a DAP prompt file to start a new domain from.
 
-Without ``--like``, the domain is the smallest one that runs: one class, one colour region over
-the middle of the box, still/moving motion, captions and questions about its colour, the generic
-DAP prompt's structure. With ``--like NAME``, the bundled (or given) domain's file is copied with
-its comments, renamed, and its slots and facts prefixed with the new name, so both can sit in one
-profile (two domains may not declare the same slot); its detector classes must still be changed to
-ones no other domain of the profile claims.
+Without ``--like``, the domain is the smallest one that runs every stage: one class, two colour
+regions (the upper and lower part of the box), still/moving motion, captions, questions and a
+comparison about its colour, the generic DAP prompt's structure. With ``--like NAME``, the bundled
+(or given) domain's file is copied with its comments, renamed, and its slots and facts prefixed
+with the new name, so both can sit in one profile (two domains may not declare the same slot); its
+detector classes must still be changed to ones no other domain of the profile claims.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ TEMPLATE = '''# {name}: what the domain is, in a sentence. Every field: docs/add
 # Add it to a profile's `domains:` list (by name when this file is in domains/, else by path) and
 # check it with `rde profile show <profile>`.
 name: {name}
-description: {noun}s seen by a surveillance camera, described by their colour and motion.
+description: {plural} seen by a surveillance camera, described by their colour and motion.
 subject:
   # the detector's class names (the bundled SSD-MobileNet knows the COCO classes; with detector
   # backend owl any text works: open_vocabulary gives the text it looks for, one per class)
@@ -33,8 +33,13 @@ subject:
 regions:                         # bands of the box whose colour is measured (shares of its height)
   - slot: {name}_colour
     fact: {name}_colour
-    band: [0.2, 0.8]
+    band: [0.2, 0.6]
     line: {noun} colour
+    words: [{noun}]              # a colour next to one of these words in a text is this region's
+  - slot: {name}_lower_colour
+    fact: {name}_lower_colour
+    band: [0.6, 0.95]
+    line: colour of the {noun}'s lower part
 motion:                          # speeds in box heights per second over the track's last second
   - {{name: stationary, below: 0.03, says: [stationary, still]}}
   - {{name: moving, at_least: 0.1, says: [move, moves, moving]}}
@@ -47,13 +52,21 @@ queries:
     - A black {noun} far from the camera.
 captions:
   request: Describe the {noun} in the image in one or two sentences.
+  attributes: [colour, size, shape, markings, motion]   # what a describer model's tier Q&A asks about
   from_facts:                    # sentences said from the measured values ([a|b]: optional, first that fits)
     {name}:
       - "A[ {{{name}_colour}}] {noun} is {{motion}}[ {{direction}}]."
       - The {noun} is {{{name}_colour}}.
     distance: The {noun} is {{value}}.
-questions:                       # Q&A the tiers ask about each measured fact
+questions:                       # Q&A the tiers ask about each measured fact (a tier needs two pairs)
   {name}_colour: {{q: "What colour is the {noun}?", a: "The {noun} is {{value}}."}}
+  {name}_lower_colour: {{q: "What colour is the lower part of the {noun}?", a: "Its lower part is {{value}}."}}
+comparisons:                     # the intermediate tier's Q&A, comparing the image with a similar one
+  {name}_colour:
+    similar_q: "What is similar about the two {noun}s?"
+    similar_a: "The {noun} in Target-Image is {{value}}, like the one in Compare-Image."
+    differ_q: "How do the two {noun}s differ?"
+    differ_a: "The {noun} in Target-Image is {{target}}, unlike the {{reference}} {noun} in Compare-Image."
 '''
 
 
@@ -100,8 +113,10 @@ def write_domain(name: str, like: str | None = None, cls: str | None = None, fol
         base_prompt = prompt_dir() / f"{load_domain(like).queries.prompt}.yaml"
     else:
         noun = name.replace("_", " ")
-        text = TEMPLATE.format(name=name, noun=noun, cls=cls or noun)
+        text = TEMPLATE.format(name=name, noun=noun, cls=cls or noun, plural=f"{noun}s".capitalize())
         base_prompt = prompt_dir() / "dap_generic.yaml"
+    if prompt_target.parent.resolve() != prompt_dir().resolve():  # outside prompts/: named by its path
+        text = re.sub(r"^  prompt: .*$", f"  prompt: {prompt_target.resolve()}", text, count=1, flags=re.M)
     prompt_text = re.sub(r"^name: .*$", f"name: dap_{name}", base_prompt.read_text(encoding="utf-8"), count=1,
                          flags=re.M)
     prompt_text = f"# The DAP prompt of the {name} domain, started from {base_prompt.name}.\n" + prompt_text

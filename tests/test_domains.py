@@ -120,7 +120,10 @@ def test_domain_new_writes_files_that_load_beside_the_bundled_ones(tmp_path: Pat
     text = path.read_text()
     assert text.startswith("#") and (tmp_path / "p" / "dap_forklift.yaml").is_file()
     domain = load_domain(str(path))
-    assert domain.name == "forklift" and domain.queries.prompt == "dap_forklift"
+    assert domain.name == "forklift" and domain.queries.prompt == str((tmp_path / "p" / "dap_forklift.yaml").resolve())
+    from rde.secmm.dap_prompts import dap_prompt
+
+    assert dap_prompt(domain).name == "dap_forklift"  # the prompt written beside it is the one it loads
     if like:  # its classes are the copied domain's: the profile says which domain already claims them
         with pytest.raises(ProfileError, match="both claim the detector class"):
             parse_profile(_demo_with(str(path)), "demo.yaml")
