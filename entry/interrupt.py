@@ -1,4 +1,4 @@
-"""Stopping a CLI run with Ctrl-C or SIGTERM within seconds, leaving no process behind.
+"""Stopping a CLI run with Ctrl-C, SIGTERM or SIGHUP within seconds, leaving no process behind.
 
 Prefect's flow engine, run in the main thread, swaps SIGTERM for a handler that waits for the
 running tasks and reports a crash to the API, and a Ctrl-C only reaches the main thread between
@@ -7,12 +7,13 @@ the main thread only waits, and handles the signal itself. The run's temporary P
 a session of its own (``entry.temporary_server``): a Ctrl-C to the terminal's process group
 does not reach it, so it outlives the signal long enough to record the stop.
 
-- the first SIGINT or SIGTERM prints one line (what is complete, what was cut, how to resume;
-  the last line the process prints: the abandoned flow thread's log lines and errors are dropped),
-  marks the flow run Cancelled in the Prefect API (best effort, at most two seconds: a server
-  that is gone or busy records nothing), stops every process the run started (SIGTERM,
-  then SIGKILL after a grace period), and exits with
-  128 + the signal number (130, 143) through ``os._exit``. Running shard tasks are abandoned: every
+- the first SIGINT, SIGTERM or SIGHUP (the terminal closed, an SSH session dropped) prints one
+  line (what is complete, what was cut, how to resume; the last line the process prints: the
+  abandoned flow thread's log lines and errors are dropped), marks the flow run Cancelled in the
+  Prefect API (best effort, at most two seconds: a server that is gone or busy records nothing),
+  stops every process the run started (SIGTERM, then SIGKILL after a grace period), and exits with
+  128 + the signal number (130, 143, 129) through ``os._exit``. A run started under ``nohup``
+  (SIGHUP ignored when it starts) keeps ignoring SIGHUP. Running shard tasks are abandoned: every
   shard is written to a temporary file and renamed, and a stage's manifest is written only after
   its last shard, so a stage cut anywhere is a stage without a manifest whose whole shards a rerun
   reuses. The OS releases the run lock (a ``flock``) with the process.
@@ -38,7 +39,8 @@ from rde.common import reaper
 
 T = TypeVar("T")
 _watcher: subprocess.Popen[bytes] | None = None  # this process's watcher: lives as long as the process
-SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM",
+                signal.SIGHUP: "SIGHUP (its terminal closed)"}
 JOIN_POLL_S = 0.2  # the main thread's wait slices: a signal is handled within one
 MARK_TIMEOUT_S = 2.0  # at most this long to record the stop in the Prefect API
 _flow_run_id: str | None = None  # the run the CLI started in this process (one per process)
@@ -87,7 +89,7 @@ class RunGuard:
             except BaseException as exc:
                 outcome["error"] = exc
 
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNAL_NAMES}
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled_signals()}
         try:
             worker = threading.Thread(target=target, name="rde-flow", daemon=True)
             worker.start()
@@ -125,9 +127,10 @@ class RunGuard:
             state = f"state unknown ({exc})"
         name = SIGNAL_NAMES.get(signal.Signals(signum), f"signal {signum}")
         _quiet_the_abandoned_run()
-        sys.stderr.write(f"\nrde: stopped by {name}: {state}. To resume, run the same command again: complete "
-                         f"stages are skipped and written shards reused.\n  {self.resume}\n")
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):  # a closed terminal (SIGHUP) takes no more lines
+            sys.stderr.write(f"\nrde: stopped by {name}: {state}. To resume, run the same command again: complete "
+                             f"stages are skipped and written shards reused.\n  {self.resume}\n")
+            sys.stderr.flush()
         _to_devnull()  # the stop line is the last line this process prints
         self._mark_cancelled(name)
         reaper.stop_processes(self._children())
@@ -150,6 +153,12 @@ class RunGuard:
                                                                                "same command to resume"), force=True)
         except Exception:  # an unreachable API: the stop goes on
             pass
+
+
+def handled_signals() -> list[int]:
+    """The signals a run stops on: SIGINT, SIGTERM, and SIGHUP unless it was ignored when the process
+    started (``nohup``: the run is meant to outlive its terminal)."""
+    return [sig for sig in SIGNAL_NAMES if sig != signal.SIGHUP or signal.getsignal(signal.SIGHUP) != signal.SIG_IGN]
 
 
 def record_flow_run(_flow: object, flow_run: Any, _state: object) -> None:

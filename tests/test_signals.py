@@ -254,9 +254,14 @@ GUARDED = textwrap.dedent("""
 """)
 
 
-def _guarded_process() -> tuple[subprocess.Popen[str], psutil.Process]:
+def _guarded_process(nohup: bool = False) -> tuple[subprocess.Popen[str], psutil.Process]:
+    """The guarded process and its child; ``nohup``: started with SIGHUP ignored, as nohup starts it."""
+    def ignore_hangup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
     proc = subprocess.Popen([sys.executable, "-c", GUARDED.format(root=str(ROOT))], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=ignore_hangup if nohup else None)
     assert proc.stdout is not None
     child = psutil.Process(int(proc.stdout.readline()))
     return proc, child
@@ -276,6 +281,27 @@ def test_a_second_ctrl_c_forces_the_exit_at_once() -> None:
     assert seconds < 2.0, f"{seconds:.1f} s: the second Ctrl-C waited for the grace period"
     assert stderr.count("rde: stopped by Ctrl-C (SIGINT): complete: nothing yet") == 1, stderr
     child.wait(5)  # killed, not orphaned
+
+
+def test_a_closed_terminal_stops_the_run_as_sigterm_does_and_nohup_keeps_it() -> None:
+    """SIGHUP (a terminal closed, an SSH session dropped) stops a run like SIGTERM: the stop line,
+    its children stopped, exit 129. Under nohup, SIGHUP was ignored when the run started: it goes on."""
+    proc, child = _guarded_process()
+    os.killpg(proc.pid, signal.SIGHUP)  # a closing terminal signals its whole session
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 129, stderr
+    assert stderr.count("rde: stopped by SIGHUP (its terminal closed): complete: nothing yet") == 1, stderr
+    child.wait(GRACE_S + 5)  # stopped with the run (it ignores SIGTERM: killed after the grace period)
+
+    kept, kept_child = _guarded_process(nohup=True)
+    try:
+        kept.send_signal(signal.SIGHUP)
+        with pytest.raises(subprocess.TimeoutExpired):  # a stopping run exits within the grace period
+            kept.wait(GRACE_S + 1)
+        assert kept_child.is_running()
+    finally:
+        os.killpg(kept.pid, signal.SIGKILL)
+        kept.communicate(timeout=30)
 
 
 def test_one_ctrl_c_stops_a_child_that_ignores_sigterm_after_the_grace_period() -> None:
