@@ -27,6 +27,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from models.specs import Strict
+from storage.hashing import sha256_json
 
 DOMAIN_DIR = Path(__file__).resolve().parents[1] / "domains"
 _NAME = r"^[a-z][a-z0-9_]*$"
@@ -334,6 +335,11 @@ class DomainSet:
     def identity(self) -> list[dict[str, Any]]:
         """What the models measure and say depends on: every domain's fields."""
         return [d.model_dump(mode="json") for d in self.domains]
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """The hash of ``identity``: what a model's cache key and lineage name the domains by."""
+        return sha256_json(self.identity)
 
 
 def domain_file(ref: str, base: Path | None = None) -> Path:

@@ -33,7 +33,6 @@ from models.specs import (
     ModelSpec,
     ModelsSection,
 )
-from storage.hashing import sha256_json
 from storage.locations import state_dir
 
 BUNDLED_IMAGE_EMBEDDER = ModelSpec(backend="efficientnet-lite0", model_id="efficientnet-lite0", batch_size="auto")
@@ -176,7 +175,7 @@ class ModelRegistry:
         """The specs a composed backend is built from (see ``_cached``), and the domains it measures."""
         parts = tuple(p.model_dump_json() if isinstance(p, DetectorSpec) else p.cache_key()
                       for p in self._part_specs(spec).values())
-        return (*parts, sha256_json(self._domains(spec).identity)) if spec.backend in DOMAIN_BACKENDS else parts
+        return (*parts, self._domains(spec).fingerprint) if spec.backend in DOMAIN_BACKENDS else parts
 
     def lineage(self, spec: ModelSpec) -> dict[str, Any]:
         """``spec_lineage`` of a backend with the lineage of the parts it is composed of (``parts``):
@@ -188,7 +187,7 @@ class ModelRegistry:
             out["parts"] = {name: detector_lineage(p) if isinstance(p, DetectorSpec) else spec_lineage(p)
                             for name, p in parts.items()}
         if spec.backend in DOMAIN_BACKENDS:
-            out["domains"] = sha256_json(self._domains(spec).identity)
+            out["domains"] = self._domains(spec).fingerprint
         return out
 
     def expert(self, spec: ModelSpec) -> TextImageExpert:

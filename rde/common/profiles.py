@@ -656,16 +656,19 @@ class Profile(Strict):
     @model_validator(mode="before")
     @classmethod
     def _default_domain_first(cls, data: Any) -> Any:
-        """``input.default_domain`` and ``largefine.domains`` unset: the first domain."""
+        """``input.default_domain`` and ``largefine.domains`` unset: the first domain. The domain
+        files are read here once (the ``domains`` field then takes them as they are)."""
         if not isinstance(data, dict) or not isinstance(data.get("domains"), list) or not data["domains"]:
             return data
-        first = data["domains"][0]
         try:
-            name = first.name if isinstance(first, Domain) else first.get("name") if isinstance(first, dict) \
-                else load_domain(str(first)).name
-        except (DomainError, AttributeError):
-            return data  # the domains field reports it
-        out = dict(data)
+            domains = [load_domain(v) if isinstance(v, str) else v for v in data["domains"]]
+        except DomainError:
+            return data  # the domains field reports it, naming the key
+        first = domains[0]
+        name = first.name if isinstance(first, Domain) else first.get("name") if isinstance(first, dict) else None
+        if name is None:
+            return data
+        out = {**data, "domains": domains}
         for section, key, value in (("input", "default_domain", name), ("largefine", "domains", [name])):
             given = out.get(section, {})
             if isinstance(given, dict) and not given.get(key):

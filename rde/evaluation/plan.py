@@ -72,7 +72,7 @@ def benchmark_of(profile: Any, output_root: str | None) -> Benchmark:
     location = section.benchmark or default_benchmark(profile, output_root)
     location = location if "://" in location else resolve_location(location)
     key = (location, section.labels, section.check_set_pool, sha256_json(profile.track_facts.model_dump()),
-           sha256_json(profile.domain_set.identity))
+           profile.domain_set.fingerprint)
     with _lock:
         if key not in _opened:
             _opened[key] = open_benchmark(location, section.labels, section.check_set_pool, profile.track_facts,

@@ -189,8 +189,10 @@ class StageRun:
 
     @property
     def domains(self) -> DomainSet:
-        """The profile's domains; the stage must declare ``domains`` (their files are in its key)."""
-        return DomainSet(self.section("domains"))
+        """The profile's domains; the stage must declare ``domains`` (their files are in its key).
+        One set per profile, so the layouts and word sets cached by it are built once."""
+        self.section("domains")
+        return self._profile.domain_set
 
     @property
     def profile_name(self) -> str:
