@@ -56,12 +56,13 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _profile_or_fail(name: str):
-    """The validated profile, or exit 2 with the validation message."""
+def _profile_or_fail(name: str, overrides: dict[str, Any] | None = None):
+    """The validated profile (with ``overrides``, e.g. from ``--set``), or exit 2 with the
+    validation message."""
     from rde.common.profiles import ProfileError, load_profile
 
     try:
-        return load_profile(name)
+        return load_profile(name, overrides)
     except ProfileError as exc:
         _fail(str(exc))
         raise  # unreachable: _fail exits

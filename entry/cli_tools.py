@@ -304,14 +304,10 @@ def check_experts_cmd(
     """Score the profile's experts on a hand-labelled check set (data/check_set) against random."""
     from models.backends.registry import ModelRegistry
     from rde.common.expert_check import load_check_set, restrict_to
-    from rde.common.profiles import ProfileError, load_profile
     from rde.evaluation.check_sets import expert_map, random_map
     from storage.locations import resolve_location
 
-    try:
-        prof = load_profile(profile, _parse_sets(sets or []))
-    except ProfileError as exc:
-        _fail(str(exc))
+    prof = _profile_or_fail(profile, _parse_sets(sets or []))
     try:
         check = load_check_set(resolve_location(prof.evaluation.check_set_pool), check_set)
     except (ValueError, FileNotFoundError) as exc:
