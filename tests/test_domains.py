@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from entry.cli import app
-from models.backends.attributes import slot_layout
+from models.backends.slot_layout import slot_layout
 from models.domains import DOMAIN_DIR, DomainError, load_domain, load_domains
 from rde.common.profiles import PROFILE_DIR, ProfileError, parse_profile
 

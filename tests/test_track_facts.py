@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from domain_sets import DOMAINS
 
-from models.backends.attributes import belongs_to, measure_attributes, parse_text_attributes, rides, slot_layout
+from models.backends.attributes import belongs_to, measure_attributes, parse_text_attributes, rides
 from models.backends.detectors import Detections
+from models.backends.slot_layout import slot_layout
 from models.backends.track_facts import MotionOptions, motion_facts, track_fact_words, track_velocity
 from rde.common import caption_stats
 from rde.common.text_diversity import distinct_n, diversity, facets

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import cv2
 import numpy as np
 
 from models.backends.detectors import Detections
-from models.domains import Domain, DomainSet, Region
+from models.backends.slot_layout import COLOURS, DIRECTIONS, SlotLayout
+from models.domains import Domain, Region
 
-COLOURS = ["black", "white", "gray", "red", "orange", "yellow", "green", "blue", "purple", "pink", "brown"]
 # Several prototypes per term: surveillance colours are dark and washed out (denim is a dark
 # greyish blue, a red jacket in shade is maroon), one saturated prototype per term misnames them.
 _PROTOTYPES: list[tuple[str, tuple[int, int, int]]] = [
@@ -45,55 +44,7 @@ COLOUR_SYNONYMS = {
     "tan": "brown", "khaki": "brown", "violet": "purple", "dark": "black", "light": None, "bright": None,
     **{c: c for c in COLOURS},
 }
-# what a text can state that only a video track measures (track_facts): parsed for the near-
-# duplicate rule and the diversity facets, not part of the image-side vector
-DIRECTIONS = ["left", "right", "toward", "away"]
 DOMAIN_WEIGHT = 0.5  # the domain slot's weight in the vector; every other slot weighs 1
-
-
-class SlotLayout:
-    """The slots of a profile's domains, in vector order, and the words a text fills them with.
-
-    Slots: ``domain`` (the domains' names), then per domain its type (the subject's classes), its
-    regions' colours (the 11 basic terms), its carried and ridden objects (their classes). Text
-    slots add ``motion`` (every domain's motion states) and ``direction``."""
-
-    def __init__(self, domains: DomainSet) -> None:
-        self.domains = domains
-        self.slots: dict[str, list[str]] = {"domain": domains.names}
-        self.kinds: dict[str, str] = {"domain": "domain"}
-        for d in domains:
-            for slot, kind in d.slot_kinds():
-                self.kinds[slot] = kind
-                self.slots[slot] = d.subject.classes if kind == "type" else COLOURS if kind == "colour" else \
-                    [item.label for item in (d.carried if kind == "carried" else d.ridden).items]
-        motions = list(dict.fromkeys(s.name for d in domains for s in d.motion))
-        self.text_slots = {**self.slots, "motion": motions, "direction": DIRECTIONS}
-        self.motion_text = {w: s.name for d in domains for s in d.motion for w in s.says}
-        self.mentions = {d.name: self._mention_words(d) for d in domains}
-        self.carried_words = {w: (d.carried.slot, item.label) for d in domains if d.carried
-                              for item in d.carried.items for w in item.words}
-        self.type_words = {w: (d.subject.types.slot, t) for d in domains if d.subject.types
-                           for w, t in d.subject.types.words.items() if t is not None}
-
-    @staticmethod
-    def _mention_words(d: Domain) -> set[str]:
-        words = set(d.subject.mentions) | set(d.appearance.whole_words)
-        words |= {w for r in d.regions for w in r.words}
-        return words | set(d.subject.types.words if d.subject.types else ())
-
-    def of_kind(self, *kinds: str) -> list[str]:
-        """The slots of the given kinds (``colour``, ``type``, ``carried``, ``ridden``)."""
-        return [slot for slot, kind in self.kinds.items() if kind in kinds]
-
-    def onehot(self, slot: str, value: str) -> np.ndarray:
-        return np.array([float(v == value) for v in self.text_slots[slot]], np.float32)
-
-
-@lru_cache(maxsize=16)
-def slot_layout(domains: DomainSet) -> SlotLayout:
-    """The layout of ``domains`` (kept: texts are parsed one at a time)."""
-    return SlotLayout(domains)
 
 
 @dataclass
@@ -344,18 +295,17 @@ def parse_text_attributes(text: str, layout: SlotLayout, window: int = 3) -> Att
     ridden = {w: item.label for item in subject.ridden.items for w in item.words} if subject.ridden and mentioned \
         else {}
     found: dict[str, np.ndarray] = {}
+
+    def mark(slot: str, value: str) -> None:
+        found.setdefault(slot, np.zeros(len(layout.slots[slot]), np.float32))[layout.slots[slot].index(value)] = 1.0
+
     for tok in tokens:
         if tok in layout.carried_words:
-            slot, value = layout.carried_words[tok]
-            found.setdefault(slot, np.zeros(len(layout.slots[slot]), np.float32))[
-                layout.slots[slot].index(value)] = 1.0
+            mark(*layout.carried_words[tok])
         if tok in ridden:  # "a person riding a motorcycle": ridden, not the subject
-            slot, value = subject.ridden.slot, ridden[tok]
+            mark(subject.ridden.slot, ridden[tok])
         elif tok in layout.type_words:
-            slot, value = layout.type_words[tok]
-        else:
-            continue
-        found.setdefault(slot, np.zeros(len(layout.slots[slot]), np.float32))[layout.slots[slot].index(value)] = 1.0
+            mark(*layout.type_words[tok])
     attrs.slots.update(found)
     _parse_track_words(tokens, attrs)
     return attrs

@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 from models.backends import auto_batch
-from models.backends.attributes import measure_attributes, parse_text_attributes, slot_layout
+from models.backends.attributes import measure_attributes, parse_text_attributes
 from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
 from models.backends.interfaces import TextEncoder, l2_normalize
 from models.backends.model_errors import ModelLoadError, hub_hint
+from models.backends.slot_layout import slot_layout
 from models.backends.text_vectors import cached_text_vectors
 from models.backends.torch_runtime import batched, load_image_text_model, resolve_device, resolve_dtype
 from models.domains import DomainSet
@@ -85,7 +86,7 @@ class SemanticBridgeExpert:
 
 class AttributeExpert:
     """Measured attributes vs parsed query, in the slots of the profile's domains (colours per
-    region, carried and ridden objects, the subject's type: ``attributes.SlotLayout``).
+    region, carried and ridden objects, the subject's type: ``slot_layout.SlotLayout``).
     ``track_slots`` (its slot layout, whose motion states a text is parsed into): the stages that
     rank with it also compare the motion and direction a query states with each image's video
     track (``rde.common.track_slots``): the pixels of one crop cannot say which way a subject

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from models.backends.attributes import COLOUR_SYNONYMS, Attributes, SlotLayout, measure_attributes, slot_layout
+from models.backends.attributes import COLOUR_SYNONYMS, Attributes, measure_attributes
 from models.backends.content_memo import image_digest
 from models.backends.detectors import Detector
 from models.backends.image_embedders import EfficientNetLiteEmbedder
@@ -32,6 +32,7 @@ from models.backends.interfaces import (
     parallel_requests,
     score_texts,
 )
+from models.backends.slot_layout import SlotLayout, slot_layout
 from models.backends.track_facts import DIRECTION_PHRASES, facts_phrase, track_claim_words, track_fact_words
 from models.domains import Domain, DomainSet, Held, SubjectTypes
 from models.fact_wording import fill_values, say_values

@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from statistics import median
 from typing import Any
 
-from models.backends.attributes import SlotLayout, parse_text_attributes
+from models.backends.attributes import parse_text_attributes
+from models.backends.slot_layout import SlotLayout
 
 _WORD = re.compile(r"[a-z]+(?:['-][a-z]+)*")
 FACETS = ("appearance", "action", "carried", "context")

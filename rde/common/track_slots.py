@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.backends.attributes import DIRECTIONS, SlotLayout, parse_text_attributes
+from models.backends.attributes import DIRECTIONS, parse_text_attributes
+from models.backends.slot_layout import SlotLayout
 
 
 def _dim(layout: SlotLayout) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from models.backends.attributes import SlotLayout, parse_text_attributes
+from models.backends.attributes import parse_text_attributes
 from models.backends.interfaces import (
     ChatMessage,
     GenerationRequest,
@@ -37,6 +37,7 @@ from models.backends.interfaces import (
     TextEncoder,
     parallel_requests,
 )
+from models.backends.slot_layout import SlotLayout
 from models.prompt_files import PromptFile
 from rde.common import caption_stats
 from rde.common.caption_stats import NounUse

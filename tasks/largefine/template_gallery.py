@@ -36,21 +36,20 @@ def domain_gallery_prompt(prompt: PromptFile, captioned: list[Domain]) -> Prompt
     """The gallery prompt for the captioned domains: where they declare ``templates``, their slots,
     seeds and subject words (merged, in domain order) replace the file's, which are written for
     people; ``measurable_slots`` then comes from them too, not from the profile."""
-    declared = [d for d in captioned if d.templates is not None]
+    declared = [(d, d.templates) for d in captioned if d.templates is not None]
     if not declared:
         return prompt
     extras = dict(prompt.extras)
-    templates = [d.templates for d in declared if d.templates is not None]
+    templates = [t for _, t in declared]
     extras["slots"] = list(dict.fromkeys(s for t in templates for s in t.slots))
     extras["seeds"] = list(dict.fromkeys(s for t in templates for s in t.seeds))
     rules = dict(extras.get("caption_pattern") or {})
     if rules:
         rules["person_slot"] = templates[0].subject_slot
-        rules["stand_ins"] = {**rules.get("stand_ins", {}), **{t.subject_slot: d.subject.noun for d, t in
-                                                              zip(declared, templates, strict=True)},
+        rules["stand_ins"] = {**rules.get("stand_ins", {}), **{t.subject_slot: d.subject.noun for d, t in declared},
                               **{k: v for t in templates for k, v in t.stand_ins.items()}}
         rules["person_words"] = list(dict.fromkeys([*rules.get("person_words", []),
-                                                    *(w for d in declared for w in d.subject.nouns),
+                                                    *(w for d, _ in declared for w in d.subject.nouns),
                                                     *(w for t in templates for w in t.subject_words)]))
         extras["caption_pattern"] = rules
     measurable = [t.measurable for t in templates]

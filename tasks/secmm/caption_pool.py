@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from models.backends.attributes import slot_layout
 from models.backends.interfaces import ChatMessage, GenerationRequest
+from models.backends.slot_layout import slot_layout
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common.image_decoding import decoded_images
@@ -92,7 +92,7 @@ class CaptionPool(Stage):
             pick = rng.choice(len(mine), size=min(q.caption_sample_per_domain, len(mine)), replace=False)
             chosen = [mine[i] for i in sorted(pick)]
             images = decoded_images(accepted, [r["image_id"] for r in chosen])
-            tracks = track_facts(accepted, [r["image_id"] for r in chosen], run.section("track_facts"), run.domains)
+            tracks = track_facts(accepted, [r["image_id"] for r in chosen], run.section("track_facts"), domains)
             requests = [GenerationRequest(r["image_id"], [ChatMessage("user", domains[domain].captions.request,
                                                                       [images[r["image_id"]]],
                                                                       [tracks.get(r["image_id"], {})])],

@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from models.backends.attributes import slot_layout
 from models.backends.registry import BUNDLED_LLM, spec_lineage
+from models.backends.slot_layout import slot_layout
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
 from rde.common.text_diversity import diversity_by_domain, diversity_line
