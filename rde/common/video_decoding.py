@@ -5,6 +5,16 @@ OpenCV's ``VideoCapture`` it says *why* a file does not open (no container, no v
 decoder) and raises when decoding fails partway, so each case gets its own reason code. A frame is
 converted to RGB only when it is sampled; nothing but the current frame is held.
 
+A recording stored sideways (a phone or body camera held on its side) carries its display
+rotation in the container (a ``rotate`` tag or a display matrix, which FFmpeg hands to each
+decoded frame as side data): every frame is turned upright by it before anything sees it, so the
+detector, the crops and the boxes all live in the upright picture, as a player shows it. Only
+quarter turns exist in practice; another angle is rounded to the nearest quarter turn.
+
+A still image in a video input (FFmpeg opens a JPEG or PNG as a one-frame "video" through its
+image demuxers) is rejected as ``not_a_video``: images belong in an image input, where they are
+verified, measured and denoised as images.
+
 Frame numbers are counted from the stream's start: a frame's number is its presentation time ×
 the stream's average frame rate, rounded (the count itself when a frame has no timestamp), so a
 segment that seeks to its first frame numbers frames exactly as a decode from the start does.
@@ -31,6 +41,22 @@ class VideoInfo:
     fps: float
     declared_frames: int  # 0: the container does not say
     codec: str
+    rotation: int = 0  # quarter turns counter-clockwise (degrees) that bring a stored frame upright
+
+
+STILL_IMAGE_DEMUXERS = ("image2", "image2pipe")  # and every "<codec>_pipe" single-image demuxer
+
+
+def upright(rgb: np.ndarray, rotation: int) -> np.ndarray:
+    """A decoded frame turned as its display matrix says: ``rotation`` degrees counter-clockwise
+    (FFmpeg's ``av_display_rotation_get`` convention, which PyAV's ``VideoFrame.rotation`` reports)."""
+    turns = (rotation // 90) % 4
+    return np.ascontiguousarray(np.rot90(rgb, k=turns)) if turns else rgb
+
+
+def quarter_turns(degrees: float | None) -> int:
+    """A display rotation as a multiple of 90 in [0, 360)."""
+    return round((degrees or 0.0) / 90.0) % 4 * 90
 
 
 @dataclass
@@ -60,6 +86,9 @@ def probe(path: str, max_pixels: int) -> VideoInfo:
 
 
 def _stream_info(path: str, container: av.container.InputContainer, max_pixels: int) -> VideoInfo:
+    if container.format.name in STILL_IMAGE_DEMUXERS or container.format.name.endswith("_pipe"):
+        raise DecodeError(Reason.NOT_A_VIDEO, f"{path} is a still image ({container.format.name}), not a recording: "
+                          "images go in an image input (input.kind: folder or paths)")
     if not container.streams.video:
         kinds = sorted({s.type for s in container.streams}) or ["none"]
         raise DecodeError(Reason.NOT_A_VIDEO, f"{path} holds no video stream (streams: {', '.join(kinds)})")
@@ -78,12 +107,26 @@ def _stream_info(path: str, container: av.container.InputContainer, max_pixels: 
     fps = float(rate) if rate else 0.0
     if fps <= 0:
         fps = 25.0  # a stream without a rate: FFmpeg's own default
-    return VideoInfo(width, height, fps, int(stream.frames or 0), codec)
+    rotation = _first_rotation(container, stream)
+    if rotation in (90, 270):
+        width, height = height, width
+    return VideoInfo(width, height, fps, int(stream.frames or 0), codec, rotation)
+
+
+def _first_rotation(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> int:
+    """The display rotation the first decoded frame carries (0 when it decodes to nothing: the
+    stream's own errors are reported where its frames are read)."""
+    try:
+        for frame in container.decode(stream):
+            return quarter_turns(frame.rotation)
+    except av.error.FFmpegError:
+        return 0
+    return 0
 
 
 def sampled_frames(path: str, info: VideoInfo, start: int, stop: int | None, step: int,
                    outcome: DecodeOutcome) -> Iterator[tuple[int, float, np.ndarray]]:
-    """(frame number, time in seconds, RGB frame) of every frame ``start ≤ n < stop`` with
+    """(frame number, time in seconds, upright RGB frame) of every frame ``start ≤ n < stop`` with
     ``n % step == 0``. Seeks to the key frame before ``start`` (decoding from there), stops at
     ``stop`` (None: the end). A decode error partway ends the stream with ``outcome.error`` set;
     what was yielded before it stands. Reaching the file's end before the frames the container
@@ -118,7 +161,8 @@ def sampled_frames(path: str, info: VideoInfo, start: int, stop: int | None, ste
             outcome.frames_read += 1
             outcome.last_frame = number
             if number % step == 0:
-                yield number, number / info.fps, frame.to_ndarray(format="rgb24")
+                rgb = frame.to_ndarray(format="rgb24")
+                yield number, number / info.fps, upright(rgb, quarter_turns(frame.rotation))
     expected = info.declared_frames if stop is None else min(info.declared_frames, stop)
     if info.declared_frames and outcome.last_frame + 1 < expected:
         outcome.error = (f"decoding ended after frame {outcome.last_frame}, before the {info.declared_frames} frames "

@@ -218,6 +218,8 @@ def process_segment(segment: Segment, spec: VideoSpec, denoise: DenoiseSpec, dom
     book = TrackBook(spec, denoise, lost_steps=lost_steps(spec, info))
     meta = {"video": source_name, "video_id": ref.input_id, "segment": segment.index, "fps": round(info.fps, 3),
             "frame_size": [info.width, info.height]}
+    if info.rotation:  # written only when the recording is stored turned: upright ones keep their metadata
+        meta["rotation"] = info.rotation
 
     def confirmed(candidate: Candidate, domain: str) -> bool:
         """Exactly one target of the domain scoring ≥ confirm_score on the stored crop (denoise's count)."""
