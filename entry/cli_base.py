@@ -134,6 +134,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print(f"videos {videos['input']} = accepted {videos['accepted']} + rejected {videos['rejected']}; "
                       f"their crops are the {videos['crops']} inputs below")
     console.print(f"{escape(accounting_line(summary))}: {status}")
+    for stage, counts in summary.get("retried", {}).items():
+        console.print(f"{stage}: {counts['retried']} inputs with a transient reject retried, "
+                      f"{counts['recovered']} recovered, {counts['retried'] - counts['recovered']} failing again")
     if summary.get("domains"):
         console.print("accepted images by domain: " + ", ".join(f"{k} {v}" for k, v in summary["domains"].items()))
     for name in summary.get("empty_domains", []):

@@ -38,6 +38,9 @@ def build_secmm_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, queries, gallery, "
                                               "candidates, benchmark, evaluate.")] = None,
+    retry_rejects: Annotated[bool, typer.Option("--retry-rejects", help="Redo, in finished stages, only the inputs "
+                                                "rejected for a transient reason (read_error, access_denied, "
+                                                "generation_failed, timeout); every other row is kept.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run the build-secmm flow: ingest → denoise → near-duplicates → caption pool → DAP queries → CGDS gallery →
@@ -46,7 +49,8 @@ def build_secmm_cmd(
     Finished stages are skipped on a rerun with the same inputs and config; an interrupted
     stage resumes at its first missing shard.
     """
-    _run_flow(FlowRef("build_secmm"), profile, input_path, input_kind, output, sets, as_json, until, verbose=verbose)
+    _run_flow(FlowRef("build_secmm"), profile, input_path, input_kind, output, sets, as_json, until,
+              extra={"retry_rejects": True} if retry_rejects else None, verbose=verbose)
 
 
 @app.command("build-largefine")
@@ -60,12 +64,15 @@ def build_largefine_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     until: Annotated[str | None, typer.Option(help="Stop after this stage: denoise, neighbours, tiers, "
                                               "gallery, advanced, export.")] = None,
+    retry_rejects: Annotated[bool, typer.Option("--retry-rejects", help="Redo, in finished stages, only the inputs "
+                                                "rejected for a transient reason (read_error, access_denied, "
+                                                "generation_failed, timeout); every other row is kept.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run the build-largefine flow (GTR+ generation): ingest → denoise → hard-negative neighbours →
     base + intermediate tiers → template gallery → advanced tier → LargeFine-style shards + card."""
     _run_flow(FlowRef("build_largefine"), profile, input_path, input_kind, output, sets, as_json, until,
-              verbose=verbose)
+              extra={"retry_rejects": True} if retry_rejects else None, verbose=verbose)
 
 
 @app.command("train-saft")

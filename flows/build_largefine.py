@@ -32,10 +32,15 @@ STAGES = PIPELINE.stop_names
 
 @flow(name=FLOW_NAME, task_runner=default_task_runner(), log_prints=True)
 def build_largefine(profile: str = "demo", overrides: dict[str, Any] | None = None,
-                    output_root: str | None = None, until: str | None = None) -> dict[str, Any]:
+                    output_root: str | None = None, until: str | None = None,
+                    retry_rejects: bool = False) -> dict[str, Any]:
     """Caption the profile's person images in three tiers; returns the run summary (with the
-    caption accounting: captions + rejected texts = 3 × captioned images)."""
-    return run_locked(FLOW_NAME, STAGES, profile, overrides, output_root, until, _run)
+    caption accounting: captions + rejected texts = 3 × captioned images).
+
+    ``retry_rejects`` redoes, in stages already complete, the inputs rejected for a transient
+    reason (a failed read, a generator timeout) and keeps every other row.
+    """
+    return run_locked(FLOW_NAME, STAGES, profile, overrides, output_root, until, _run, retry_rejects)
 
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:

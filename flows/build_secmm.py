@@ -28,13 +28,17 @@ STAGES = PIPELINE.stop_names
 
 @flow(name=FLOW_NAME, task_runner=default_task_runner(), log_prints=True)
 def build_secmm(profile: str = "demo", overrides: dict[str, Any] | None = None,
-                output_root: str | None = None, until: str | None = None) -> dict[str, Any]:
+                output_root: str | None = None, until: str | None = None,
+                retry_rejects: bool = False) -> dict[str, Any]:
     """Build the SecMM-style benchmark from the profile's inputs; returns the run summary.
 
     ``until`` stops after a stage (a stop name such as ``denoise`` or ``queries``, or any stage's
     name), e.g. ``denoise`` for only the cleaned pool.
+
+    ``retry_rejects`` redoes, in stages already complete, the inputs rejected for a transient
+    reason (a failed read, a generator timeout) and keeps every other row.
     """
-    return run_locked(FLOW_NAME, STAGES, profile, overrides, output_root, until, _run)
+    return run_locked(FLOW_NAME, STAGES, profile, overrides, output_root, until, _run, retry_rejects)
 
 
 def _run(ctx: RunContext, until: str | None) -> dict[str, Any]:

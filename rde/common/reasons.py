@@ -87,6 +87,7 @@ class Reason(StrEnum):
     CHECK_SET_IDENTITY = "check_set_identity"
     OVER_MAX_PAIRS = "over_max_pairs"
     SPLIT_GAP = "split_gap"
+    NO_MOTION = "no_motion"
 
 
 # code → (the stages that use it, what it means in one line)
@@ -168,8 +169,17 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.GALLERY_FULL: ("template-gallery", "valid, but largefine.templates.max_templates were already kept"),
     Reason.CHECK_SET_IDENTITY: ("training-features", "a caption of a check-set identity: kept out of training"),
     Reason.OVER_MAX_PAIRS: ("training-features", "beyond training.max_pairs (a seeded sample is kept)"),
-    Reason.SPLIT_GAP: ("vedje-features", "a clip between the train and test periods (no test frame trained on)"),
+    Reason.SPLIT_GAP: ("vedje-features, motion clips", "a clip between the train and test periods (no test frame "
+                                                        "trained on)"),
+    Reason.NO_MOTION: ("motion clips", "a clip whose person moves less than MotionParams.min_move × their box height "
+                       "(stands still: no direction to caption)"),
 }
+
+
+# Reasons that may pass on another try (a read that failed, a refused credential, a generator that
+# failed or timed out): ``--retry-rejects`` redoes the inputs rejected for them (tasks/framework/retry.py).
+# Every other reason is a property of the input or of the output, and a rerun gives it again.
+TRANSIENT = frozenset({Reason.READ_ERROR, Reason.ACCESS_DENIED, Reason.GENERATION_FAILED, Reason.TIMEOUT})
 
 
 # what a rejected row stands for
@@ -200,5 +210,7 @@ def unregistered(codes: Iterable[str]) -> list[str]:
 def reasons_markdown() -> str:
     """The reasons table of docs/reference/reasons.md: every code, the stages that use it, its meaning."""
     lines = ["| reason | stages | meaning |", "|---|---|---|"]
-    lines += [f"| `{code}` | {stages} | {meaning} |" for code, (stages, meaning) in MEANINGS.items()]
+    again = " (transient: `--retry-rejects` tries it again)"
+    lines += [f"| `{code}` | {stages} | {meaning}{again if code in TRANSIENT else ''} |"
+              for code, (stages, meaning) in MEANINGS.items()]
     return "\n".join(lines)

@@ -28,6 +28,8 @@ class RunContext:
     # stage (tasks/framework/fanout.py) loads it the same way, so input confinement is checked there too
     source: str = ""
     overrides: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
+    # redo the inputs a complete stage rejected for a transient reason (tasks/framework/retry.py)
+    retry_rejects: bool = False
 
     @property
     def root(self) -> str:
@@ -56,12 +58,14 @@ class RunContext:
 
 
 def run_locked(flow_name: str, stages: Sequence[str], profile: str, overrides: dict[str, Any] | None,
-               output_root: str | None, until: str | None, body: Callable[[RunContext, str | None], T]) -> T:
+               output_root: str | None, until: str | None, body: Callable[[RunContext, str | None], T],
+               retry_rejects: bool = False) -> T:
     """Validate ``until``, load the profile, refuse a run resumed too often (``check_run_count``)
     and run ``body`` holding the output folder's run lock (one run per output folder at a time)."""
     if until is not None and until not in stages:
         raise ValueError(f"until must be one of {tuple(stages)}, got {until!r}")
-    ctx = RunContext(load_profile(profile, overrides), flow_name, output_root, source=profile, overrides=overrides)
+    ctx = RunContext(load_profile(profile, overrides), flow_name, output_root, source=profile, overrides=overrides,
+                     retry_rejects=retry_rejects)
     check_run_count(ctx.profile.prefect.resume_max_runs)
     with output_lock(ctx.root, flow_name):
         return body(ctx, until)

@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from rde.common.progress import StageProgress
 from rde.common.run_lock import output_lock
 from storage import Artifact, ShardInfo, content_key
-from tasks.framework import fanout, shards
+from tasks.framework import fanout, retry, shards
 from tasks.framework.accounting import StageResult, check_balance, check_reasons, sum_stats
 from tasks.framework.context import RunContext
 from tasks.framework.reporting import log, publish_markdown, publish_table, stage_table
@@ -123,13 +123,15 @@ def lifecycle(ctx: RunContext, prepared: PreparedStage, compute: Computation) ->
     """One stage from skip to finalize (module docstring): the same steps, checks and log line
     whichever way it computes."""
     stage, outs, key = prepared.stage, prepared.outputs, prepared.key
-    if shards.all_complete(outs, key):
+    complete = shards.all_complete(outs, key)
+    redo = retry.plan(ctx, stage, outs) if complete else None
+    if complete and redo is None:
         result = shards.skipped_result(stage.name, outs, stage.main_write)
         log(f"{stage.name}: skipped, complete for the same inputs ({result.accepted}/{result.input_rows} accepted)")
         return result
     with shards.Timer() as timer:
         shards.begin(outs, key)
-        computed = compute(ctx, prepared)
+        computed = retry.redo_transient(stage, prepared.run, outs, key, redo) if redo else compute(ctx, prepared)
         stats = computed.stats
         check_reasons(stage.name, stats)
         balanced = check_balance(stage.name, stats) if stage.balance else None

@@ -157,6 +157,8 @@ class StageRun:
         self.ctx = replace(ctx, profile=DeclaredProfile(stage.name, ctx.profile, stage.config))
         self.prepared: Any = None
         self.key = ""  # the stage key, set by the runner before the work (e.g. to name checkpoints)
+        # a retry of transient rejects: the ids (``stage.retry_by``) of the only inputs ``process`` works on
+        self.retry_only: frozenset[str] | None = None
 
     def check_prepared(self) -> None:
         """Raise unless ``lineage`` left a value of the declared ``prepares`` type (or none, when the
@@ -251,6 +253,16 @@ class Stage:
     prepares: ClassVar[type | None] = None  # the type of what ``lineage`` prepares for the work (``run.prepared``)
     title: ClassVar[str] = ""  # the stage table's description in the Prefect UI
     row_unit: ClassVar[str] = "rows"  # what one input row is ("images"): the progress line's rate counts them
+    # the column holding one input's id in every output: a per-shard stage that sets it can redo the inputs
+    # rejected for a transient reason (``--retry-rejects``, tasks/framework/retry.py); ``process`` then
+    # reads ``run.retry_only`` and works on those inputs only
+    retry_by: ClassVar[str | None] = None
+
+    def removed_stats(self, removed: dict[str, pa.Table]) -> dict[str, Any]:
+        """What the rows ``removed`` (by write name) of a retried shard contributed to the shard's own
+        derived counts besides accepted and rejected (e.g. words counted over its captions), so the
+        retried shard no longer counts them. Work counters (calls, seconds) are not: they add up."""
+        return {}
 
     @property
     def main_write(self) -> str:

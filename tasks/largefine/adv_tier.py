@@ -20,7 +20,7 @@ class AdvTier(TierStage):
               Write("adv_rejects", "rejects", REJECTS, rejects=True))
 
     def process(self, run: StageRun, index: int) -> Work:
-        rows = run.input("neighbours").read_shard(index).to_pylist()
+        rows = self.neighbour_rows(run, index)
         earlier = run.input("tier12_captions").read_shard(index, ["image_id", "tier", "text"]).to_pylist()
         texts = {tier: {r["image_id"]: r["text"] for r in earlier if r["tier"] == tier} for tier in ("base", "inter")}
         captioner = TierCaptioner(run.registry().generators(), run.prepared, run.section("largefine"), run.domains)

@@ -19,7 +19,7 @@ class QaTiers(TierStage):
               Write("tier12_rejects", "rejects", REJECTS, rejects=True))
 
     def process(self, run: StageRun, index: int) -> Work:
-        rows = run.input("neighbours").read_shard(index).to_pylist()
+        rows = self.neighbour_rows(run, index)
         captioner = TierCaptioner(run.registry().generators(), run.prepared, run.section("largefine"), run.domains)
         items = tier_images(run.input("accepted").url, rows, True, run.section("track_facts"), run.domains)
         out = TierOutputs()

@@ -3,7 +3,12 @@ balance and prompt lineage. Not a stage itself."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pyarrow as pa
+
 from models.prompt_files import PromptFile, load_prompt
+from rde.largefine.tier_inputs import table1_counts
 from tasks.framework.stage import Lineage, Resources, Stage, StageRun
 
 GENERATION = (*(f"largefine.{name}" for name in (
@@ -21,6 +26,18 @@ class TierStage(Stage):
     resources = Resources(device="gpu")
     balance = True
     prepares = PromptFile  # the tier prompt
+    retry_by = "image_id"  # an image whose caption failed for a transient reason is asked again on --retry-rejects
+
+    def removed_stats(self, removed: dict[str, pa.Table]) -> dict[str, Any]:
+        """The retried images' share of the shard's ``images`` and Table 1 word counts."""
+        captions = next(t for name, t in removed.items() if name.endswith("_captions"))
+        images = set().union(*(t.column("image_id").to_pylist() for t in removed.values()))
+        return {"images": len(images), **table1_counts(captions.select(["text", "tier"]).to_pylist())}
+
+    def neighbour_rows(self, run: StageRun, index: int) -> list[dict[str, Any]]:
+        """The shard's neighbours rows: its images (only those retried, on a retry)."""
+        rows = run.input("neighbours").read_shard(index).to_pylist()
+        return rows if run.retry_only is None else [r for r in rows if r["image_id"] in run.retry_only]
 
     def lineage(self, run: StageRun) -> Lineage:
         prompt = load_prompt(run.section("largefine").tier_prompt)

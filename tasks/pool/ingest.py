@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from rde.common.ingest import (
     InputError,
     allowed_roots,
@@ -46,6 +49,7 @@ class Ingest(Stage):
     balance = True
     title = "Ingest: inputs read and verified; rejected rows by reason code"
     row_unit = "images"
+    retry_by = "input_id"  # a read that failed (object store, permissions) is read again on --retry-rejects
 
     def lineage(self, run: StageRun) -> Lineage:
         """The listing (paths, sizes, modification times) is what the outputs depend on."""
@@ -73,14 +77,22 @@ class Ingest(Stage):
         """A chunk of listed inputs, or one input shard (a tar, an image Parquet) whose input count is
         its samples as the shard itself counts them (member names, Parquet footer)."""
         inputs_: IngestInputs = run.prepared
-        refs = inputs_.chunks[index]
-        if refs and refs[0].container is not None:
+        refs, only = inputs_.chunks[index], run.retry_only
+        if refs and refs[0].container is not None:  # a retry reads the container again, keeps its retried samples
             images, rejects, inputs = ingest_container(refs[0], run.section("ingest"), inputs_.domains,
                                                        roots=inputs_.roots)
+            if only is not None:
+                images, rejects, inputs = _only(images, only), _only(rejects, only), len(only)
         else:
+            refs = refs if only is None else [r for r in refs if r.input_id in only]
             images, rejects = ingest_shard(refs, run.section("ingest"), inputs_.domains, inputs_.pool_url,
                                            roots=inputs_.roots)
             inputs = len(refs)
         return Work.one({"images": images, "ingest_rejects": rejects},
                         {"input_rows": inputs, "accepted": images.num_rows,
                          "rejected": accounting.reason_counts(rejects)})
+
+
+def _only(table: pa.Table, ids: frozenset[str]) -> pa.Table:
+    """The rows of the inputs ``ids`` (a retried container shard's)."""
+    return table.filter(pc.is_in(table.column("input_id"), pa.array(sorted(ids))))

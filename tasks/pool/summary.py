@@ -53,8 +53,15 @@ def run_summary(ctx: RunContext, stages: list[StageResult]) -> dict[str, Any]:
         "inputs": inputs, "accepted": accepted, "rejected": rejected, "total_rejected": total_rejected,
         "balanced": not imbalance, "imbalance": imbalance, "artifacts": artifacts,
         **({"videos": videos} if videos else {}),
+        **({"retried": retried} if (retried := retried_rejects(stages)) else {}),
         **({"domains": domains, "empty_domains": [d for d, n in domains.items() if n == 0]} if domains else {}),
     }
+
+
+def retried_rejects(stages: list[StageResult]) -> dict[str, dict[str, int]]:
+    """Per stage that retried its transient rejects in this run: the inputs retried and recovered."""
+    return {s.stage: {"retried": int(s.stats["retried"]), "recovered": int(s.stats.get("recovered", 0))}
+            for s in stages if not s.skipped and s.stats.get("retried")}
 
 
 def images_by_domain(ctx: RunContext, artifacts: dict[str, dict[str, Any]]) -> dict[str, int]:
