@@ -255,7 +255,7 @@ def models_tiny_cmd(
     force: Annotated[bool, typer.Option("--force", help="Build again those already there.")] = False,
 ) -> None:
     """Build the tiny random-weight models the tiny-production profile names (the production
-    architectures: YOLOv8n, DINOv2, SigLIP, Qwen2-VL, CLIP, BERT), from config, offline, in seconds;
+    architectures: YOLOv8n, DINOv2, SigLIP, Qwen2-VL, Qwen3, CLIP, BERT), from config, offline, in seconds;
     then `rde build-secmm --profile tiny-production` runs the production backends end to end."""
     from entry.tiny_models import build_tiny_production
 

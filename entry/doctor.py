@@ -74,13 +74,11 @@ def device_checks(prof: Profile, torch_module: Any = None) -> list[Check]:
 
 
 def profile_models(prof: Profile) -> list[tuple[str, Any]]:
-    """Every (role, spec) the profile runs, the bundled defaults of unset roles included."""
-    from models.backends.registry import BUNDLED_LLM, ModelRegistry
-    from models.specs import ModelSpec
+    """Every (role, spec) the profile runs, the bundled defaults of unset roles included (the text
+    LLMs, ``query_generator`` and ``template_generator``, among them)."""
+    from models.backends.registry import ModelRegistry
 
     specs = ModelRegistry.of(prof).configured()
-    for role in ("query_generator", "template_generator"):
-        specs.append((role, getattr(prof.models, role) or ModelSpec(**BUNDLED_LLM)))
     specs.append(("vedje.joint_encoder", prof.vedje.joint_encoder))
     if prof.training.model is not None:
         specs.append(("training.model", prof.training.model))

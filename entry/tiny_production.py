@@ -6,10 +6,11 @@ The profile names its models by paths below ``.rde/tiny-models`` (relative, like
 folder. What a caller may change, and why:
 
 * ``device``: every model spec's device (the profile says ``cpu``; a GPU check says ``cuda``).
-* the generators' backend: in-process vLLM (``vllm``, the profile's) needs a GPU; without one, or
-  without the ``vllm`` package, the same tiny Qwen2-VL runs through ``transformers-vlm``.
-* ``queries.max_rounds`` 1: the query generator production leaves unset is the bundled SmolLM2,
-  whose ten rounds per domain take a minute on a CPU and say nothing more about the path.
+* the generators' backend, and the text LLM's (``query_generator``, ``template_generator``): in-process
+  vLLM (``vllm``, the profile's) needs a GPU; without one, or without the ``vllm`` package, the same
+  tiny Qwen2-VL and tiny Qwen3 run through ``transformers-vlm``.
+* ``queries.max_rounds`` 1: the tiny Qwen3's random text gives DAP no query, and ten rounds per
+  domain would say nothing more about the path than one.
 * the demo check set, so ``evaluate`` runs every expert (the random captions give DAP no query,
   and MECF nothing to retrieve for).
 
@@ -71,8 +72,11 @@ def run_overrides(profile: Profile, device: str, generator_backend: str, pool_ur
             models[role]["device"] = device
     for spec in models["experts"] + models["generators"]:
         spec["device"] = device
-    for spec in models["generators"]:
+    text_llms = [models[role] for role in ("query_generator", "template_generator") if role in models]
+    for spec in models["generators"] + text_llms:
         spec["backend"] = generator_backend
+    for spec in text_llms:
+        spec["device"] = device
     out: dict[str, Any] = {"input": {"kind": "pool", "path": pool_url}, "models": models,
                            "queries": {"max_rounds": 1},
                            "evaluation": {"check_sets": [str(CHECK_SET)], "check_set_pool": str(DEMO_POOL)}}

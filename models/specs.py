@@ -127,10 +127,12 @@ class ModelsSection(Strict):
                                         "caption pool; the GTR+ tiers draw one per image (seeded).")
     teacher: ModelSpec | None = Field(None, description="The teacher of SAFT's distillation losses; null = "
                                       "the last of models.experts.")
-    query_generator: ModelSpec | None = Field(None, description="The text LLM of the DAP queries; null = the "
-                                              "bundled SmolLM2.")
-    template_generator: ModelSpec | None = Field(None, description="The text LLM of the GTR+ template gallery; "
-                                                 "null = the bundled SmolLM2.")
+    query_generator: ModelSpec | None = Field(None, description="The text LLM of the DAP queries (production: "
+                                              "Qwen3 through vllm); null = the bundled SmolLM2, an error on a "
+                                              "profile with a model on cuda or a vllm backend.")
+    template_generator: ModelSpec | None = Field(None, description="The text LLM of the GTR+ template gallery "
+                                                 "(production: Qwen3 through vllm); null = the bundled SmolLM2, "
+                                                 "an error on a profile with a model on cuda or a vllm backend.")
 
     @model_validator(mode="after")
     def _known_backends(self) -> ModelsSection:

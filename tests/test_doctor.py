@@ -72,6 +72,28 @@ def test_a_model_is_present_in_a_local_folder_or_the_hub_cache_else_missing_with
     assert "huggingface-cli" not in check.todo  # a path is not a hub id
 
 
+def test_the_production_text_llm_is_checked_for_both_roles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DAP's and the template gallery's Qwen3 (profiles/production.yaml): listed, missing with the
+    fetch command while not in the cache, present once it is."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    roles = ("query_generator", "template_generator")
+    checks = {c.area: c for c in doctor.model_checks(load_profile("production")) if c.area[len("model "):] in roles}
+    assert set(checks) == {f"model {r}" for r in roles}
+    for check in checks.values():
+        assert check.status == "fail" and check.fact.startswith("vllm Qwen/Qwen3-4B-Instruct-2507: missing")
+        assert check.todo.startswith("`rde models fetch` with this profile")
+    repo = cache / "models--Qwen--Qwen3-4B-Instruct-2507"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    checks = [c for c in doctor.model_checks(load_profile("production")) if c.area[len("model "):] in roles]
+    assert [c.status for c in checks] == ["ok", "ok"] and all("in the Hugging Face cache" in c.fact for c in checks)
+
+
 def test_bundled_and_offline_models_and_the_detector(tmp_path: Path) -> None:
     checks = {c.area: c for c in doctor.model_checks(load_profile("demo"))}
     assert all(c.status == "ok" for c in checks.values()), checks
@@ -209,8 +231,10 @@ def test_rde_models_no_load_says_present_or_missing_without_loading(monkeypatch:
     monkeypatch.setattr(cli.console, "width", 300)  # one table line per model
     result = CliRunner().invoke(app, ["models", "--profile", "demo", "--no-load"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("present: ") == 6 and "missing" not in result.output
+    assert result.output.count("present: ") == 8 and "missing" not in result.output  # the text LLMs included
+    assert "present: llama-cpp bundled:SmolLM2-135M-Instruct" in result.output
     result = CliRunner().invoke(app, ["models", "--profile", "production", "--no-load"])
     assert result.exit_code == 1
     assert "missing: transformers facebook/dinov2-large" in result.output
+    assert result.output.count("missing: vllm Qwen/Qwen3-4B-Instruct-2507") == 2  # query and template generator
     assert "`rde models fetch` with this profile" in result.output

@@ -118,3 +118,31 @@ def test_fetch_downloads_an_open_vocabulary_detector_by_hub_id(tmp_path: Path) -
     snapshot = Path(rows["detector"]["where"])
     assert {"config.json", "model.safetensors", "preprocessor_config.json"} <= {p.name for p in snapshot.iterdir()}
     assert again_code == 0 and again["detector"]["status"] == "present"
+
+
+def test_fetch_downloads_the_production_text_llm_once_for_both_roles(tmp_path: Path) -> None:
+    """production.yaml's query_generator and template_generator (one Qwen3 id): fetched through the
+    hub stand-in (a tiny Qwen3 as that repo), once; the second role finds it in the cache."""
+    from tiny_models import build_tiny_qwen3
+
+    production = yaml.safe_load((PROFILE_DIR / "production.yaml").read_text())["models"]
+    spec = production["query_generator"]
+    assert production["template_generator"] == spec and spec["backend"] == "vllm"
+    stand_in = HubStandIn({spec["model_id"]: build_tiny_qwen3(tmp_path / "qwen3")}, {})
+    data = yaml.safe_load((PROFILE_DIR / "demo.yaml").read_text())
+    data["models"].update(query_generator=spec, template_generator=spec)
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_ENDPOINT", stand_in.url)
+        try:
+            code, rows = _fetch(profile, tmp_path / "cache")
+        finally:
+            stand_in.close()
+    assert code == 0, rows
+    first, second = rows["query_generator"], rows["template_generator"]
+    assert (first["model"], first["status"]) == (spec["model_id"], "fetched") and first["size"] > 0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in Path(first["where"]).iterdir()}
+    assert second["status"] == "present" and first["where"] in second["where"]
+    weights = [r for r in stand_in.requests if r.startswith("GET ") and r.endswith("/model.safetensors")]
+    assert len(weights) == 1

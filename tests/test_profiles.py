@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,37 @@ def test_section_hash_tracks_only_named_sections() -> None:
     b = load_profile("demo", {"sampling": {"seed": 5}})
     assert a.section_hash("denoise") == b.section_hash("denoise")
     assert a.section_hash("sampling") != b.section_hash("sampling")
+
+
+def test_a_gpu_profile_names_its_text_llms_or_says_so_at_load() -> None:
+    """Production names Qwen3 for DAP and the template gallery (SecMM App. A: the DAP prompts "are
+    fed into Qwen3"); a GPU profile that leaves either unset would fall back to the bundled 135M CPU
+    model, so it does not load: one line naming the key and a value. CPU profiles may leave them."""
+    from rde.common.profiles import BUNDLED_TEXT_LLM, GPU_TEXT_LLM
+
+    production = yaml.safe_load((PROFILE_DIR / "production.yaml").read_text())
+    for role in ("query_generator", "template_generator"):
+        assert production["models"][role] == GPU_TEXT_LLM  # the suggestion is what production runs
+    assert GPU_TEXT_LLM["model_id"].startswith("Qwen/Qwen3-")
+    unset = copy.deepcopy(production)
+    del unset["models"]["query_generator"]
+    with pytest.raises(ProfileError) as err:
+        parse_profile(unset, "gpu.yaml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(
+        "invalid profile gpu.yaml: models.query_generator is unset on a GPU profile (models.detector.device: cuda)")
+    assert "model_id: Qwen/Qwen3-4B-Instruct-2507" in message and "template_generator" not in message
+    del unset["models"]["template_generator"]
+    with pytest.raises(ProfileError, match=r"models\.query_generator and models\.template_generator are unset"):
+        parse_profile(unset, "gpu.yaml")
+    # a vLLM backend is a GPU too, with every device cpu
+    demo = _demo()
+    del demo["models"]["template_generator"]
+    parse_profile(demo)  # a CPU profile may fall back
+    demo["models"]["generators"] = [{"backend": "vllm", "model_id": "Qwen/Qwen2-VL-7B-Instruct"}]
+    with pytest.raises(ProfileError, match=r"models\.template_generator is unset .*models\.generators\[0\]"
+                                           r"\.backend: vllm"):
+        parse_profile(demo)
+    # the bundled model written out is a choice, and passes
+    unset["models"]["query_generator"] = unset["models"]["template_generator"] = BUNDLED_TEXT_LLM
+    assert parse_profile(unset).models.query_generator.model_id == "bundled:SmolLM2-135M-Instruct"

@@ -10,6 +10,7 @@ from entry.tiny_models import (  # noqa: F401
     build_tiny_owl,
     build_tiny_qwen2,
     build_tiny_qwen2vl,
+    build_tiny_qwen3,
     tiny_tokenizer,
 )
 

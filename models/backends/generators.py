@@ -4,7 +4,8 @@
 * ``OpenAIHttpGenerator``: any OpenAI-compatible chat-completions server (``vllm serve``...), with
   bounded concurrency, timeouts and retries with exponential backoff.
 * ``VllmGenerator``: vLLM's in-process offline engine (``vllm.LLM``), batched, with logprobs.
-* ``TransformersVlmGenerator``: Qwen2-VL / InternVL-style ``AutoModelForImageTextToText``.
+* ``TransformersVlmGenerator``: Qwen2-VL / InternVL-style ``AutoModelForImageTextToText``, or a
+  text-only ``AutoModelForCausalLM`` (a Qwen3 text LLM).
 
 A failing request never raises: it returns a ``GenerationResult`` with ``error`` set, so the
 stage can store a rejected row with the reason.
@@ -379,8 +380,9 @@ class VllmGenerator:
     """vLLM's in-process engine: one ``LLM.chat`` call per batch, sampled-token logprobs.
 
     Options: ``max_model_len`` (8192), ``gpu_memory_utilization`` (0.9), ``tensor_parallel_size`` (1),
-    ``limit_mm_per_prompt`` ({"image": 2}: target + hard negative). Needs the ``vllm`` package (GPU
-    workers); it is not part of the CPU environment.
+    ``limit_mm_per_prompt`` ({"image": 2}: target + hard negative; {} for a text-only LLM, which vLLM
+    refuses an image limit for). Needs the ``vllm`` package (GPU workers); it is not part of the CPU
+    environment.
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -427,7 +429,9 @@ class VllmGenerator:
 
 
 class TransformersVlmGenerator:
-    """Qwen2-VL / InternVL-style models through ``AutoProcessor`` + ``AutoModelForImageTextToText``.
+    """Qwen2-VL / InternVL-style models through ``AutoProcessor`` + ``AutoModelForImageTextToText``;
+    a text-only LLM (a Qwen3, for ``query_generator`` / ``template_generator``) through
+    ``AutoTokenizer`` + ``AutoModelForCausalLM``, its messages' content as plain strings.
 
     Greedy or sampled decoding; token log-probabilities from ``compute_transition_scores`` with
     normalised logits (the same numbers llama.cpp and vLLM report). Batched with left padding.
@@ -436,11 +440,14 @@ class TransformersVlmGenerator:
     def __init__(self, spec: ModelSpec) -> None:
         import torch
 
-        from models.backends.torch_runtime import load_image_text_model
+        from models.backends.torch_runtime import load_image_text_model, load_text_model, text_only_llm
 
         self.spec = spec
         self.model_id = spec.model_id
-        self.processor, self.model, self.device, self.dtype = load_image_text_model(spec, "generator")
+        self.text_only = text_only_llm(spec)
+        load = load_text_model if self.text_only else load_image_text_model
+        self.processor, self.model, self.device, self.dtype = load(spec, "generator")
+        self.tokenizer = self.processor if self.text_only else self.processor.tokenizer
         self._torch = torch
 
     def _inputs(self, requests: list[GenerationRequest]):
@@ -448,6 +455,11 @@ class TransformersVlmGenerator:
         for r in requests:
             conversation = []
             for m in r.messages:
+                if self.text_only:
+                    if m.images:
+                        raise ValueError(f"{self.model_id} is a text-only LLM: it takes no images")
+                    conversation.append({"role": m.role, "content": m.with_image_facts()})
+                    continue
                 content = [{"type": "image"} for _ in m.images] + [{"type": "text", "text": m.with_image_facts()}]
                 conversation.append({"role": m.role, "content": content})
                 images.extend(m.images)
@@ -480,7 +492,7 @@ class TransformersVlmGenerator:
                                       output_scores=True, return_dict_in_generate=True)
             scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         prompt_len = inputs["input_ids"].shape[1]
-        tokenizer = self.processor.tokenizer
+        tokenizer = self.tokenizer
         eos = set(np.atleast_1d(self.model.generation_config.eos_token_id or []).tolist())
         pad = tokenizer.pad_token_id
         results = []

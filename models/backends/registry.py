@@ -244,6 +244,8 @@ class ModelRegistry:
         out += [("generators", s) for s in self.models.generators]
         if self.models.teacher:
             out.append(("teacher", self.models.teacher))
+        out += [(role, getattr(self.models, role) or ModelSpec(**BUNDLED_LLM))
+                for role in ("query_generator", "template_generator")]
         return out
 
     def load(self, role: str, spec: Any) -> Any:

@@ -58,3 +58,46 @@ def load_image_text_model(spec, role: str):
     model.eval().to(device)
     processor.tokenizer.padding_side = "left"
     return processor, model, device, dtype
+
+
+def text_only_llm(spec) -> bool:
+    """Whether ``spec.model_id`` is a text-only causal LM (Qwen3, Llama...): its config's model type
+    maps to ``AutoModelForCausalLM`` and not to ``AutoModelForImageTextToText``. Reads the config
+    only (a local folder or the Hugging Face cache)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    from models.backends.model_errors import ModelLoadError, hub_hint
+
+    try:
+        config = AutoConfig.from_pretrained(spec.model_id, revision=spec.revision,
+                                            trust_remote_code=bool(spec.options.get("trust_remote_code", False)))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(hub_hint("generator", spec.model_id, exc)) from exc
+    kind = getattr(config, "model_type", "")
+    return kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def load_text_model(spec, role: str):
+    """Tokenizer and ``AutoModelForCausalLM`` of a text-only LLM by id or path, as
+    ``load_image_text_model`` loads a vision-language one (padding on the left). Returns
+    (tokenizer, model, device, dtype)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models.backends.model_errors import ModelLoadError, hub_hint
+
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    trust = bool(spec.options.get("trust_remote_code", False))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_id, revision=spec.revision, trust_remote_code=trust)
+        model = AutoModelForCausalLM.from_pretrained(spec.model_id, revision=spec.revision, dtype=dtype,
+                                                     trust_remote_code=trust)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(hub_hint(role, spec.model_id, exc)) from exc
+    model.eval().to(device)
+    tokenizer.padding_side = "left"
+    return tokenizer, model, device, dtype

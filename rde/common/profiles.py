@@ -25,6 +25,42 @@ class ProfileError(ValueError):
     """A profile could not be loaded; the message is meant for the user as it is."""
 
 
+# The text LLM a GPU profile names for DAP's queries and the template gallery (profiles/production.yaml's;
+# tests/test_profiles.py keeps the two equal): suggested by the error below.
+GPU_TEXT_LLM: dict[str, Any] = {"backend": "vllm", "model_id": "Qwen/Qwen3-4B-Instruct-2507", "batch_size": 64,
+                                "device": "cuda", "dtype": "bfloat16", "options": {"limit_mm_per_prompt": {}}}
+# The bundled CPU model an unset text-LLM role falls back to, written out: a GPU profile that means
+# to use it says so (models.backends.registry.BUNDLED_LLM).
+BUNDLED_TEXT_LLM: dict[str, Any] = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
+TEXT_LLM_ROLES = {"query_generator": "DAP's queries", "template_generator": "the template gallery"}
+
+
+def _flow_yaml(value: Any) -> str:
+    """``value`` as one line of YAML flow style (what a profile would hold)."""
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip()
+
+
+def gpu_evidence(profile: Profile) -> str | None:
+    """The first key that puts the profile on a GPU (a ``cuda`` device, or in-process vLLM, which
+    needs one), as ``key: value``; None for a profile that runs on the CPU (``auto`` decides at
+    run time, so it does not count)."""
+    models = profile.models
+    specs: list[tuple[str, Any]] = [("models.detector", models.detector)]
+    specs += [(f"models.{role}", getattr(models, role)) for role in ("image_embedder", "text_encoder", "teacher")]
+    specs += [(f"models.{role}[{i}]", spec) for role in ("experts", "generators")
+              for i, spec in enumerate(getattr(models, role))]
+    specs += [("training.model", profile.training.model), ("vedje.backbone", profile.vedje.backbone),
+              ("vedje.first_stage", profile.vedje.first_stage), ("vedje.joint_encoder", profile.vedje.joint_encoder)]
+    for key, spec in specs:
+        if spec is None:
+            continue
+        if str(spec.device).startswith("cuda"):
+            return f"{key}.device: {spec.device}"
+        if spec.backend == "vllm":
+            return f"{key}.backend: vllm"
+    return None
+
+
 class InputSpec(Strict):
     """Where the images come from: the bundled demo pool, a folder, a Parquet file of paths,
     sharded image datasets (WebDataset tars, image-bytes Parquet), locally or on object storage, or
@@ -723,6 +759,23 @@ class Profile(Strict):
                                      f"{detector.backend} detector (an open-vocabulary detector, backend owl, "
                                      "finds classes by name)")
         return self
+
+    @model_validator(mode="after")
+    def _text_llms_named_on_a_gpu(self) -> Profile:
+        """A profile that runs on a GPU names its text LLMs: unset, DAP and the template gallery
+        would fall back to the bundled 135M CPU model, which keeps next to no query. The bundled
+        model written out (``BUNDLED_TEXT_LLM``) is an explicit choice and passes."""
+        unset = [role for role in TEXT_LLM_ROLES if getattr(self.models, role) is None]
+        evidence = gpu_evidence(self) if unset else None
+        if evidence is None:
+            return self
+        keys = " and ".join(f"models.{role}" for role in unset)
+        uses = " and ".join(TEXT_LLM_ROLES[role] for role in unset)
+        are, them = ("are", "each") if len(unset) > 1 else ("is", "it")
+        raise ValueError(f"{keys} {are} unset on a GPU profile ({evidence}): {uses} would fall back to the "
+                         f"bundled CPU model SmolLM2-135M; set {them} to a text LLM, e.g. "
+                         f"{_flow_yaml(GPU_TEXT_LLM)} (profiles/production.yaml's Qwen3), or to "
+                         f"{_flow_yaml(BUNDLED_TEXT_LLM)} to keep the bundled one")
 
     @cached_property
     def domain_set(self) -> DomainSet:
