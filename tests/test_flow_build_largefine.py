@@ -73,11 +73,31 @@ def test_every_image_and_tier_is_a_caption_or_a_rejected_row(offline_run: tuple[
     assert len(chosen) == 6 and len(chosen) + len(select_rejects) == summary["accepted"]
     assert {r["reason"] for r in select_rejects} <= {"not_sampled", "out_of_domain"}
     captions, rejects = Artifact(str(root / "largefine")).rows(), Artifact(str(root / "caption_rejects")).rows()
-    assert len(captions) + len(rejects) == 3 * len(chosen)
-    # what SmolLM2 decodes differs by CPU (its kernels round otherwise); 16 of 18 survived here
-    # (2026-12-04, AMD EPYC): a floor of 6 catches gates that reject most texts, not a flipped token
-    assert len(captions) >= 6, f"too few captions survived the gates: {[r['reason'] for r in rejects]}"
-    assert all(r["reason"] for r in rejects)
+    # each chosen image ends each tier exactly once: as a caption or as a rejected row
+    ended = [(r["image_id"], r["tier"]) for r in captions] + [(r["image_id"], r["stage"].removeprefix("tier-"))
+                                                             for r in rejects]
+    assert sorted(ended) == sorted((r["image_id"], tier) for r in chosen for tier in ("base", "inter", "adv"))
+    # How many of the 18 survive is not the same on every CPU: SmolLM2's greedy decoding flips a
+    # near-tie where the kernels round otherwise (16 on an AMD EPYC, 2026-12-04; 14 here on
+    # 2026-12-06: 6 base, 4 inter, 4 adv). What is exact is why a row is rejected. Nothing else can
+    # reject here: the Q&A steps are answered from the measured facts (no malformed_qa), each of
+    # the 6 images has 5 distinct neighbours (no no_hard_negative), the gallery has templates (no
+    # no_template). So a reject is the caption gate on an LLM summary, checked below by hand, or an
+    # adv row whose base or inter was rejected (missing_tier_input), and nothing more.
+    lf = load_profile("demo").largefine
+    upstream = {r["image_id"] for r in rejects if r["stage"] in ("tier-base", "tier-inter")}
+    assert {r["image_id"] for r in rejects if r["reason"] == "missing_tier_input"} == upstream
+    assert len(captions) == 18 - len(rejects) and len([r for r in captions if r["tier"] == "adv"]) <= 6 - len(upstream)
+    for r in rejects:
+        if r["reason"] == "missing_tier_input":
+            assert r["stage"] == "tier-adv", r
+            continue
+        assert r["reason"] in {"too_short", "too_long", "repetitive", "malformed_output", "ungrounded", "garbled"}, r
+        if r["reason"] in ("too_short", "too_long"):  # words counted apart from the gate: by whitespace
+            words = len(r["text"].split())
+            assert words < lf.min_words if r["reason"] == "too_short" else words > lf.max_words, r
+    # a floor as well: two thirds of the texts survive on the CPUs measured (14 and 16 of 18)
+    assert len(captions) >= 12, f"too few captions survived the gates: {[r['reason'] for r in rejects]}"
     for row in captions:
         assert row["tier"] in ("base", "inter", "adv") and 10 <= row["words"] <= 200
         assert 0 < row["q_txt"] <= 1 and row["generator"].startswith("grounded-captioner")

@@ -3,6 +3,8 @@ equations), including the KL direction conventions; GMM confidence against sciki
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from models.retrieval.losses import (
     cusa_loss,
     hard_negative_itc,
     isd_loss,
+    iss_loss,
     itc_loss,
     saft_loss,
     sass_loss,
@@ -110,6 +113,83 @@ def test_hard_negative_threshold_drops_presumed_false_negatives() -> None:
             row_losses.append(-(logits[0] - np.log(np.exp(logits).sum())))
         losses.append(np.mean(row_losses))
     assert hard_negative_itc(_t(IMG), _t(TXT), TAU, margin, top_k=1).item() == pytest.approx(np.mean(losses))
+
+
+# -- by hand on 2×2 / 3×3 batches (plain arithmetic, no numpy): unit vectors whose cosines are 0, 0.6, 0.8 or 1 --
+# With two candidates, -log softmax(x)[0] = log(1 + e^(x1 - x0)) =: sp(x1 - x0).
+# Tolerance: 1e-9 relative (float64 throughout); the hand-written decimals to 1e-6.
+
+def _sp(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+A2 = [[1.0, 0.0], [0.0, 1.0]]  # view a / images
+B2 = [[0.6, 0.8], [0.0, 1.0]]  # view b / texts: cos(a_i, b_j) = [[0.6, 0.0], [0.8, 1.0]]
+
+
+def test_iss_by_hand_is_infonce_between_the_two_views_both_ways() -> None:
+    """τ = 0.5: logits [[1.2, 0], [1.6, 2]]. a→b rows: sp(0 − 1.2) = 0.263282, sp(1.6 − 2) = 0.513015;
+    b→a (the columns): sp(1.6 − 1.2) = 0.913015, sp(0 − 2) = 0.126928; ISS = their mean = 0.454060."""
+    expected = (_sp(-1.2) + _sp(-0.4) + _sp(0.4) + _sp(-2.0)) / 4
+    assert expected == pytest.approx(0.454060, abs=1e-6)
+    a, b = torch.tensor(A2, dtype=torch.float64), torch.tensor(B2, dtype=torch.float64)
+    assert iss_loss(a, b, 0.5).item() == pytest.approx(expected, rel=1e-9)
+    # one direction only would give (0.263282 + 0.513015) / 2 = 0.388149; a view against itself sp(-2) = 0.126928
+    assert abs(iss_loss(a, b, 0.5).item() - (_sp(-1.2) + _sp(-0.4)) / 2) > 0.05
+    assert iss_loss(a, a, 0.5).item() == pytest.approx(_sp(-2.0), rel=1e-9)
+
+
+def _softmax_list(logits: list[float]) -> list[float]:
+    e = [math.exp(x) for x in logits]
+    return [x / sum(e) for x in e]
+
+
+def _kl_list(p: list[float], q: list[float]) -> float:
+    return sum(a * math.log(a / b) for a, b in zip(p, q, strict=True))
+
+
+def test_cusa_by_hand_targets_are_the_teachers_unimodal_softmaxes() -> None:
+    """3×3 (a 2×2 batch cannot tell the image-image target from the text-text one: swapping them leaves
+    the 2×2 value unchanged), τ = τ_o = 0.5. Student images e1, e2, e3, texts (0.6,0.8,0), (0,0.6,0.8), (0,0,1):
+    cos = [[0.6, 0, 0], [0.8, 0.6, 0], [0, 0.8, 1]]; i2t rows are softmax(row / 0.5), t2i rows softmax(column / 0.5).
+    Teacher images (1,0,0), (0.6,0.8,0), (0,0,1): image-image cos [[1, .6, 0], [.6, 1, 0], [0, 0, 1]] → target rows
+    (0.631049, 0.283548, 0.085403), its mirror, (0.106507, 0.106507, 0.786986); teacher texts e1, e2, e3:
+    text-text cos = I → rows with 0.786986 on the diagonal, 0.106507 off it.
+    i2t: mean KL(image target ‖ i2t) = 0.131786; t2i: mean KL(text target ‖ t2i) = 0.297837; CUSA = 0.214812.
+    Targets swapped would give 0.220439, KL(student ‖ target) 0.271387."""
+    cos = [[0.6, 0.0, 0.0], [0.8, 0.6, 0.0], [0.0, 0.8, 1.0]]
+    i2t = [_softmax_list([c / 0.5 for c in row]) for row in cos]
+    t2i = [_softmax_list([cos[i][j] / 0.5 for i in range(3)]) for j in range(3)]
+    t_img = [_softmax_list([c / 0.5 for c in row]) for row in ([1.0, 0.6, 0.0], [0.6, 1.0, 0.0], [0.0, 0.0, 1.0])]
+    t_txt = [_softmax_list([2.0 if i == j else 0.0 for j in range(3)]) for i in range(3)]
+    assert t_img[0] == pytest.approx([0.631049, 0.283548, 0.085403], abs=1e-6)
+    assert t_txt[0] == pytest.approx([0.786986, 0.106507, 0.106507], abs=1e-6)
+    by_rows = sum(_kl_list(p, q) for p, q in zip(t_img, i2t, strict=True)) / 3
+    by_columns = sum(_kl_list(p, q) for p, q in zip(t_txt, t2i, strict=True)) / 3
+    expected = (by_rows + by_columns) / 2
+    assert (by_rows, by_columns, expected) == pytest.approx((0.131786, 0.297837, 0.214812), abs=1e-6)
+    f = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    got = cusa_loss(f([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]), f([[0.6, 0.8, 0.0], [0.0, 0.6, 0.8], [0.0, 0.0, 1.0]]),
+                    0.5, f([[1.0, 0, 0], [0.6, 0.8, 0], [0, 0, 1.0]]), f([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]),
+                    0.5).item()
+    assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_hard_negative_mining_by_hand_drops_then_takes_the_top_k() -> None:
+    """Images e1, e2, e3 and texts (0.6,0.8,0), (0,0.6,0.8), (0.8,0,0.6): cos = [[0.6, 0, 0.8],
+    [0.8, 0.6, 0], [0, 0.8, 0.6]]; every query, either way, has its positive at 0.6 and negatives 0.8 and 0. τ = 0.2.
+    margin 0: 0.8 > 0.6 is a presumed false negative, dropped; the one left is 0 → sp(−3) = 0.048587.
+    margin 0.25 (α = 0.85): both kept, top-1 is 0.8 → sp(1) = 1.313262.
+    margin 0.25, top-2: every negative, plain ITC: log(1 + e^−3 + e^1) = 1.326563."""
+    img = torch.eye(3, dtype=torch.float64)
+    txt = torch.tensor([[0.6, 0.8, 0.0], [0.0, 0.6, 0.8], [0.8, 0.0, 0.6]], dtype=torch.float64)
+    itc = math.log(1 + math.exp(-3.0) + math.exp(1.0))
+    assert (_sp(-3.0), _sp(1.0), itc) == pytest.approx((0.048587, 1.313262, 1.326563), abs=1e-6)
+    assert hard_negative_itc(img, txt, 0.2, 0.0, top_k=1).item() == pytest.approx(_sp(-3.0), rel=1e-9)
+    assert hard_negative_itc(img, txt, 0.2, 0.0, top_k=2).item() == pytest.approx(_sp(-3.0), rel=1e-9)
+    assert hard_negative_itc(img, txt, 0.2, 0.25, top_k=1).item() == pytest.approx(_sp(1.0), rel=1e-9)
+    assert hard_negative_itc(img, txt, 0.2, 0.25, top_k=2).item() == pytest.approx(itc, rel=1e-9)
+    assert itc_loss(img, txt, 0.2).item() == pytest.approx(itc, rel=1e-9)
 
 
 def test_itm_weights_apply_to_positive_pairs_only() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.retrieval.dual_encoder import FeatureDualEncoder
-from rde.training.retrieval_training import TrainConfig, TrainingPairs, lr_at, train
+from rde.training.retrieval_training import TrainConfig, TrainingPairs, loss_terms, lr_at, train
 
 
 def _pairs(n_img: int = 24, per_image: int = 2, d: int = 8, c: int = 6, seed: int = 0) -> TrainingPairs:
@@ -55,6 +55,26 @@ def test_every_objective_trains_and_lowers_its_loss(objective: str) -> None:
     assert np.isfinite([s["total"] for s in result.step_losses]).all()
     assert ("sass" in result.step_losses[0]) == (objective in ("itc+sass", "saft"))
     assert ("isd" in result.step_losses[0]) == (objective == "saft")
+
+
+def _gradient(objective: str) -> torch.Tensor:
+    """The gradient of ``loss_terms(...)["total"]`` (the objective picked by name, as ``train`` does)
+    over every parameter it reaches (image tower and τ), on one fixed batch of 16 pairs (8 images, two
+    captions each)."""
+    model, pairs = _model(), _pairs()
+    batch = pairs.batch(torch.arange(16), torch.zeros(16, dtype=torch.long), other_view=objective == "itc+iss")
+    loss_terms(model, batch, TrainConfig(objective=objective), None)["total"].backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("objective", ["itc+sass", "saft", "cusa", "hnm", "itc+iss"])
+def test_each_objective_by_name_has_a_gradient_of_its_own(objective: str) -> None:
+    """Routing an objective's name to plain ITC would still lower its loss; its gradient would be
+    ITC's. Each differs from ITC's by more than 1 % of ITC's norm (float32; a real term moves it by far more)."""
+    itc = _gradient("itc")
+    assert torch.isfinite(itc).all() and itc.norm() > 0
+    other = _gradient(objective)
+    assert (other - itc).norm() > 1e-2 * itc.norm(), objective
 
 
 def test_seeded_runs_are_identical_and_a_resumed_run_matches_an_uninterrupted_one(tmp_path: Path) -> None:
