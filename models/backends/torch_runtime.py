@@ -44,20 +44,27 @@ def load_image_text_model(spec, role: str):
     pooling need the real last token at position -1). Returns (processor, model, device, dtype)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    processor, model, device, dtype = _load_pretrained(spec, role, AutoProcessor, AutoModelForImageTextToText)
+    processor.tokenizer.padding_side = "left"
+    return processor, model, device, dtype
+
+
+def _load_pretrained(spec, role: str, front_class, model_class):
+    """``front_class`` (a processor or tokenizer) and ``model_class`` from ``spec.model_id``, the model
+    in eval mode on the spec's device and dtype; a missing or unreadable model is a ModelLoadError."""
     from models.backends.model_errors import ModelLoadError, hub_hint
 
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     trust = bool(spec.options.get("trust_remote_code", False))
     try:
-        processor = AutoProcessor.from_pretrained(spec.model_id, revision=spec.revision, trust_remote_code=trust)
-        model = AutoModelForImageTextToText.from_pretrained(spec.model_id, revision=spec.revision, dtype=dtype,
-                                                            trust_remote_code=trust)
+        front = front_class.from_pretrained(spec.model_id, revision=spec.revision, trust_remote_code=trust)
+        model = model_class.from_pretrained(spec.model_id, revision=spec.revision, dtype=dtype,
+                                            trust_remote_code=trust)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(hub_hint(role, spec.model_id, exc)) from exc
     model.eval().to(device)
-    processor.tokenizer.padding_side = "left"
-    return processor, model, device, dtype
+    return front, model, device, dtype
 
 
 def text_only_llm(spec) -> bool:
@@ -87,17 +94,6 @@ def load_text_model(spec, role: str):
     (tokenizer, model, device, dtype)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from models.backends.model_errors import ModelLoadError, hub_hint
-
-    device = resolve_device(spec.device)
-    dtype = resolve_dtype(spec.dtype, device)
-    trust = bool(spec.options.get("trust_remote_code", False))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.model_id, revision=spec.revision, trust_remote_code=trust)
-        model = AutoModelForCausalLM.from_pretrained(spec.model_id, revision=spec.revision, dtype=dtype,
-                                                     trust_remote_code=trust)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(hub_hint(role, spec.model_id, exc)) from exc
-    model.eval().to(device)
+    tokenizer, model, device, dtype = _load_pretrained(spec, role, AutoTokenizer, AutoModelForCausalLM)
     tokenizer.padding_side = "left"
     return tokenizer, model, device, dtype
