@@ -7,10 +7,12 @@ database live in a temporary folder, never in the developer's ``.rde``.
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 _STATE = Path(tempfile.mkdtemp(prefix="rde-test-state-"))
 # removed when this process ends (the controller's last: the xdist workers read its caches), unless
@@ -120,6 +122,20 @@ DEMO_VIDEOS = ROOT / ".rde" / "demo-videos"
 needs_demo_videos = pytest.mark.skipif(
     not ((DEMO_VIDEOS / "vtest.avi").exists() and (DEMO_VIDEOS / "street.mp4").exists()) and not os.environ.get("CI"),
     reason="the demo videos are missing: run `make videos`")
+
+
+
+def require_module(name: str) -> ModuleType:
+    """``pytest.importorskip`` for a package the project pins (pyproject.toml): where it is missing
+    the test is skipped with a message, except under CI (``CI`` set), where a pinned package that
+    does not import is a broken install and fails the test (as a missing browser does: browser.py)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must install {name}, a pinned dependency (make setup): {exc}")
+        pytest.skip(f"{name} does not import ({exc}); the project pins it: make setup installs it")
+
 
 # Two sharp single-person crops of the demo pool (checked: SSD finds exactly one person in each,
 # score > 0.95, and two when they stand side by side on a canvas).

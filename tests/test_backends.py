@@ -6,14 +6,13 @@ from __future__ import annotations
 import math
 import re
 import threading
-import time
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 from domain_sets import DOMAINS, LAYOUT
-from tiny_models import build_tiny_clip, build_tiny_dinov2, build_tiny_qwen2vl, random_images
+from tiny_models import build_tiny_clip, build_tiny_dinov2, build_tiny_qwen2vl, build_tiny_qwen3, random_images
 
 from models.backends.attributes import (
     COLOURS,
@@ -331,13 +330,18 @@ def test_facts_are_measured_ahead_one_request_per_call_on_threads(registry: Mode
     gen = GroundedCaptionGenerator(ModelSpec(backend="grounded", model_id="grounded-test"), registry.detector(),
                                    registry._bundled_embedder(), _ScriptedLlm("The person wears a top."), DOMAINS)
     real = gen.facts
+    overlapped = threading.Event()  # set once two calls are in flight at once
 
     def counting(images: list[np.ndarray]):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
             calls.append((threading.current_thread().name, len(images)))
-        time.sleep(0.05)
+            first = len(calls) == 1
+            if running[0] == 2:
+                overlapped.set()
+        if first:  # in flight until a second call joins it (a thread starts in ms; 10 s: a loaded machine)
+            overlapped.wait(10)
         try:
             return real(images)
         finally:
@@ -622,6 +626,30 @@ def test_vlm_embedding_expert_and_vlm_generator(tiny_dir: Path) -> None:
     for res in results:
         assert res.ok and 0 < len(res.tokens) <= 6 and all(t.logprob <= 0 for t in res.tokens)
         assert 0 < res.mean_token_probability <= 1
+
+
+def test_a_text_only_llm_generates_through_transformers_vlm(tmp_path: Path) -> None:
+    """Production's text LLM (a Qwen3: query_generator, template_generator) on a CPU: the
+    ``transformers-vlm`` backend loads a text-only causal LM through AutoModelForCausalLM, its
+    messages as plain strings; an image sent to it is a failed request, not an exception."""
+    from models.backends.generators import TransformersVlmGenerator
+
+    gen = TransformersVlmGenerator(ModelSpec(backend="transformers-vlm", batch_size=2,
+                                             model_id=str(build_tiny_qwen3(tmp_path / "qwen3"))))
+    assert gen.text_only and type(gen.model).__name__ == "Qwen3ForCausalLM"
+    asked = [GenerationRequest("one", [ChatMessage("system", "be brief"), ChatMessage("user", "a white van")],
+                               max_tokens=5),
+             GenerationRequest("two", [ChatMessage("user", "describe the person")], max_tokens=5),
+             GenerationRequest("three", [ChatMessage("user", "the man carries a backpack")], max_tokens=5)]
+    prompt = gen.tokenizer.decode(gen._inputs(asked[:1])["input_ids"][0], skip_special_tokens=False)
+    assert "be brief" in prompt and "a white van" in prompt  # the content as a string, not dropped
+    results = gen.generate(asked)
+    assert [r.request_id for r in results] == ["one", "two", "three"]
+    for res in results:
+        assert res.ok and 0 < len(res.tokens) <= 5 and all(t.logprob <= 0 for t in res.tokens)
+    assert gen.generate([asked[2]])[0].text == results[2].text  # greedy: the batch does not change it
+    [failed] = gen.generate([GenerationRequest("img", [ChatMessage("user", "x", random_images(1))], max_tokens=3)])
+    assert not failed.ok and "text-only" in failed.error
 
 
 def test_production_ids_fail_fast_offline_with_a_hint() -> None:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from bad_input_corpus import make_corpus
+from conftest import require_module
 
 from rde.common.image_decoding import DecodeError, decode_rgb, read_header
 from rde.common.ingest import InputError, _list_paths_file, allowed_roots, ingest_shard, list_inputs
@@ -41,6 +42,56 @@ def test_unusual_formats_decode_to_8bit_rgb(tmp_path: Path, person: np.ndarray) 
         arr = decode_rgb((tmp_path / name).read_bytes())
         assert arr.dtype == np.uint8 and arr.shape == (*person.shape[:2], 3), name
         assert 20 < arr.mean() < 235, name  # 16-bit scaled, not clipped to white or black
+
+
+def _premultiplied_gray_tiff() -> bytes:
+    """A gray TIFF with premultiplied ("associated", ExtraSamples = 1) alpha: Pillow opens and
+    decodes it, as mode ``La``, which it has no conversion to RGB for. Pillow writes only
+    unassociated alpha (ExtraSamples = 2), so that one tag value is patched."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("LA", (8, 6), (120, 200)).save(buf, "TIFF")
+    unassociated = b"\x52\x01\x03\x00\x01\x00\x00\x00\x02\x00"  # tag 338, SHORT, 1 value: 2 (little-endian)
+    data = buf.getvalue()
+    assert data[:2] == b"II" and data.count(unassociated) == 1
+    return data.replace(unassociated, unassociated[:-2] + b"\x01\x00")
+
+
+def test_an_unconvertible_image_mode_and_local_read_errors_are_rejected_rows(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file Pillow decodes but cannot convert is ``unsupported_image``; a local file whose open
+    fails (EACCES: as root no mode bits deny a read, so the refusal is injected) or whose read fails
+    with a real I/O error (``/proc/self/mem`` at offset 0 is unmapped: EIO) is ``read_error``."""
+    import errno
+    import os
+
+    from PIL import Image
+
+    from rde.common.ingest import InputRef
+
+    (tmp_path / "premultiplied.tif").write_bytes(_premultiplied_gray_tiff())
+    assert Image.open(tmp_path / "premultiplied.tif").mode == "La"
+    denied = tmp_path / "denied.jpg"
+    denied.write_bytes(b"\xff\xd8 a file only the injected EACCES keeps from being read")
+    real_open = os.open
+
+    def refusing(path, *args, **kwargs):
+        if str(path) == os.path.realpath(denied):  # ingest opens the real path
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+    refs = [InputRef(f"i{k}", str(source), "pedestrian")
+            for k, source in enumerate((tmp_path / "premultiplied.tif", denied, "/proc/self/mem"))]
+    images, rejects = ingest_shard(refs, IngestSpec(), DOMAINS, roots=None)
+    assert images.num_rows == 0
+    got = {r["input_id"]: (r["reason"], r["detail"]) for r in rejects.to_pylist()}
+    assert got["i0"][0] == "unsupported_image" and "cannot convert mode La to RGB" in got["i0"][1], got
+    assert got["i1"] == ("read_error", f"{denied}: Permission denied"), got
+    assert got["i2"] == ("read_error", "/proc/self/mem: Input/output error"), got
 
 
 def test_decompression_bomb_is_caught_from_the_header() -> None:
@@ -101,7 +152,7 @@ def test_file_too_large(tmp_path: Path, person: np.ndarray) -> None:
 
 def test_non_images_stay_not_an_image_after_ultralytics_patches_pillow() -> None:
     """ultralytics monkey-patches PIL.Image.open (HEIF auto-install); our decoding must not change."""
-    pytest.importorskip("ultralytics")
+    require_module("ultralytics")
     import ultralytics.utils.patches  # noqa: F401 - applies the patch
     from PIL import Image
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_module
 
 from models.backends import content_memo
 from models.backends.detectors import DETECTION_ARRAYS, ChunkedDetector, Detections, SsdMobileNetDetector
@@ -106,7 +107,7 @@ def test_ssd_detections_read_back_bit_for_bit(store: Path, person_crop: np.ndarr
 def test_yolo_weights_are_keyed_by_their_bytes_and_random_weights_not_kept(tmp_path: Path) -> None:
     """A YOLO .pt file is keyed by a hash of its bytes (the same file name with other weights is
     another key); an architecture file (.yaml: random weights, another model each build) has no key."""
-    pytest.importorskip("ultralytics")
+    require_module("ultralytics")
     from models.backends.detectors import YoloDetector
 
     def identity(weights: str) -> dict | None:

@@ -3,22 +3,33 @@ of 1, two shards that would run at once on the flow's two task threads take turn
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 pytestmark = pytest.mark.slow
+HOLD_S = 2.0  # how long a shard under the limit gives the other the chance to compute at the same time
+DEADLINE_S = 120.0  # for what must happen (the other shard asking, starting), however loaded the machine
 
 
-def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Path) -> None:
+def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """No sleep stands in for "the other shard started": a shard holds the device until the other
+    has asked for the slot (``concurrency`` entered; or computes already) and then until the other
+    is computing too, or HOLD_S passed. Under the limit the other cannot compute meanwhile, so the hold ends at HOLD_S
+    (a loaded machine only makes it end later, never makes the check fail); without a limit, both
+    compute at once at the first chance, however late it comes."""
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
     from rde.common.profiles import load_profile
+    from tasks.framework import shards
     from tasks.framework.accounting import StageResult
     from tasks.framework.context import RunContext
     from tasks.framework.runner import run_stage
@@ -30,6 +41,22 @@ def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Pat
     schema = pa.schema([pa.field("id", pa.string(), nullable=False)])
     spans: dict[int, tuple[float, float]] = {}
     threads: set[int] = set()
+    lock = threading.Lock()
+    asked, computing = [0], [0]
+    both_computing = threading.Event()
+    other_seen = threading.Event()  # both shards asked for the slot, or (without a slot) compute at once
+    slot = shards.concurrency
+
+    @contextlib.contextmanager
+    def counted_slot(*args: object, **kwargs: object) -> Iterator[None]:
+        with lock:
+            asked[0] += 1
+            if asked[0] == 2:
+                other_seen.set()
+        with slot(*args, **kwargs):
+            yield
+
+    monkeypatch.setattr(shards, "concurrency", counted_slot)
 
     class Captioning(Stage):
         """Stands in for a captioning stage: each of its two shards holds the device for a while."""
@@ -44,8 +71,17 @@ def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Pat
 
         def process(self, run: StageRun, index: int) -> Work:
             began = time.monotonic()
-            threads.add(threading.get_ident())
-            time.sleep(1.5)
+            with lock:
+                threads.add(threading.get_ident())
+                computing[0] += 1
+                if computing[0] == 2:
+                    both_computing.set()
+                    other_seen.set()
+            if self.resources.device == "gpu":
+                assert other_seen.wait(DEADLINE_S), "the other shard never asked for the gpu slot"
+                both_computing.wait(HOLD_S)  # under the limit: times out (the other waits for the slot)
+            else:
+                assert both_computing.wait(DEADLINE_S), "the two shards never computed at once"
             spans[index] = (began, time.monotonic())
             return Work.one({"captions": pa.table({"id": [f"{index}"]}, schema=schema)},
                             {"input_rows": 1, "accepted": 1, "rejected": {}})
@@ -68,6 +104,8 @@ def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Pat
     # without the limit (a stage that does not declare a GPU) the same two shards do run at once (the
     # check above can fail)
     spans.clear()
+    computing[0] = 0
+    both_computing.clear()
 
     @flow(name="gpu-limit-check-unlimited")
     def two_shards_unlimited() -> StageResult:

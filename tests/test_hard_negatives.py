@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from conftest import require_module
 from ranking import reference_scores, unambiguous_top
 
 from models.backends.interfaces import l2_normalize
@@ -65,7 +66,7 @@ def test_faiss_index_path_matches_exact_search() -> None:
     """The IVF index really built (check off, every list probed: an exhaustive index search) finds
     the exact search's neighbours and draws the same negatives (no near-ties here: checked, since
     faiss rounds its own way); above the threshold with too few queries, the search stays exact."""
-    pytest.importorskip("faiss")
+    require_module("faiss")
     vecs, ids = _vectors(50, seed=2), [str(i) for i in range(50)]
     unambiguous_top(reference_scores(vecs, vecs), 7)
     exact = hard_negative_neighbours(vecs, ids, k=5, seed=0, index_above=10_000)

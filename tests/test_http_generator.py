@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -42,12 +41,13 @@ def test_transient_503_is_retried_then_succeeds() -> None:
 
 
 def test_timeouts_give_up_after_bounded_retries() -> None:
+    """The stub answers "slow" 2 s after each request: a result without that answer is the client
+    giving up at its timeout_s (0.5 s), not a wait for it, so no wall-clock bound is needed (one,
+    on a loaded machine, would only measure the load)."""
     with StubServer() as server:
-        start = time.perf_counter()
         [res] = _gen(server, max_retries=1).generate([_req("slow")])
-        elapsed = time.perf_counter() - start
-    assert not res.ok and res.error.startswith("timeout after 0.5s") and "gave up after 2 attempts" in res.error
-    assert elapsed < 5
+    assert not res.ok and res.text == "" and res.attempts == 2
+    assert res.error.startswith("timeout after 0.5s") and "gave up after 2 attempts" in res.error
 
 
 @pytest.mark.parametrize(("prompt", "expected", "calls"), [

@@ -16,12 +16,35 @@ from entry.local_postgres import LocalPostgres, PostgresError, server_binaries
 from entry.stack import free_port
 
 
-@pytest.fixture()
-def reachable_dir() -> Iterator[Path]:
+def _postgres_or_skip() -> None:
+    """PostgreSQL's server programs, or a skip with the reason; under CI (``CI`` set) their absence
+    fails instead, as in test_deployment_stack_postgres.py: CI installs them (make postgres)."""
     try:
         server_binaries()
     except PostgresError as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must install Debian's postgresql (make postgres): {err}")
         pytest.skip(str(err))
+
+
+def test_missing_postgres_skips_locally_and_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing() -> None:
+        raise PostgresError("no initdb on this machine")
+
+    monkeypatch.setattr(f"{__name__}.server_binaries", missing)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(BaseException) as raised:  # a skip or a failure: caught, so this test can fail on it
+        _postgres_or_skip()
+    assert raised.type is pytest.skip.Exception and "no initdb" in str(raised.value)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(BaseException) as raised:
+        _postgres_or_skip()
+    assert raised.type is pytest.fail.Exception and "CI must install Debian's postgresql" in str(raised.value)
+
+
+@pytest.fixture()
+def reachable_dir() -> Iterator[Path]:
+    _postgres_or_skip()
     folder = Path(tempfile.mkdtemp(prefix="rde-pg-test-"))
     folder.chmod(0o755)  # as root, the cluster runs as `postgres`, which must reach its folder
     yield folder

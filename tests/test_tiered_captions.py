@@ -144,6 +144,8 @@ def _script(request: GenerationRequest) -> str | Exception:
         return "Q1: What is on the top? A1: A dark jacket. Q2: What is on the bottom? A2: Light grey trousers."
     if "boom" in request.request_id:
         return RuntimeError("generation failed: CUDA out of memory")
+    if "text-only" in request.request_id:  # models/backends/generators.py's answer to an image request
+        return RuntimeError("unsupported: this generator does not take images")
     return DESCRIPTION
 
 
@@ -168,6 +170,9 @@ def test_three_tiers_account_for_every_image_and_record_lineage() -> None:
     gallery.add("The person wears [clothing description] today.", "seed", 0)
     cap.advanced_tier(items, base, inter, gallery.gallery, out)
     assert len(out.captions) == 24 and not out.rejects
+    empty = TierOutputs()  # every image has its T_base and T_inter, but there is no template to draw
+    cap.advanced_tier(items, base, inter, GalleryBuilder([], 1, 5, 1).gallery, empty)
+    assert [r["reason"] for r in empty.rejects] == ["no_template"] * len(items) and not empty.captions
     assert {c["tier"] for c in out.captions} == {"base", "inter", "adv"}
     for row in out.captions:
         item = next(i for i in items if i.image_id == row["image_id"])
@@ -186,10 +191,11 @@ def test_three_tiers_account_for_every_image_and_record_lineage() -> None:
 
 def test_failures_become_rejected_rows_with_reasons() -> None:
     cap = _captioner(ScriptedGenerator(_script), retries={"max_attempts": 2, "backoff_s": 0.0})
-    items = _items(3, n_generators=1)
+    items = _items(4, n_generators=1)
     items[0].image_id = "bad-qa-0"
     items[1].image_id = "boom-1"
     items[2].negative_id, items[2].negative_image = None, None
+    items[3].image_id = "text-only-3"
     out = TierOutputs()
     base = cap.qa_tier(items, "base", out)
     inter = cap.qa_tier(items, "inter", out)
@@ -199,10 +205,12 @@ def test_failures_become_rejected_rows_with_reasons() -> None:
     assert reasons[("boom-1", "tier-base")] == "generation_failed"
     assert reasons[(items[2].image_id, "tier-inter")] == "no_hard_negative"
     assert reasons[(items[2].image_id, "tier-adv")] == "missing_tier_input"
+    assert reasons[("text-only-3", "tier-base")] == reasons[("text-only-3", "tier-inter")] == "unsupported"
     assert len(out.captions) + len(out.rejects) == 3 * len(items)
-    assert out.stats(len(items))["input_rows"] == 3 * 3  # texts requested: three tiers of three images
+    assert out.stats(len(items))["input_rows"] == 3 * 4  # texts requested: three tiers of four images
     calls = [c.request_id for c in cap.generators[0].calls]
     assert calls.count("boom-1:base:sum") == 2 and calls.count("bad-qa-0:base:qa") == 1  # retried once
+    assert calls.count("text-only-3:base:qa") == 1  # unsupported is permanent: not asked again
 
 
 # -- template gallery --------------------------------------------------------------------------------
@@ -234,6 +242,9 @@ def test_template_lines_and_duplicates() -> None:
     builder = GalleryBuilder(SLOTS, 3, 60, 10)
     assert [builder.add(line, "extracted", 1) for line in lines] == [False, True, False, True]
     assert [r.reason for r in builder.gallery.rejected] == ["no_slot", "duplicate"]
+    one = GalleryBuilder(SLOTS, 3, 60, max_templates=1)  # valid templates past max_templates: gallery_full
+    assert [one.add(line, "extracted", 1) for line in (lines[1], lines[3])] == [True, False] and one.full
+    assert [(r.reason, r.text) for r in one.gallery.rejected] == [("gallery_full", lines[3])]
 
 
 def test_extract_and_expand_loop_builds_a_versioned_gallery() -> None:
