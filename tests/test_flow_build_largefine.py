@@ -209,20 +209,68 @@ def test_a_missing_concurrency_limit_is_reported_once_per_run(run_logs: list[str
     assert sum(m.startswith("WARNING concurrency limit 'gpu' does not exist") for m in run_logs) == 1, run_logs
 
 
-def test_rerun_skips_and_a_lost_shard_is_redone_alone(offline_run: tuple[str, dict, dict]) -> None:
+class _HoldsBack:
+    """The run's generator, except that it does not answer about one image (a timeout each try)."""
+
+    def __init__(self, generator: object, image_id: str) -> None:
+        self.generator, self.image_id = generator, image_id
+        self.model_id = generator.model_id
+
+    def generate(self, requests: list) -> list:
+        from models.backends.interfaces import GenerationResult
+
+        asked = [r for r in requests if not r.request_id.startswith(self.image_id)]
+        answered = self.generator.generate(asked) if asked else []
+        by_id = {r.request_id: r for r in answered}
+        return [by_id.get(r.request_id) or GenerationResult(r.request_id, "", [], self.model_id,
+                                                            error="timeout: no answer within the limit")
+                for r in requests]
+
+
+def test_rerun_skips_a_lost_shard_is_redone_alone_and_a_timeout_is_retried(
+        offline_run: tuple[str, dict, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain rerun skips; a shard lost in a kill is redone alone; an image whose generator did not
+    answer in that redo (a ``timeout`` after the retries) is asked again by ``retry_rejects`` alone:
+    the other shard's files and the other images' rows of its shard stay as they were."""
+    from rde.largefine import tiered_captions
+
     out, first, overrides = offline_run
     again = build_largefine(profile="demo", output_root=out, overrides=overrides)
     assert all(s["skipped"] for s in again["stages"])
-    tiers = Path(out, "build-largefine", "demo", "tier12_captions")
+    root = Path(out, "build-largefine", "demo")
+    tiers = root / "tier12_captions"
     (tiers / "_manifest.json").unlink()  # as if killed before the stage finished
     (tiers / "part-00001.parquet").unlink()
+    held = Artifact(str(root / "neighbours")).read_shard(1, ["image_id"]).column("image_id")[0].as_py()
+    real = tiered_captions.generate_with_retries
+    monkeypatch.setattr(tiered_captions, "generate_with_retries",
+                        lambda generator, *a, **k: real(_HoldsBack(generator, held), *a, **k))
     third = build_largefine(profile="demo", output_root=out, overrides=overrides)
     stages = _stages(third)
     assert not stages["qa-tiers"]["skipped"] and stages["qa-tiers"]["shards_reused"] == 1
     # the redone shard is new generator output (llama.cpp's prompt cache makes reruns differ in the last
     # digits), so later stages rerun; what must hold is the accounting, not equal texts
     assert stages["qa-tiers"]["input"] == _stages(first)["qa-tiers"]["input"]
-    root = Path(out, "build-largefine", "demo")
+    assert Artifact(str(root / "largefine")).count_rows() + Artifact(str(root / "caption_rejects")).count_rows() \
+        == 3 * Artifact(str(root / "neighbours")).count_rows()
+    timeouts = [r for r in Artifact(str(root / "tier12_rejects")).rows(["image_id", "reason"])
+                if r["reason"] == "timeout"]
+    assert timeouts == [{"image_id": held, "reason": "timeout"}] * 2  # base and inter
+
+    monkeypatch.setattr(tiered_captions, "generate_with_retries", real)  # the generator answers again
+    kept = {i: s.sha256 for i, s in enumerate(Artifact(str(tiers)).manifest().shards)}
+    others = [r for r in Artifact(str(tiers)).read_shard(1).to_pylist() if r["image_id"] != held]
+    fourth = build_largefine(profile="demo", output_root=out, overrides=overrides, retry_rejects=True)
+    assert fourth["retried"]["qa-tiers"] == {"retried": 1, "recovered": 1}
+    assert "adv-tier" not in fourth["retried"]  # its held-image rows were missing_tier_input, not transient
+    assert Artifact(str(tiers)).manifest().shards[0].sha256 == kept[0]  # the shard without a timeout is kept
+    redone = Artifact(str(tiers)).read_shard(1).to_pylist()
+    assert [r for r in redone if r["image_id"] != held] == others  # and so are the other images' rows
+    rejected = [r["stage"].removeprefix("tier-") for r in Artifact(str(root / "tier12_rejects")).rows(
+        ["image_id", "stage"]) if r["image_id"] == held]
+    # the held image now ends each tier once, as a caption or a reject the gates gave (not a timeout)
+    assert sorted([r["tier"] for r in redone if r["image_id"] == held] + rejected) == ["base", "inter"]
+    assert not [r for r in Artifact(str(root / "tier12_rejects")).rows(["reason"]) if r["reason"] == "timeout"]
     assert Artifact(str(root / "largefine")).count_rows() + Artifact(str(root / "caption_rejects")).count_rows() \
         == 3 * Artifact(str(root / "neighbours")).count_rows()
 

@@ -42,15 +42,16 @@ class _Toy(Stage):
     balance = True
     retry_by = "id"
 
-    def __init__(self, failing: set[str], asked: list[tuple[int, frozenset[str] | None]], lose: bool = False) -> None:
-        self.failing, self.asked, self.lose = failing, asked, lose
+    def __init__(self, failing: set[str], asked: list[tuple[int, frozenset[str] | None]], lose: bool = False,
+                 deaf: bool = False) -> None:
+        self.failing, self.asked, self.lose, self.deaf = failing, asked, lose, deaf  # deaf: ignores retry_only
 
     def shard_count(self, run: StageRun) -> int:
         return len(INPUTS)
 
     def process(self, run: StageRun, index: int) -> Work:
         self.asked.append((index, run.retry_only))
-        inputs = [i for i in INPUTS[index] if run.retry_only is None or i in run.retry_only]
+        inputs = [i for i in INPUTS[index] if run.retry_only is None or self.deaf or i in run.retry_only]
         kept = [i for i in inputs if not i.endswith("x") and i not in self.failing]
         bad = [(i, "not_sampled" if i.endswith("x") else "timeout" if i.startswith(("e", "f")) else "read_error")
                for i in inputs if i not in kept]  # a read that failed, a generator that did not answer
@@ -118,6 +119,9 @@ def test_a_retry_that_loses_a_row_is_refused_and_leaves_the_shards_as_they_were(
     _run(tmp_path, _Toy({"bt"}, asked), retry=False)
     with pytest.raises(AccountingError, match="after retrying 1 inputs"):
         _run(tmp_path, _Toy(set(), asked, lose=True), retry=True)
+    assert _run(tmp_path, _Toy(set(), asked), retry=False).shards_resumed == 3  # complete again, as it was
+    with pytest.raises(AccountingError, match="asked to redo 1 inputs, it wrote rows rows of 2 others"):
+        _run(tmp_path, _Toy(set(), asked, deaf=True), retry=True)  # its other rows would be written twice
     assert not _artifact(tmp_path, "rows").is_complete()  # refused before any file was replaced:
     asked.clear()
     result = _run(tmp_path, _Toy(set(), asked), retry=False)  # the first run's shards, all reused

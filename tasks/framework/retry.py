@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from rde.common.reasons import TRANSIENT
 from storage import Artifact, ShardInfo
 from tasks.framework import shards
-from tasks.framework.accounting import check_balance, merge_counts, reason_counts, sum_stats
+from tasks.framework.accounting import AccountingError, check_balance, merge_counts, reason_counts, sum_stats
 from tasks.framework.context import RunContext
 from tasks.framework.stage import Stage, StageRun
 
@@ -124,6 +124,11 @@ def _redo_shard(stage: Stage, run: StageRun, outputs: list[shards.Output], key: 
     wanted_ids = pa.array(sorted(ids))
     merged, removed = {}, {}
     for out in outputs:
+        stray = set(new[out.name].column(stage.retry_by).to_pylist()) - ids
+        if stray:  # rows of inputs it was not asked about would be written twice
+            raise AccountingError(f"stage {stage.name!r}, shard {index}: asked to redo {len(ids)} inputs, it wrote "
+                                  f"{out.name} rows of {len(stray)} others (its process must read run.retry_only); "
+                                  "nothing was replaced")
         old = Artifact(out.url).read_shard(index)
         drop = pc.is_in(old.column(stage.retry_by), wanted_ids)
         removed[out.name] = old.filter(drop)
