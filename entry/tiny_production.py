@@ -9,8 +9,9 @@ folder. What a caller may change, and why:
 * the generators' backend, and the text LLM's (``query_generator``, ``template_generator``): in-process
   vLLM (``vllm``, the profile's) needs a GPU; without one, or without the ``vllm`` package, the same
   tiny Qwen2-VL and tiny Qwen3 run through ``transformers-vlm``.
-* ``queries.max_rounds`` 1: the tiny Qwen3's random text gives DAP no query, and ten rounds per
-  domain would say nothing more about the path than one.
+* ``queries.max_rounds`` 1 and 32-token answers for DAP and the template gallery: the tiny
+  Qwen3's random text gives DAP no query and the gallery no template, and ten rounds per domain or
+  256-token answers would say nothing more about the path than one round of short ones.
 * the demo check set, so ``evaluate`` runs every expert (the random captions give DAP no query,
   and MECF nothing to retrieve for).
 
@@ -78,7 +79,8 @@ def run_overrides(profile: Profile, device: str, generator_backend: str, pool_ur
     for spec in text_llms:
         spec["device"] = device
     out: dict[str, Any] = {"input": {"kind": "pool", "path": pool_url}, "models": models,
-                           "queries": {"max_rounds": 1},
+                           "queries": {"max_rounds": 1, "max_tokens": 32},
+                           "largefine": {"templates": {"max_tokens": 32}},
                            "evaluation": {"check_sets": [str(CHECK_SET)], "check_set_pool": str(DEMO_POOL)}}
     for section, spec in (("training", profile.training.model), ("vedje", profile.vedje.backbone)):
         if spec is not None:

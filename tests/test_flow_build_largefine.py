@@ -245,14 +245,12 @@ def test_rerun_skips_a_lost_shard_is_redone_alone_and_a_timeout_is_retried(
     real = tiered_captions.generate_with_retries
     monkeypatch.setattr(tiered_captions, "generate_with_retries",
                         lambda generator, *a, **k: real(_HoldsBack(generator, held), *a, **k))
-    third = build_largefine(profile="demo", output_root=out, overrides=overrides)
+    third = build_largefine(profile="demo", output_root=out, overrides=overrides, until="tiers")
     stages = _stages(third)
     assert not stages["qa-tiers"]["skipped"] and stages["qa-tiers"]["shards_reused"] == 1
     # the redone shard is new generator output (llama.cpp's prompt cache makes reruns differ in the last
     # digits), so later stages rerun; what must hold is the accounting, not equal texts
     assert stages["qa-tiers"]["input"] == _stages(first)["qa-tiers"]["input"]
-    assert Artifact(str(root / "largefine")).count_rows() + Artifact(str(root / "caption_rejects")).count_rows() \
-        == 3 * Artifact(str(root / "neighbours")).count_rows()
     timeouts = [r for r in Artifact(str(root / "tier12_rejects")).rows(["image_id", "reason"])
                 if r["reason"] == "timeout"]
     assert timeouts == [{"image_id": held, "reason": "timeout"}] * 2  # base and inter
