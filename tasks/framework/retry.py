@@ -41,8 +41,8 @@ COUNTS = ("input_rows", "accepted", "rejected")
 
 
 def retryable(stage: Stage) -> bool:
-    """A stage whose transient rejects can be redone input by input."""
-    return stage.per_shard and stage.retry_by is not None and stage.rejects_write is not None
+    """A stage whose transient rejects can be redone input by input (and recounted: a balanced one)."""
+    return stage.per_shard and stage.balance and stage.retry_by is not None and stage.rejects_write is not None
 
 
 def transient_inputs(stage: Stage, outputs: list[shards.Output]) -> dict[int, set[str]]:
