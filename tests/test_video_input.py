@@ -36,12 +36,16 @@ SPEC = VideoSpec(sample_fps=2.0, min_track_detections=2, crops_per_track=2)
 needs_videos = needs_demo_videos
 
 
-def write_video(path: Path, frames: list[np.ndarray], fps: int = 10, codec: str = "mpeg4") -> Path:
-    """Encode RGB frames into a video file (the container from the suffix)."""
+def write_video(path: Path, frames: list[np.ndarray], fps: int = 10, codec: str = "mpeg4", pix_fmt: str = "yuv420p",
+                rotation: int = 0) -> Path:
+    """Encode RGB frames into a video file (the container from the suffix), with a display rotation
+    of ``rotation`` degrees counter-clockwise when not 0 (what a player turns the stored picture by)."""
     with av.open(str(path), "w") as out:
         stream = out.add_stream(codec, rate=fps)
         stream.height, stream.width = frames[0].shape[:2] if frames else (64, 64)
-        stream.pix_fmt = "yuv420p"
+        stream.pix_fmt = pix_fmt
+        if rotation:
+            stream.set_display_rotation(rotation)
         out.start_encoding()  # the header even when no frame follows
         for rgb in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):

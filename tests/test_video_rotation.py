@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import av
 import numpy as np
 from PIL import Image
-from test_video_input import DOMAINS, SPEC, VTEST, _run_folder, clip, needs_videos
+from test_video_input import DOMAINS, SPEC, VTEST, _run_folder, clip, needs_videos, write_video
 
 from models.backends.detectors import Detections, load_detector
 from rde.common.profiles import DenoiseSpec, InputSpec, load_profile
@@ -22,21 +21,9 @@ from rde.common.video_decoding import probe, quarter_turns, upright
 from rde.common.video_input import detector_for_video, list_videos, plan_segments, process_segment, video_roots
 
 
-def write_lossless(path: Path, frames: list[np.ndarray], rotation: int = 0, fps: int = 10) -> Path:
-    """RGB frames as PNG frames in a .mov, with a display rotation of ``rotation`` degrees
-    counter-clockwise (what a player turns the stored picture by to show it)."""
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("png", rate=fps)
-        stream.height, stream.width = frames[0].shape[:2]
-        stream.pix_fmt = "rgb24"
-        if rotation:
-            stream.set_display_rotation(rotation)
-        for rgb in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
+def write_lossless(path: Path, frames: list[np.ndarray], rotation: int = 0) -> Path:
+    """RGB frames as PNG frames in a .mov (lossless), with a display rotation of ``rotation`` degrees."""
+    return write_video(path, frames, codec="png", pix_fmt="rgb24", rotation=rotation)
 
 
 def test_quarter_turns_and_upright_by_hand() -> None:
