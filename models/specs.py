@@ -57,6 +57,11 @@ class DetectorSpec(Strict):
         return self
 
 
+# The bundled CPU text LLM (SmolLM2 GGUF through llama.cpp): what an unset query or template generator
+# falls back to, and what a profile writes out to choose it explicitly.
+BUNDLED_LLM = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
+
+
 class ModelSpec(Strict):
     """A model named by backend and id (Hugging Face id, local path, or a bundled name).
 

@@ -26,6 +26,7 @@ from models.domains import DomainSet
 from models.prompt_files import load_prompt
 from models.specs import (
     BACKENDS,
+    BUNDLED_LLM,
     MEASURED_BACKENDS,
     SPEED_ONLY_DETECTOR_FIELDS,
     SPEED_ONLY_OPTIONS,
@@ -40,7 +41,6 @@ BUNDLED_TEXT_ENCODER = ModelSpec(backend="sentence-transformers", model_id="bund
                                  batch_size="auto")
 AUTO_BATCH_CACHE = "auto_batch.json"  # chosen batch sizes, in the state folder
 TEXT_VECTOR_CACHE = "text_vectors"  # fixed prompt lists' embeddings (the bridge's class prompts), in the state folder
-BUNDLED_LLM = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
 DOMAIN_BACKENDS = {"attributes", "grounded"}  # what they measure and say is the profile's domains'
 
 _cache: dict[tuple[str, str], Any] = {}

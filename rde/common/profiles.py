@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from models.backends.detectors import known_classes
 from models.backends.track_facts import MotionOptions
 from models.domains import Domain, DomainError, DomainSet, SizeRule, load_domain
-from models.specs import ModelSpec, ModelsSection, Strict
+from models.specs import BUNDLED_LLM, ModelSpec, ModelsSection, Strict
 from storage.hashing import sha256_json
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"
@@ -30,8 +30,8 @@ class ProfileError(ValueError):
 GPU_TEXT_LLM: dict[str, Any] = {"backend": "vllm", "model_id": "Qwen/Qwen3-4B-Instruct-2507", "batch_size": 64,
                                 "device": "cuda", "dtype": "bfloat16", "options": {"limit_mm_per_prompt": {}}}
 # The bundled CPU model an unset text-LLM role falls back to, written out: a GPU profile that means
-# to use it says so (models.backends.registry.BUNDLED_LLM).
-BUNDLED_TEXT_LLM: dict[str, Any] = {"backend": "llama-cpp", "model_id": "bundled:SmolLM2-135M-Instruct"}
+# to use it says so.
+BUNDLED_TEXT_LLM: dict[str, Any] = BUNDLED_LLM
 TEXT_LLM_ROLES = {"query_generator": "DAP's queries", "template_generator": "the template gallery"}
 
 
