@@ -19,8 +19,7 @@ import time
 
 import numpy as np
 
-from rde.common.profiles import AnnSpec
-from rde.common.topk import ivf_lists, recall_at_k, topk_exact, topk_ivf
+from rde.common.topk import AnnSpec, ivf_lists, recall_at_k, topk_exact, topk_ivf
 
 
 def mixture(n: int, n_queries: int, dim: int, clusters: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

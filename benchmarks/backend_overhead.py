@@ -31,7 +31,7 @@ from models.backends.interfaces import ChatMessage, GenerationRequest
 from models.backends.registry import ModelRegistry
 from models.specs import ModelSpec
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from storage import Artifact
 
 # the wrapper with the network as the bare call runs it and no reuse of earlier results, so both

@@ -48,7 +48,7 @@ from models.backends.disk_memo import keep_nothing_on_disk
 from models.backends.registry import ModelRegistry
 from models.specs import ModelSpec, ModelsSection
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from rde.training.retrieval_features import image_features
 from rde.vedje.features import frame_feature_rows
 from storage import Artifact

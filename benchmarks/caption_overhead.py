@@ -27,10 +27,10 @@ from models.backends.interfaces import GenerationRequest, GenerationResult, Gene
 from models.backends.registry import ModelRegistry
 from models.prompt_files import load_prompt
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import load_profile
 from rde.largefine.hard_negatives import hard_negative_neighbours
 from rde.largefine.template_gallery import GalleryBuilder
 from rde.largefine.tiered_captions import TierCaptioner, TierImage, TierOutputs
+from rde.profile import load_profile
 from storage import Artifact
 
 N_LARGEFINE = 1_200_000

@@ -33,7 +33,7 @@ import numpy as np
 
 from models.backends.detectors import Detections, SsdMobileNetDetector
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from storage import Artifact
 
 ROOT = Path(__file__).resolve().parents[1]

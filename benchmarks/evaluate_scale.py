@@ -40,7 +40,7 @@ start = time.perf_counter()
 if mode == "embed":
     import pyarrow.parquet as pq
     from rde.common.image_decoding import decode_rgb
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
     from rde.evaluation.retrievers import load_retriever, parse_retriever
     expert = load_retriever(parse_retriever(model), load_profile("demo"))
     count = 0

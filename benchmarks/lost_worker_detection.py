@@ -42,7 +42,7 @@ def main() -> None:
     from stack_checks import api, engine_pids, kill_with_its_worker
 
     from entry.stack import StackConfig, down, free_port, up
-    from rde.common.prefect_automations import ZOMBIE_NAME, detects_zombies
+    from tasks.framework.prefect_automations import ZOMBIE_NAME, detects_zombies
 
     folder = Path(tempfile.mkdtemp(prefix="lost-worker-"))
     pool = _slice_pool(folder, 96)

@@ -77,7 +77,8 @@ def train_child(pairs_url: str, student: str, steps: int, workers: int, batch: i
     import torch
 
     from models.retrieval.dual_encoder import HFClipDualEncoder
-    from rde.training.pair_stream import PairIndex, StreamedPairs, StreamedTraining
+    from rde.training.pair_batches import StreamedTraining
+    from rde.training.pair_stream import PairIndex, StreamedPairs
     from rde.training.retrieval_training import TrainConfig, train
 
     torch.set_num_threads(2)

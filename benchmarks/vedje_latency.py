@@ -38,7 +38,7 @@ from models.backends.registry import ModelRegistry
 from models.reranker.cache_codec import decode
 from models.reranker.cache_store import CacheIndex, cache_rows
 from models.reranker.onnx_scoring import score_onnx
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from rde.vedje.features import cached_tensors
 from rde.vedje.training import build_model, joint_scores
 from storage import ArtifactWriter
@@ -435,7 +435,7 @@ def main() -> None:
 
     torch.set_num_threads(2)
     profile = load_profile("demo")
-    data = cached_tensors("clips", "semantic-bridge")
+    data = cached_tensors(load_profile("demo", {"vedje": {"source": "clips"}}), "semantic-bridge")
     reg = ModelRegistry.of(profile)
     with tempfile.TemporaryDirectory() as tmp:
         stage1 = reg.expert(profile.models.experts[0])

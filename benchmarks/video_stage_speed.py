@@ -28,11 +28,11 @@ import av
 from models.backends.detectors import load_detector
 from models.backends.disk_memo import keep_nothing_on_disk
 from rde.common.denoise import count_targets
-from rde.common.ingest import InputRef
-from rde.common.profiles import load_profile
+from rde.common.input_listing import InputRef
 from rde.common.video_decoding import probe
 from rde.common.video_input import Segment, detector_for_video, lost_steps, process_segment
 from rde.common.video_tracks import byte_tracker, link
+from rde.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

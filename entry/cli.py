@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from entry import cli_domains, cli_evaluate, cli_flows, cli_stack, cli_tools  # noqa: F401  (each registers its commands on the app)
+from entry import cli_domains, cli_evaluate, cli_flows, cli_stack, cli_tools, describe  # noqa: F401  (each registers its commands on the app)
 from entry.cli_base import app, console, print_ranked, print_summary
 from entry.cli_flows import FlowRef, _guess_kind
 

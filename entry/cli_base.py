@@ -59,7 +59,7 @@ def _fail(message: str) -> None:
 def _profile_or_fail(name: str, overrides: dict[str, Any] | None = None):
     """The validated profile (with ``overrides``, e.g. from ``--set``), or exit 2 with the
     validation message."""
-    from rde.common.profiles import ProfileError, load_profile
+    from rde.profile import ProfileError, load_profile
 
     try:
         return load_profile(name, overrides)
@@ -85,9 +85,9 @@ def _parse_sets(sets: list[str]) -> dict[str, Any]:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from entry.temporary_server import ServerStartError
-    from rde.common.ingest import InputError
-    from rde.common.profiles import ProfileError
+    from rde.common.input_listing import InputError
     from rde.common.run_lock import RunLockedError
+    from rde.profile import ProfileError
     from storage import ArtifactError
     from storage.filesystem import StorageWriteError
     from tasks.framework.accounting import AccountingError

@@ -46,9 +46,9 @@ def check_before_run(profile: str, overrides: dict[str, Any], output: str | None
     code most likely to be wrong) before Prefect starts: a typo, a benchmark without qrels, a
     factory that returns NaN, is one line at once. Other models load in their stages (a rerun that
     skips them loads none)."""
-    from rde.common.profiles import load_profile
     from rde.evaluation.plan import loaded_retriever, plan_evaluation
     from rde.evaluation.scores_file import read_scores
+    from rde.profile import load_profile
 
     prof = load_profile(profile, overrides)
     plan = plan_evaluation(prof, output)
@@ -90,7 +90,7 @@ def evaluate_cmd(
     if report and ("://" in report or Path(report).suffix.lower() not in (".md", ".csv", ".html")):
         _fail(f"--report {report}: a local .md, .csv or .html file")
     try:
-        from rde.common.profiles import deep_merge
+        from rde.profile import deep_merge
 
         specs = [*(model or []), *(models_from_file(models_file) if models_file else [])]
         given = evaluation_overrides(benchmark, specs, labels, reference, k)

@@ -210,7 +210,7 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
     with a message, an unbalanced accounting exits 2 after the summary."""
     overrides = _parse_sets(sets or [])
     if overrides_given:
-        from rde.common.profiles import deep_merge
+        from rde.profile import deep_merge
 
         overrides = deep_merge(overrides_given, overrides)
     _check_input_kind(input_path, input_kind)
@@ -219,9 +219,9 @@ def _run_flow(flow_ref: FlowRef, profile: str, input_path: str | None, input_kin
         location = input_path if "://" in input_path else str(Path(input_path).resolve())
         overrides.setdefault("input", {}).update({"kind": kind, "path": location})
     try:
-        from rde.common.ingest import check_input
-        from rde.common.profiles import load_profile
+        from rde.common.input_listing import check_input
         from rde.common.run_lock import output_lock
+        from rde.profile import load_profile
         from storage.locations import project_root
         from tasks.framework.context import RunContext
 
@@ -315,7 +315,7 @@ def _guess_kind(path: str) -> str:
     if name.endswith((".tar", ".tar.gz", ".tgz")):
         return "webdataset"
     if name.endswith(".parquet"):
-        from rde.common.ingest import parquet_input_kind
+        from rde.common.input_listing import parquet_input_kind
 
         return parquet_input_kind(path)
     if "://" not in path and (Path(path) / "_manifest.json").exists():

@@ -144,8 +144,8 @@ def labels_import_cmd(
     rebuild: Annotated[bool, typer.Option("--rebuild/--no-rebuild", help="Rebuild qrels and evaluation now.")] = True,
 ) -> None:
     """Validate decisions against the MECF candidates, merge them, then rebuild qrels + evaluation."""
-    from rde.common.profiles import ProfileError, load_profile
     from rde.common.runtime import code_version
+    from rde.profile import ProfileError, load_profile
     from rde.secmm.label_import import merge_decisions
     from rde.secmm.labels import DecisionError
     from tasks.framework.context import RunContext
@@ -339,8 +339,8 @@ def artifacts_cmd(
 ) -> None:
     """List artifacts under a root with their rows, shards and completeness; a stage a stopped run
     cut (whole shards written, no manifest yet) shows as incomplete with the shards it wrote."""
-    from rde.common.profiles import load_profile
     from rde.common.run_state import folder_states
+    from rde.profile import load_profile
     from storage.locations import resolve_location
 
     base = Path(root or resolve_location(load_profile(profile).artifacts_root))

@@ -31,10 +31,11 @@ from models.backends.attributes import COLOURS, _region, colour_distribution
 from models.backends.detectors import load_detector
 from models.domains import load_domain
 from rde.common.image_decoding import encode_jpeg
-from rde.common.ingest import InputRef
-from rde.common.profiles import VideoSpec, load_profile
+from rde.common.input_listing import InputRef
+from rde.common.pool_config import VideoSpec
 from rde.common.video_decoding import DecodeOutcome, probe
 from rde.common.video_input import Segment, detector_for_video, open_segment, tracked_frames
+from rde.profile import load_profile
 from storage import ArtifactWriter, content_key
 
 CLIP_FRAMES = pa.schema([pa.field("frame_index", pa.int32(), nullable=False),

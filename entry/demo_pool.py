@@ -32,11 +32,12 @@ import pyarrow as pa
 from models.backends.detectors import box_iou, load_detector
 from models.domains import Domain, load_domain
 from rde.common.image_decoding import encode_jpeg
-from rde.common.ingest import InputRef
-from rde.common.profiles import TrackerSpec, VideoSpec, load_profile
+from rde.common.input_listing import InputRef
+from rde.common.pool_config import TrackerSpec, VideoSpec
 from rde.common.video_decoding import DecodeOutcome, probe, sampled_frames
 from rde.common.video_input import detector_for_video, plan_segments, process_segment
 from rde.common.video_tracks import expand_box
+from rde.profile import load_profile
 from storage import ArtifactWriter, content_key
 from storage.schemas import POOL
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import httpx
 
-from rde.common.profiles import Profile
+from rde.profile import Profile
 from storage.locations import project_root, resolve_location, state_dir
 
 Status = Literal["ok", "warn", "fail"]
@@ -105,7 +105,7 @@ def model_check(role: str, spec: Any, cache_dir: Path | None = None) -> Check:
     """Whether one model's files are where its backend looks, without loading it (``cache_dir``:
     the Hugging Face cache to look in; default the one ``HF_HUB_CACHE`` / ``HF_HOME`` name)."""
     from models.backends.detectors import bundled_ssd_files
-    from models.backends.generators import LlamaCppGenerator
+    from models.backends.llama_cpp_generator import LlamaCppGenerator
     from models.backends.model_errors import ModelLoadError
 
     area = f"model {role}"
@@ -226,8 +226,8 @@ def prefect_checks(prof: Profile, stack_folder: Path | None = None) -> list[Chec
 
 
 def _automations_check(url: str, prof: Profile) -> Check:
-    """Zombie detection and resume-on-crash on the server (``rde.common.prefect_automations``)."""
-    from rde.common.prefect_automations import RESUME_NAME, detects_zombies
+    """Zombie detection and resume-on-crash on the server (``tasks.framework.prefect_automations``)."""
+    from tasks.framework.prefect_automations import RESUME_NAME, detects_zombies
 
     found = _answer_json(f"{url}/automations/filter", post={})
     todo = f"`rde stack automations --profile {prof.name}` creates them (rde stack up does on its own server)"

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from entry.doctor import hub_id, model_check, profile_models, size_text, tree_size
-from rde.common.profiles import Profile
+from rde.profile import Profile
 from storage.locations import project_root
 
 YOLO_ASSETS_URL = "https://github.com/ultralytics/assets/releases/download/v8.3.0"

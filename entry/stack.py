@@ -4,7 +4,7 @@
 throwaway PostgreSQL cluster of its own in the stack folder, see ``entry.local_postgres``; or any
 database URL given), creates the ``cpu`` and ``gpu`` process work pools and the ``gpu``
 global concurrency limit (one slot per gpu worker), the zombie-detection and resume-on-crash
-automations (``rde.common.prefect_automations``; window ``stale_after_s``), deploys everything in
+automations (``tasks.framework.prefect_automations``; window ``stale_after_s``), deploys everything in
 ``prefect.yaml`` and starts ``workers_per_pool`` workers for the ``cpu`` pool and ``gpu_workers``
 for the ``gpu`` pool (``--gpu-workers``).
 ``down`` stops the workers first (SIGINT twice, as Prefect workers expect), then the server, then
@@ -206,7 +206,7 @@ def ensure_automations(cfg: StackConfig, api_url: str | None = None) -> dict[str
     """Zombie detection (window ``cfg.stale_after_s``) and resume-on-crash on the stack's server (or
     the server at ``api_url``, e.g. one ``rde stack`` did not start), created or brought up to
     date; what was done per automation."""
-    from rde.common.prefect_automations import ensure
+    from tasks.framework.prefect_automations import ensure
 
     if cfg.stale_after_s <= cfg.heartbeat_s:
         raise StackError(f"the zombie window ({cfg.stale_after_s:g} s) must be longer than the heartbeat interval "

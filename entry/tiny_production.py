@@ -30,7 +30,7 @@ from typing import Any
 
 from entry.demo_pool import write_pool_slice
 from entry.tiny_models import TINY_MODELS_FOLDER, build_tiny_production
-from rde.common.profiles import PROFILE_DIR, Profile, deep_merge, load_profile
+from rde.profile import PROFILE_DIR, Profile, deep_merge, load_profile
 
 PROFILE = "tiny-production"
 FLOWS = ("build-secmm", "build-largefine", "train-saft", "train-gtr", "train-vedje", "index-cache", "rerank")

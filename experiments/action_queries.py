@@ -19,9 +19,9 @@ import numpy as np
 from models.backends.registry import ModelRegistry
 from rde.common.expert_check import expert_vectors, load_check_set, load_check_yaml, relevance_lists
 from rde.common.metrics import ap_per_query, bootstrap_interval
-from rde.common.profiles import load_profile
 from rde.common.topk import topk_exact
 from rde.evaluation.check_sets import random_map
+from rde.profile import load_profile
 
 K = 10
 

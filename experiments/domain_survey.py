@@ -24,9 +24,9 @@ from entry.demo_pool import POOL_VIDEO, STREET_VIDEO
 from models.backends.detectors import LABELS_FILE, load_detector
 from models.domains import Domain
 from rde.common.image_decoding import decode_rgb
-from rde.common.ingest import InputRef
-from rde.common.profiles import load_profile
+from rde.common.input_listing import InputRef
 from rde.common.video_input import detector_for_video, plan_segments, process_segment
+from rde.profile import load_profile
 
 MIN_SIDE, MIN_AREA = 32, 32 * 64
 

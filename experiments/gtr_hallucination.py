@@ -104,9 +104,9 @@ def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest],
     from models.prompt_files import load_prompt
     from rde.common.expert_check import held_out_identities, load_check_yaml
     from rde.common.image_decoding import decode_rgb
-    from rde.common.profiles import load_profile
     from rde.largefine.qa_pairs import QAPair, format_qa_pairs
     from rde.largefine.template_gallery import load_gallery
+    from rde.profile import load_profile
     from storage import Artifact
 
     profile = load_profile("demo")
@@ -271,7 +271,7 @@ def generator_free_text_features(texts: list[str], corruptible: np.ndarray, f: d
                                  index: np.ndarray) -> np.ndarray:
     """Text-tower features of the corrupted captions (the clean ones' where nothing was corrupted)."""
     from models.backends.registry import ModelRegistry
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
 
     profile = load_profile("demo")
     bridge = ModelRegistry.of(profile).expert(profile.models.experts[0])

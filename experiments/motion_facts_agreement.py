@@ -19,8 +19,8 @@ from collections import Counter
 from pathlib import Path
 
 from models.backends.track_facts import motion_facts
-from rde.common.profiles import load_profile
 from rde.common.track_context import motion_options
+from rde.profile import load_profile
 from storage import Artifact
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from models.retrieval.dual_encoder import FeatureDualEncoder
 from rde.common.expert_check import held_out_identities, load_check_set, load_check_yaml, relevance_lists
 from rde.common.image_decoding import decode_rgb
 from rde.common.metrics import ap_per_query, bootstrap_interval, mean_ap_at_k
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from rde.training.retrieval_features import image_features
 from rde.training.retrieval_training import TrainConfig, TrainingPairs, train
 from storage import Artifact

@@ -27,7 +27,7 @@ import numpy as np
 from models.backends.interfaces import l2_normalize
 from models.backends.registry import ModelRegistry
 from rde.common.metrics import average_precision_at_k
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from storage import Artifact
 from storage.locations import resolve_location
 

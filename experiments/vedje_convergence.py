@@ -87,7 +87,7 @@ from vedje_rerank import SOURCES, row, value
 
 from models.reranker.losses import vtm_loss
 from models.reranker.vedje import Vedje
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from rde.vedje.data import negatives_for
 from rde.vedje.features import cached_tensors
 from rde.vedje.training import (
@@ -635,7 +635,7 @@ def run_checks(data: VedjeTensors, model: Vedje, args: argparse.Namespace, n: in
 # ---------------------------------------------------------------- main
 
 def load_source(name: str, src: dict[str, Any]) -> VedjeTensors:
-    return cached_tensors(src["source"], src["stage1"])
+    return cached_tensors(load_profile("demo", {"vedje": {"source": src["source"]}}), src["stage1"])
 
 
 def run_deadline(source_end: float, left_runs: int) -> float:

@@ -66,7 +66,7 @@ def motion_tensors(video: str, stage1_backend: str = "attributes", profile_name:
     from entry.demo_clips import ClipParams
     from entry.motion_clips import VERSION, MotionParams, build_motion_set
     from models.backends.registry import ModelRegistry
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
     from rde.vedje.features import build_tables, tensors_from_tables
     from storage import content_key
     from storage.locations import state_dir
@@ -152,7 +152,7 @@ def _scores(model: Any, texts: list[str], pairs: list[tuple[int, int]], caches: 
 
 def model_spec(args: argparse.Namespace) -> Any:
     """The profile's vedje section, with ``--encoder`` as the joint encoder when given."""
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
 
     spec = load_profile(args.profile).vedje
     if args.encoder:

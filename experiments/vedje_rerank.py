@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from rde.vedje.features import cached_tensors
 from rde.vedje.training import VedjeTensors, build_model, evaluate_rerank, stored_caches, train_config, train_vedje
 from storage.locations import state_dir
@@ -95,7 +95,7 @@ def main() -> None:
     for name, src in SOURCES.items():
         if args.only and args.only != name:
             continue
-        data = cached_tensors(src["source"], src["stage1"])
+        data = cached_tensors(load_profile("demo", {"vedje": {"source": src["source"]}}), src["stage1"])
         gallery = len(data.rows("test")[0])
         n_c = sorted({min(n, gallery) for n in (20, 50, 100)})
         print(f"\n## {name}: {len(data.items.item_ids)} items (T={data.item_frames.shape[1]}), stage 1 = "

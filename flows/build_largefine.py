@@ -12,7 +12,6 @@ from typing import Any
 
 from prefect import flow
 
-from rde.common.task_runners import default_task_runner
 from rde.largefine.card import throughput_rows
 from tasks import largefine
 from tasks.framework.context import RunContext, run_locked
@@ -20,6 +19,7 @@ from tasks.framework.reporting import publish_table
 from tasks.framework.runner import run_pipeline
 from tasks.framework.stage import Pipeline
 from tasks.framework.summary import publish_summary
+from tasks.framework.task_runners import default_task_runner
 from tasks.pool import CLEAN_POOL
 from tasks.pool.summary import run_summary
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from prefect import flow
 
-from rde.common.task_runners import default_task_runner
 from tasks.framework.context import RunContext, run_locked
 from tasks.framework.runner import run_pipeline
 from tasks.framework.stage import Pipeline
 from tasks.framework.summary import publish_summary
+from tasks.framework.task_runners import default_task_runner
 from tasks.pool import CLEAN_POOL
 from tasks.pool.summary import run_summary
 from tasks.secmm import SECMM_STAGES

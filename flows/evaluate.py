@@ -12,13 +12,13 @@ from typing import Any
 
 from prefect import flow
 
-from rde.common.profiles import deep_merge
-from rde.common.task_runners import default_task_runner
 from rde.evaluation.plan import forget_benchmarks
+from rde.profile import deep_merge
 from tasks.evaluation import FLOW_NAME, evaluation_pipeline
 from tasks.framework.context import RunContext, run_locked
 from tasks.framework.runner import run_pipeline
 from tasks.framework.summary import publish_summary
+from tasks.framework.task_runners import default_task_runner
 from tasks.pool.summary import run_summary
 
 # what a shard-range run of a fanned-out stage builds its stages from: the profile's evaluation section

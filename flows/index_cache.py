@@ -9,11 +9,11 @@ from typing import Any
 
 from prefect import flow
 
-from rde.common.task_runners import default_task_runner
 from tasks import vedje
 from tasks.framework.context import RunContext, run_locked
 from tasks.framework.runner import run_pipeline
 from tasks.framework.stage import Pipeline
+from tasks.framework.task_runners import default_task_runner
 from tasks.vedje.index_cache import IndexCache
 
 FLOW_NAME = "index-cache"

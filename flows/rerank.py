@@ -8,11 +8,11 @@ from typing import Any
 
 from prefect import flow
 
-from rde.common.task_runners import default_task_runner
 from tasks import vedje
 from tasks.framework.context import run_locked
 from tasks.framework.runner import run_pipeline
 from tasks.framework.stage import Pipeline
+from tasks.framework.task_runners import default_task_runner
 from tasks.vedje.rerank import Rerank
 
 FLOW_NAME = "rerank"

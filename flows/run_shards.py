@@ -13,11 +13,11 @@ from typing import Any
 
 from prefect import flow
 
-from rde.common.profiles import load_profile
-from rde.common.task_runners import default_task_runner
+from rde.profile import load_profile
 from tasks.framework.context import RunContext
 from tasks.framework.runner import run_shard_range
 from tasks.framework.stage import Pipeline, Stage
+from tasks.framework.task_runners import default_task_runner
 
 FLOW_NAME = "run-shards"
 # flow name -> the module that declares its PIPELINE, imported only when a run asks for that flow: a

@@ -11,8 +11,8 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from rde.common.task_runners import default_task_runner
 from tasks.framework.reporting import publish_table
+from tasks.framework.task_runners import default_task_runner
 
 FLOW_NAME = "stack-probe"
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from prefect import flow
 
-from rde.common.task_runners import default_task_runner
 from tasks import training
 from tasks.framework.context import RunContext, run_locked
+from tasks.framework.task_runners import default_task_runner
 
 FLOW_NAME = "train-gtr"
 STAGES = ("features", "train")

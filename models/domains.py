@@ -47,7 +47,7 @@ class SizeRule(Strict):
 class SubjectTypes(Strict):
     """The subject's kind as an attribute (a car, a bus): the detector's class, said when an
     ImageNet classifier does not contradict it (``classifier``: ImageNet class → type, "other" for
-    kinds of none of the types; evidence rule in ``grounded_captioner.type_agrees``)."""
+    kinds of none of the types; evidence rule in ``measured_facts.type_agrees``)."""
 
     slot: str = Field(pattern=_NAME, description="The attribute slot of the type (its vocabulary: subject.classes).")
     fact: str = Field(pattern=_NAME, description="The fact's name in captions and Q&A (e.g. vehicle_type).")

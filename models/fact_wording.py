@@ -1,6 +1,6 @@
 """Saying measured values in a prompt file's words: the one filler behind the caption pool's
 rendered captions (``rde.secmm.sentence_checks.facts_caption``) and the grounded captioner's Q&A
-answers (``models.backends.grounded_captioner.facts_qa_pairs``).
+answers (``models.backends.measured_facts.facts_qa_pairs``).
 
 A value is said through the file's ``phrases`` for its attribute ("left" -> "to the left"), several
 values joined with "and"; a template's ``{name}`` placeholders are attributes (``{value}``: the

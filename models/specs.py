@@ -1,7 +1,7 @@
 """What a profile says about models: backend specs and the table of backends per role.
 
 They live next to the backends (``models/backends/registry.py`` builds them) so that ``models/``
-depends on nothing above it; ``rde.common.profiles`` composes them into a profile.
+depends on nothing above it; ``rde.profile`` composes them into a profile.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def cgds(base: str, overrides: dict, embedder: MeanEmbedder) -> int:
         package.__path__ = [os.path.join(tasks.__path__[0], "secmm")]
         sys.modules["tasks.secmm"] = package
     from models.backends.registry import ModelRegistry
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
     from tasks.framework.context import RunContext
     from tasks.framework.stage import StageRun
     from tasks.secmm.cgds import Cgds

@@ -14,7 +14,7 @@ from models.backends import auto_batch
 from models.backends.auto_batch import AutoBatchSettings, BatchSize, Measurement, choose
 from models.backends.registry import ModelRegistry, models_lineage, spec_lineage
 from models.specs import ModelSpec
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 
 
 class FakeModel:

@@ -21,21 +21,16 @@ from models.backends.attributes import (
     parse_text_attributes,
     person_mask,
 )
+from models.backends.caption_grounding import claim_words, keep_grounded, ungrounded_words
 from models.backends.detectors import Detections
-from models.backends.grounded_captioner import (
-    GroundedCaptionGenerator,
-    claim_words,
-    describe_image,
-    keep_grounded,
-    type_agrees,
-    ungrounded_words,
-)
+from models.backends.grounded_captioner import GroundedCaptionGenerator
 from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, TokenLogprob
+from models.backends.measured_facts import describe_image, type_agrees
 from models.backends.model_errors import ModelLoadError
 from models.backends.registry import ModelRegistry
 from models.domains import load_domains
 from models.specs import ModelSpec
-from rde.common.profiles import ProfileError, load_profile
+from rde.profile import ProfileError, load_profile
 
 
 @pytest.fixture(scope="module")
@@ -368,7 +363,7 @@ class _TeacherForcedLlm:
 
 def _pieces(llm, text: str) -> list[str]:
     """``text``'s tokens as strings, split by the GGUF's own BPE (ASCII text: one piece per id)."""
-    from models.backends.generators import gguf_bpe_tokenizer
+    from models.backends.llama_cpp_generator import gguf_bpe_tokenizer
 
     tokenizer = gguf_bpe_tokenizer(llm.gguf_path)
     return [tokenizer.decode([i]) for i in llm.tokenize(text)]
@@ -420,7 +415,7 @@ def test_llama_cpp_generator_real_smollm2() -> None:
     """Greedy decoding is deterministic: a fresh generator repeats another's reply exactly. A second
     call on the same one reuses the prompt its context's cache holds, so its logits come from
     another split: the same reply up to a near-tie (``_assert_same_greedy_path``)."""
-    from models.backends.generators import LlamaCppGenerator
+    from models.backends.llama_cpp_generator import LlamaCppGenerator
 
     spec = ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct")
     gen = LlamaCppGenerator(spec)
@@ -436,7 +431,7 @@ def test_llama_cpp_generator_real_smollm2() -> None:
 
 @pytest.mark.slow
 def test_llama_cpp_generator_honours_a_gbnf_grammar() -> None:
-    from models.backends.generators import LlamaCppGenerator
+    from models.backends.llama_cpp_generator import LlamaCppGenerator
 
     gen = LlamaCppGenerator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))
     grammar = 'root ::= ("teal" | "ochre") " coat"'
@@ -447,7 +442,7 @@ def test_llama_cpp_generator_honours_a_gbnf_grammar() -> None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from models.backends.generators import LlamaCppGenerator
+    from models.backends.llama_cpp_generator import LlamaCppGenerator
 
     return LlamaCppGenerator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))
 
@@ -503,7 +498,7 @@ def test_llama_cpp_contexts_answer_a_batch_at_once_the_same_way_every_run() -> N
     logprobs on every run (contiguous runs, run k on context k), and one context's replies token
     for token up to where a near-tie may flip (the class docstring says why; how often depends on
     the CPU's rounding, so no count of equal texts is asked); teacher-forced scores likewise."""
-    from models.backends.generators import LlamaCppGenerator
+    from models.backends.llama_cpp_generator import LlamaCppGenerator
 
     colours = ["red", "blue", "black", "white", "gray", "green"]
     system = ChatMessage("system", "Describe the person in one sentence from the facts.")

@@ -12,8 +12,10 @@ from bad_input_corpus import make_corpus
 from conftest import require_module
 
 from rde.common.image_decoding import DecodeError, decode_rgb, read_header
-from rde.common.ingest import InputError, _list_paths_file, allowed_roots, ingest_shard, list_inputs
-from rde.common.profiles import IngestSpec, InputSpec
+from rde.common.ingest import ingest_shard
+from rde.common.input_confinement import allowed_roots
+from rde.common.input_listing import InputError, _list_paths_file, list_inputs
+from rde.common.pool_config import IngestSpec, InputSpec
 
 DOMAINS = ["pedestrian", "vehicle"]
 
@@ -70,7 +72,7 @@ def test_an_unconvertible_image_mode_and_local_read_errors_are_rejected_rows(tmp
 
     from PIL import Image
 
-    from rde.common.ingest import InputRef
+    from rde.common.input_listing import InputRef
 
     (tmp_path / "premultiplied.tif").write_bytes(_premultiplied_gray_tiff())
     assert Image.open(tmp_path / "premultiplied.tif").mode == "La"
@@ -272,7 +274,7 @@ def test_exif_orientation_is_applied_and_recorded(tmp_path: Path, person: np.nda
 
 def test_run_parameters_cannot_widen_confinement() -> None:
     """Deployment parameters and --set are untrusted: only a profile file may turn confinement off."""
-    from rde.common.profiles import ProfileError, load_profile
+    from rde.profile import ProfileError, load_profile
 
     for key, value in (("confine", False), ("roots", ["/"])):
         with pytest.raises(ProfileError, match=f"input.{key} can only be set in a profile file"):

@@ -8,7 +8,6 @@ from itertools import pairwise
 import numpy as np
 from ranking import reference_scores, unambiguous_top
 
-from rde.common.profiles import SamplingSpec
 from rde.common.topk import inner_products, topk_exact, topk_exact_blocks, topk_faiss
 from rde.secmm.cgds import (
     kmeans_clusters,
@@ -18,6 +17,7 @@ from rde.secmm.cgds import (
     sample_gallery,
     sample_per_cluster,
 )
+from rde.secmm.config import SamplingSpec
 from rde.secmm.mecf import union_candidates
 
 

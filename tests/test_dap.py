@@ -11,18 +11,10 @@ from domain_sets import DOMAINS, LAYOUT
 
 from models.prompt_files import load_prompt
 from rde.common import caption_stats
-from rde.common.profiles import QueriesSpec
-from rde.secmm.dap import (
-    LineContext,
-    attested_uses,
-    build_grammar,
-    dap_request,
-    domain_queries,
-    output_examples,
-    postprocess_queries,
-    sample_keywords,
-    split_queries,
-)
+from rde.secmm.config import QueriesSpec
+from rde.secmm.dap import dap_request, domain_queries, sample_keywords
+from rde.secmm.dap_grammar import attested_uses, build_grammar
+from rde.secmm.dap_postprocess import LineContext, output_examples, postprocess_queries, split_queries
 from rde.secmm.dap_prompts import dap_prompt
 from rde.secmm.sentence_checks import clean_caption
 
@@ -381,7 +373,7 @@ def test_vehicle_grammar_offers_only_colours_the_pool_says_of_that_vehicle() -> 
 
 @pytest.mark.slow
 def test_constrained_smollm2_writes_only_lines_that_pass_the_checks() -> None:
-    from models.backends.generators import LlamaCppGenerator
+    from models.backends.llama_cpp_generator import LlamaCppGenerator
     from models.specs import ModelSpec
 
     gen = LlamaCppGenerator(ModelSpec(backend="llama-cpp", model_id="bundled:SmolLM2-135M-Instruct"))

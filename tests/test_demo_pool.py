@@ -13,7 +13,7 @@ from PIL import Image
 
 from entry.demo_pool import PERSONS, POOL_VIDEO, VEHICLES, stage_crops
 from rde.common.expert_check import load_check_yaml
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from storage import Artifact
 
 MIN_VEHICLE_CROPS = 40  # the demo's vehicle gallery needs >= 40 images ...

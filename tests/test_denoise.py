@@ -13,7 +13,8 @@ from models.domains import load_domain
 from models.specs import DetectorSpec
 from rde.common.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import DenoiseSpec, load_profile
+from rde.common.pool_config import DenoiseSpec
+from rde.profile import load_profile
 from storage.schemas import IMAGES, MEASUREMENTS
 
 SPEC = DenoiseSpec()

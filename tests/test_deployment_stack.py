@@ -44,7 +44,7 @@ def test_stack_is_up_on_loopback_with_pools_limit_and_deployments(stack: StackCo
     # rde doctor against the real server: reached, the gpu limit found, the automations `up` created,
     # the database from the stack's record
     from entry.doctor import prefect_checks
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PREFECT_API_URL", stack.api_url)

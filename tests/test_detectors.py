@@ -10,7 +10,7 @@ from tiny_models import build_tiny_owl
 from models.backends.detectors import OwlDetector, SsdMobileNetDetector, YoloDetector, known_classes, load_detector
 from models.backends.model_errors import ModelLoadError
 from models.specs import DetectorSpec
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,8 @@ def _streamed_run(pairs_url: str, clip: str) -> tuple[dict, list[dict]]:
     """A CLIP-like student trained one epoch from streamed pairs (in a group: each rank reads and
     preprocesses its part of every batch, with its own DataLoader worker)."""
     from models.retrieval.dual_encoder import HFClipDualEncoder
-    from rde.training.pair_stream import PairIndex, StreamedPairs, StreamedTraining
+    from rde.training.pair_batches import StreamedTraining
+    from rde.training.pair_stream import PairIndex, StreamedPairs
 
     torch.manual_seed(0)
     model = HFClipDualEncoder(clip)

@@ -15,8 +15,9 @@ import typer
 from pydantic import Field
 
 from models.specs import Strict
-from rde.common.profiles import DenoiseSpec, Profile
+from rde.common.pool_config import DenoiseSpec
 from rde.common.reasons import MEANINGS, Reason
+from rde.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from entry import doctor
 from entry.cli import app
 from models.specs import DetectorSpec, ModelSpec
-from rde.common.prefect_automations import resume_automation, zombie_automation
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
+from tasks.framework.prefect_automations import resume_automation, zombie_automation
 
 
 def _torch(devices: list[tuple[str, int]]) -> Any:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from entry.cli import app
 from models.backends.slot_layout import slot_layout
 from models.domains import DOMAIN_DIR, DomainError, load_domain, load_domains
-from rde.common.profiles import PROFILE_DIR, ProfileError, parse_profile
+from rde.profile import PROFILE_DIR, ProfileError, parse_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 MINIMAL = {"name": "kite", "subject": {"classes": ["kite"], "noun": "kite", "said_as": "the kite", "nouns": ["kite"]},

@@ -17,7 +17,6 @@ from tiny_models import build_tiny_clip, build_tiny_dinov2, random_images
 from models.backends.interfaces import l2_normalize
 from models.backends.registry import ModelRegistry, models_lineage
 from models.specs import ModelSpec, ModelsSection
-from rde.common.profiles import load_profile
 from rde.evaluation.retriever_specs import fingerprint
 from rde.evaluation.retrievers import (
     FORMS,
@@ -35,6 +34,7 @@ from rde.evaluation.scores_file import (
     write_scores_parquet,
     write_trec_run,
 )
+from rde.profile import load_profile
 
 TEXTS = ["a person in a red jacket", "a white van", "a man with a backpack"]
 

@@ -15,7 +15,8 @@ import pytest
 from prefect import flow
 from prefect.exceptions import TerminationSignal
 
-from rde.common.profiles import FanoutSpec, load_profile
+from rde.common.orchestration_config import FanoutSpec
+from rde.profile import load_profile
 from storage import Artifact
 from tasks.framework.context import RunContext
 from tasks.framework.fanout import (
@@ -408,7 +409,7 @@ def test_run_shards_finds_every_flows_pipeline_by_name_and_refuses_unknown_ones(
     assert pipeline_stage("build-largefine", "qa-tiers").name == "qa-tiers"
     # evaluate's stages follow its profile (the models and the benchmark): a shard-range run builds
     # them from the run's context, and cannot without one
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
     from tasks.framework.context import RunContext
 
     profile = load_profile("demo", {"evaluation": {"benchmark": "data/check_set/queries.yaml",

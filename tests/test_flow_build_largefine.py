@@ -12,9 +12,9 @@ import pytest
 from artifact_readers import assert_every_artifact_opens, run_card_snippet
 
 from flows.build_largefine import build_largefine
-from rde.common.profiles import load_profile
 from rde.largefine.caption_quality import gate_caption, repeated_sentence_share
 from rde.largefine.card import corpus_statistics
+from rde.profile import load_profile
 from storage import Artifact
 from storage.schemas import TIER_CAPTIONS
 from tasks.framework.summary import summary_markdown

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from entry.cli import app
 from flows.build_secmm import build_secmm
-from rde.common.profiles import load_profile
-from rde.secmm.dap import normalise
+from rde.profile import load_profile
+from rde.secmm.dap_postprocess import normalise
 from storage import Artifact
 from tasks import secmm as secmm_tasks
 
@@ -295,8 +295,8 @@ def test_offline_experts_beat_random_by_a_wide_margin() -> None:
     (models.backends.content_memo), so only GrabCut and the text side are computed again."""
     from models.backends.registry import ModelRegistry
     from rde.common.expert_check import load_check_set
-    from rde.common.profiles import load_profile
     from rde.evaluation.check_sets import expert_map, random_map
+    from rde.profile import load_profile
 
     check = load_check_set()
     baseline = random_map(check, 10)

@@ -13,7 +13,7 @@ import pytest
 
 from flows.build_largefine import build_largefine
 from flows.build_secmm import build_secmm
-from rde.secmm.dap import normalise
+from rde.secmm.dap_postprocess import normalise
 from storage import Artifact
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ def test_two_captioning_shards_under_a_limit_of_one_do_not_overlap(tmp_path: Pat
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
     from tasks.framework import shards
     from tasks.framework.accounting import StageResult
     from tasks.framework.context import RunContext

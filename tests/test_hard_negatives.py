@@ -10,8 +10,7 @@ from conftest import require_module
 from ranking import reference_scores, unambiguous_top
 
 from models.backends.interfaces import l2_normalize
-from rde.common.profiles import AnnSpec
-from rde.common.topk import uses_index
+from rde.common.topk import AnnSpec, uses_index
 from rde.largefine.hard_negatives import (
     hard_negative_neighbours,
     hard_negative_neighbours_blocks,

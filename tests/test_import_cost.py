@@ -23,7 +23,7 @@ pipeline_stage("build-largefine", "qa-tiers")  # a fanned-out shard range of a p
 pipeline_stage("build-secmm", "measure")
 from models.backends.registry import ModelRegistry
 from rde.common.denoise import laplacian_variance
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 
 detector = ModelRegistry.of(load_profile("demo")).detector()
 image = np.zeros((128, 64, 3), np.uint8)

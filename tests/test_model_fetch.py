@@ -17,7 +17,7 @@ from hub_standin import HubStandIn
 from typer.testing import CliRunner
 
 from entry.cli import app
-from rde.common.profiles import PROFILE_DIR
+from rde.profile import PROFILE_DIR
 
 REPO = "tiny-org/tiny-bert"
 

@@ -26,16 +26,10 @@ from s3_server import deny_reads_under, moto_s3
 
 from rde.common import url_inputs
 from rde.common.image_decoding import DecodeError
-from rde.common.ingest import (
-    InputError,
-    allowed_roots,
-    check_input,
-    ingest_container,
-    ingest_shard,
-    list_inputs,
-    shard_refs,
-)
-from rde.common.profiles import IngestSpec, InputSpec
+from rde.common.ingest import ingest_container, ingest_shard
+from rde.common.input_confinement import allowed_roots
+from rde.common.input_listing import InputError, check_input, list_inputs, shard_refs
+from rde.common.pool_config import IngestSpec, InputSpec
 from rde.common.reasons import Reason
 
 pytestmark = pytest.mark.slow

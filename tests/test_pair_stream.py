@@ -15,14 +15,13 @@ from entry.synth_pool import write_synth_training_pairs
 from rde.common.image_decoding import decode_rgb
 from rde.common.seeds import draw_seed
 from rde.training.distributed import Ranks
+from rde.training.pair_batches import StreamedTraining, held_out_embeddings
 from rde.training.pair_stream import (
     PairIndex,
     Preprocess,
     StreamedPairs,
-    StreamedTraining,
     epoch_order,
     global_batches,
-    held_out_embeddings,
     steps_per_epoch,
 )
 from rde.training.retrieval_features import random_resized_crop

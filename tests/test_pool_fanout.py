@@ -21,7 +21,7 @@ from evaluation_helpers import FACTORY
 from stack_checks import CHROMIUM_FLAGS, api, engine_pids, headless_chromium, kill_with_its_worker
 
 from entry.stack import StackConfig, down, ensure_automations, free_port, up
-from rde.common.prefect_automations import RESUME_NAME, ZOMBIE_NAME, detects_zombies
+from tasks.framework.prefect_automations import RESUME_NAME, ZOMBIE_NAME, detects_zombies
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rde.common.profiles import PROFILE_DIR, ProfileError, load_profile, parse_profile
+from rde.profile import PROFILE_DIR, ProfileError, load_profile, parse_profile
 
 
 def _demo() -> dict:
@@ -23,7 +23,7 @@ def test_bundled_profiles_load() -> None:
     assert (prod.sampling.min_per_cluster, prod.sampling.max_per_cluster) == (100, 1000)
     assert prod.retrieval.top_k == 1000 and prod.queries.per_domain == 100
     assert prod.models.detector.backend == "yolo"
-    # GTR+ denoising defaults (paper Sec. 5.1)
+    # GTR+ denoising defaults (paper Sec. 3.3)
     for p in (demo, prod):
         assert (p.denoise.min_width, p.denoise.min_height, p.denoise.min_laplacian_variance) == (32, 64, 80.0)
         assert p.denoise.required_target_count == 1
@@ -99,7 +99,7 @@ def test_a_gpu_profile_names_its_text_llms_or_says_so_at_load() -> None:
     """Production names Qwen3 for DAP and the template gallery (SecMM App. A: the DAP prompts "are
     fed into Qwen3"); a GPU profile that leaves either unset would fall back to the bundled 135M CPU
     model, so it does not load: one line naming the key and a value. CPU profiles may leave them."""
-    from rde.common.profiles import BUNDLED_TEXT_LLM, GPU_TEXT_LLM
+    from rde.profile import BUNDLED_TEXT_LLM, GPU_TEXT_LLM
 
     production = yaml.safe_load((PROFILE_DIR / "production.yaml").read_text())
     for role in ("query_generator", "template_generator"):

@@ -7,7 +7,7 @@ import pyarrow as pa
 from rich.console import Console
 
 from entry import cli_base
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from storage import Artifact, ArtifactWriter
 from storage.locations import project_root
 from tasks.framework.context import RunContext

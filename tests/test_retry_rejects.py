@@ -19,8 +19,8 @@ from fsspec.implementations.memory import MemoryFileSystem
 from PIL import Image
 from prefect import flow
 
-from rde.common.profiles import load_profile
 from rde.common.reasons import TRANSIENT, Reason
+from rde.profile import load_profile
 from storage import Artifact
 from tasks.framework.accounting import AccountingError, StageResult
 from tasks.framework.context import RunContext

@@ -19,7 +19,7 @@ from scripted_captioner import ScriptedServer
 from models.backends.generators import OpenAIHttpGenerator
 from models.prompt_files import load_prompt
 from models.specs import ModelSpec
-from rde.common.profiles import LargeFineSpec
+from rde.largefine.config import LargeFineSpec
 from rde.largefine.template_gallery import build_gallery
 from rde.largefine.tiered_captions import TierCaptioner, TierImage, TierOutputs
 

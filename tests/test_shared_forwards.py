@@ -14,7 +14,7 @@ from models.backends.detectors import SsdMobileNetDetector
 from models.backends.image_embedders import EfficientNetLiteEmbedder, fold_batch_norms
 from models.backends.registry import ModelRegistry, models_lineage, spec_lineage
 from models.specs import DetectorSpec, ModelSpec
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 
 
 def _images(values: list[int]) -> list[np.ndarray]:

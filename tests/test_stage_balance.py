@@ -60,7 +60,7 @@ class _Toy(Stage):
 
 
 def _run_whole(tmp_path: Path, lose: str | None) -> StageResult:
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
     from tasks.framework.context import RunContext
 
     ctx = RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))
@@ -107,7 +107,7 @@ def _per_shard(tmp_path: Path, compute: Any) -> StageResult:
 
 
 def _ctx(tmp_path: Path) -> Any:
-    from rde.common.profiles import load_profile
+    from rde.profile import load_profile
     from tasks.framework.context import RunContext
 
     return RunContext(load_profile("demo"), "balance-check", str(tmp_path / "out"))

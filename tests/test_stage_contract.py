@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from prefect import flow
 
-from rde.common.profiles import load_profile
 from rde.common.reasons import MEANINGS, Reason, reasons_markdown
+from rde.profile import load_profile
 from storage import Artifact
 from tasks.framework.accounting import AccountingError, UnregisteredReason
 from tasks.framework.context import RunContext

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import tasks.secmm
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from storage import Artifact, ArtifactWriter
 from tasks.framework import accounting
 from tasks.framework.context import RunContext

@@ -21,8 +21,8 @@ from PIL import Image
 from models.backends.registry import ModelRegistry
 from rde.common.embedding_cache import CachedVectors, EmbeddingCache
 from rde.common.image_decoding import decoded_images
-from rde.common.profiles import Profile, load_profile
 from rde.largefine.hard_negatives import hard_negative_neighbours
+from rde.profile import Profile, load_profile
 from rde.secmm import cgds
 from storage import Artifact, ArtifactWriter
 from storage.hashing import sha256_bytes

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rde.common.task_runners import default_task_runner
+from tasks.framework.task_runners import default_task_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,7 @@ def test_a_worker_reaped_late_when_the_cluster_closes_is_a_warning_other_errors_
     """distributed raises TimeoutError when a killed worker process is not joined within its fixed
     5 s close timeout (seen on a loaded machine after a complete run); the run's exit warns instead.
     The exit stack stands in for the cluster: the error is what distributed's close raises."""
-    from rde.common.dask_runner import ReapingDaskTaskRunner
+    from tasks.framework.dask_runner import ReapingDaskTaskRunner
 
     def closing_with(error: BaseException) -> ReapingDaskTaskRunner:
         runner = ReapingDaskTaskRunner(cluster_kwargs={"n_workers": 1})
@@ -60,7 +60,7 @@ def test_a_worker_reaped_late_when_the_cluster_closes_is_a_warning_other_errors_
         return runner
 
     runner = closing_with(TimeoutError())
-    with caplog.at_level("WARNING", logger="rde.common.dask_runner"):
+    with caplog.at_level("WARNING", logger="tasks.framework.dask_runner"):
         runner.__exit__(None, None, None)
     assert not runner._started
     assert "not reaped within distributed's 5 s close timeout" in caplog.text

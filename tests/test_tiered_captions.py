@@ -13,7 +13,6 @@ from scripted_generator import ScriptedGenerator
 from models.backends.interfaces import GenerationRequest, GenerationResult, TokenLogprob
 from models.prompt_files import load_prompt
 from rde.common.generation_retries import generate_with_retries
-from rde.common.profiles import LargeFineSpec
 from rde.largefine.caption_quality import (
     drop_negative_mentions,
     drop_repeated_sentences,
@@ -21,6 +20,7 @@ from rde.largefine.caption_quality import (
     repeated_sentence_share,
     strip_boilerplate,
 )
+from rde.largefine.config import LargeFineSpec
 from rde.largefine.qa_pairs import format_qa_pairs, parse_qa_pairs
 from rde.largefine.template_gallery import (
     GalleryBuilder,

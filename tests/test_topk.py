@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rde.common.profiles import AnnSpec
-from rde.common.topk import fixed_point_bits, inner_products, recall_at_k, search, topk_exact
+from rde.common.topk import AnnSpec, fixed_point_bits, inner_products, recall_at_k, search, topk_exact
 
 
 def _clustered(n: int, d: int = 32, clusters: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -185,7 +185,7 @@ def test_actions_and_frames_are_read_from_pool_captions() -> None:
 def test_the_tiers_ask_and_compare_the_new_facts() -> None:
     """Q&A answered from the facts: motion with its direction in one answer, the place in the frame
     in one, each only where measured; a comparison names the measured movement of both."""
-    from models.backends.grounded_captioner import ImageFacts, facts_qa_pairs
+    from models.backends.measured_facts import ImageFacts, facts_qa_pairs
     from models.prompt_files import load_prompt
 
     prompt = load_prompt("grounded_captioner")

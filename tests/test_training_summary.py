@@ -3,7 +3,7 @@ plus rejected rows by reason, and balances an independently counted input agains
 
 from __future__ import annotations
 
-from rde.common.profiles import load_profile
+from rde.profile import load_profile
 from tasks.framework.accounting import StageResult
 from tasks.framework.context import RunContext
 from tasks.framework.reporting import accounting_line

@@ -428,7 +428,7 @@ def test_joint_scores_paths_agree_and_fall_back(reranker: JointReranker, monkeyp
     encoder the fast path cannot read is scored by the reference forward."""
     import models.reranker.onnx_scoring
     import rde.vedje.training
-    from rde.common.profiles import VedjeSpec
+    from rde.vedje.config import VedjeSpec
     from rde.vedje.training import SCORE_PATHS, joint_scores
 
     assert VedjeSpec().score_path == "onnx" and set(SCORE_PATHS) == {"onnx", "fast", "reference"}  # rerank's path

@@ -21,11 +21,12 @@ from flows.build_secmm import build_secmm
 from models.backends.detectors import load_detector
 from models.domains import load_domains
 from rde.common.denoise import count_targets
-from rde.common.ingest import InputRef
-from rde.common.profiles import DenoiseSpec, InputSpec, VideoSpec, load_profile
+from rde.common.input_listing import InputRef
+from rde.common.pool_config import DenoiseSpec, InputSpec, VideoSpec
 from rde.common.video_decoding import DecodeOutcome, probe, sampled_frames
 from rde.common.video_input import Segment, detector_for_video, list_videos, plan_segments, process_segment, video_roots
 from rde.common.video_tracks import Candidate, TrackBook, crop_quality, spread
+from rde.profile import load_profile
 from storage import Artifact
 
 VTEST = DEMO_VIDEOS / "vtest.avi"

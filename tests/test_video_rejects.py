@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rde.common.image_decoding import DecodeError
-from rde.common.profiles import DenoiseSpec, InputSpec, VideoSpec
+from rde.common.pool_config import DenoiseSpec, InputSpec, VideoSpec
 from rde.common.video_decoding import probe
 from rde.common.video_input import list_videos, plan_segments, process_segment, video_roots
 

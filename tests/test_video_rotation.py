@@ -16,9 +16,10 @@ from PIL import Image
 from test_video_input import DOMAINS, SPEC, VTEST, _run_folder, clip, needs_videos, write_video
 
 from models.backends.detectors import Detections, load_detector
-from rde.common.profiles import DenoiseSpec, InputSpec, load_profile
+from rde.common.pool_config import DenoiseSpec, InputSpec
 from rde.common.video_decoding import probe, quarter_turns, upright
 from rde.common.video_input import detector_for_video, list_videos, plan_segments, process_segment, video_roots
+from rde.profile import load_profile
 
 
 def write_lossless(path: Path, frames: list[np.ndarray], rotation: int = 0) -> Path:

@@ -1,4 +1,4 @@
-"""The server automations a deployed build relies on when a worker dies (rde/common/prefect_automations.py):
+"""The server automations a deployed build relies on when a worker dies (tasks/framework/prefect_automations.py):
 their shape, their idempotent creation, how the parent tells whether a server detects zombies,
 and the bound on resumed runs. On a real server, with a worker lost: tests/test_pool_fanout.py."""
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from rde.common.prefect_automations import (
+from tasks.framework.context import ResumeLimitError, check_run_count
+from tasks.framework.prefect_automations import (
     RESUME_NAME,
     RESUME_TAG,
     ZOMBIE_NAME,
@@ -17,7 +18,6 @@ from rde.common.prefect_automations import (
     resume_automation,
     zombie_automation,
 )
-from tasks.framework.context import ResumeLimitError, check_run_count
 
 
 class FakeAutomationsApi:

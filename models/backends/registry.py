@@ -72,7 +72,7 @@ def spec_lineage(spec: ModelSpec | None) -> dict[str, Any]:
         out.pop("batch_size", None)
     out["options"] = {k: v for k, v in out.get("options", {}).items() if k not in SPEED_ONLY_OPTIONS}
     if spec.backend == "grounded":
-        from models.backends.grounded_captioner import FACTS_VERSION  # loads the text stack: lazily
+        from models.backends.measured_facts import FACTS_VERSION  # loads the text stack: lazily
 
         out["internal_prompt"] = load_prompt("grounded_captioner").identity
         out["facts_version"] = FACTS_VERSION
@@ -218,7 +218,7 @@ class ModelRegistry:
 
     def generator(self, spec: ModelSpec) -> Generator:
         def build() -> Generator:
-            from models.backends import generators
+            from models.backends import generators, llama_cpp_generator
 
             if spec.backend == "grounded":
                 from models.backends.grounded_captioner import GroundedCaptionGenerator
@@ -226,7 +226,7 @@ class ModelRegistry:
                 llm = self.generator(ModelSpec(**{**BUNDLED_LLM, **spec.options.get("llm", {})}))
                 return GroundedCaptionGenerator(spec, self.detector(), self._bundled_embedder(), llm,
                                                 self._domains(spec))
-            return {"llama-cpp": generators.LlamaCppGenerator, "openai-http": generators.OpenAIHttpGenerator,
+            return {"llama-cpp": llama_cpp_generator.LlamaCppGenerator, "openai-http": generators.OpenAIHttpGenerator,
                     "vllm": generators.VllmGenerator, "transformers-vlm": generators.TransformersVlmGenerator,
                     }[spec.backend](spec)
 

@@ -1,4 +1,4 @@
-"""Denoise (GTR+ Sec. 5.1): measure every image, then decide with thresholds.
+"""Denoise (GTR+ Sec. 3.3): measure every image, then decide with thresholds.
 
 Measuring (Laplacian variance, target-object detections) is the expensive part and does not
 depend on thresholds; deciding is a cheap streaming pass. Changing a threshold therefore
@@ -18,7 +18,7 @@ import pyarrow as pa
 from models.backends.detectors import Detections, Detector, box_iou
 from models.domains import Domain
 from rde.common.image_decoding import DecodeError, decode_rgb
-from rde.common.profiles import DenoiseSpec
+from rde.common.pool_config import DenoiseSpec
 from rde.common.reasons import Reason, rejected_row
 from storage.schemas import ACCEPTED_IMAGES, MEASUREMENTS, REJECTS
 

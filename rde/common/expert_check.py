@@ -20,7 +20,7 @@ from models.backends.interfaces import TextImageExpert
 from models.backends.track_facts import motion_facts
 from models.domains import DomainSet
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import TrackFactsSpec
+from rde.common.pool_config import TrackFactsSpec
 from rde.common.track_context import motion_options
 from rde.common.track_slots import fuse_track_slots
 from storage import Artifact

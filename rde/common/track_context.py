@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from models.backends.track_facts import MotionOptions, motion_facts
 from models.domains import DomainSet
-from rde.common.profiles import TrackFactsSpec
+from rde.common.pool_config import TrackFactsSpec
 from storage import Artifact
 
 

@@ -1,9 +1,10 @@
 """Video input: list recordings, plan their segments, and turn one segment into crops.
 
 A video input (``input.kind: video``) is a folder of recordings or a Parquet file of their paths,
-listed and confined exactly as image inputs are (``rde.common.ingest``). Each video is cut into
-segments of ``video.segment_seconds`` (from the frame count and rate its container declares; one
-segment when it declares none); a segment is one shard of the ``videos`` stage. In a segment,
+listed and confined exactly as image inputs are (``rde.common.input_listing``,
+``rde.common.input_confinement``). Each video is cut into segments of ``video.segment_seconds``
+(from the frame count and rate its container declares; one segment when it declares none); a
+segment is one shard of the ``videos`` stage. In a segment,
 frames are decoded one at a time, every n-th is sampled (n = round(fps / video.sample_fps)),
 sampled frames are detected in batches of ``video.detect_batch`` and linked by ByteTrack
 (``rde.common.video_tracks``), and each track ends as crops or as a count of why it gave none.
@@ -34,8 +35,10 @@ from models.domains import Domain
 from models.specs import DetectorSpec
 from rde.common.denoise import count_targets
 from rde.common.image_decoding import DecodeError, encode_jpeg
-from rde.common.ingest import InputRef, allowed_roots, confined_file, list_inputs, reject_row
-from rde.common.profiles import DenoiseSpec, InputSpec, VideoSpec
+from rde.common.ingest import reject_row
+from rde.common.input_confinement import allowed_roots, confined_file
+from rde.common.input_listing import InputRef, list_inputs
+from rde.common.pool_config import DenoiseSpec, InputSpec, VideoSpec
 from rde.common.reasons import Reason
 from rde.common.video_decoding import DecodeOutcome, VideoInfo, probe, sampled_frames
 from rde.common.video_tracks import Candidate, TrackBook, byte_tracker, link

@@ -33,7 +33,7 @@ import numpy as np
 
 from models.backends.detectors import Detections
 from rde.common.denoise import laplacian_variance
-from rde.common.profiles import DenoiseSpec, TrackerSpec, VideoSpec
+from rde.common.pool_config import DenoiseSpec, TrackerSpec, VideoSpec
 from rde.common.reasons import Reason
 
 T = TypeVar("T")

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rde.common.embedding_cache import CachedVectors
-from rde.common.profiles import AnnSpec
 from rde.common.seeds import draw_seed
-from rde.common.topk import topk, topk_exact_blocks, uses_index
+from rde.common.topk import AnnSpec, topk, topk_exact_blocks, uses_index
 from storage import Artifact
 
 

@@ -12,7 +12,7 @@ from models.backends.track_facts import motion_facts
 from models.domains import DomainSet
 from rde.common import caption_stats
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import TrackFactsSpec
+from rde.common.pool_config import TrackFactsSpec
 from rde.common.track_context import motion_options
 from rde.largefine.tiered_captions import TIERS, TierImage, TierOutputs
 from storage import Artifact

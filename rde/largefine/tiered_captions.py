@@ -26,10 +26,10 @@ from models.backends.interfaces import ChatMessage, GenerationRequest, Generatio
 from models.domains import DomainSet
 from models.prompt_files import PromptFile
 from rde.common.generation_retries import error_reason, generate_with_retries
-from rde.common.profiles import LargeFineSpec
 from rde.common.reasons import rejected_row
 from rde.common.seeds import draw_seed
 from rde.largefine.caption_quality import gate_caption, word_count
+from rde.largefine.config import LargeFineSpec
 from rde.largefine.qa_pairs import QAPair, format_qa_pairs, parse_qa_pairs
 from rde.largefine.template_gallery import Gallery
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rde.common.dataset_cards import loading_snippet
-from rde.common.profiles import ReviewSpec
+from rde.secmm.config import ReviewSpec
 from rde.secmm.review_site import ReviewFiles, build_review
 from storage import Artifact
 

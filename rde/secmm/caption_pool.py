@@ -7,13 +7,25 @@ that say why a caption is shorter than what was generated, not what became of th
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.backends.interfaces import GenerationResult
+import numpy as np
+
+from models.backends.interfaces import ChatMessage, GenerationRequest, GenerationResult, Generator
+from models.backends.slot_layout import slot_layout
+from models.domains import DomainSet
+from models.prompt_files import PromptFile
 from rde.common.generation_retries import error_reason
+from rde.common.image_decoding import decoded_images
+from rde.common.pool_config import TrackFactsSpec
 from rde.common.reasons import Reason, rejected_row
+from rde.common.text_diversity import diversity_by_domain
+from rde.common.track_context import track_facts
+from rde.secmm import sentence_checks
 from rde.secmm.sentence_checks import CaptionCheck, facts_caption
+from storage import Artifact
 
 IMAGE_STAGE = "caption-pool"  # the image's one row
 SENTENCE_STAGE = "caption-pool-sentence"  # a dropped sentence of a kept (or rejected) pool caption
@@ -66,3 +78,55 @@ def _reject(image_id: str, domain: str, stage: str, reason: str, text: str | Non
     """A rejected pool caption (kind ``caption``) or one sentence dropped from a kept one (``sentence``)."""
     return rejected_row(image_id, stage, reason, kind="sentence" if stage == SENTENCE_STAGE else "caption",
                         domain=domain, image_id=image_id, text=text, detail=detail)
+
+
+def caption_sample(generator: Generator, accepted: Artifact, domains: DomainSet, q: Any, prompt: PromptFile,
+                   track_spec: TrackFactsSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """The pool captions of a seeded sample of the denoised pool (``accepted``), per domain: each
+    sampled image captioned by ``generator``, its sentences checked and its fate decided by
+    ``pool_caption``. ``q`` is the profile's ``queries`` section (``seed``,
+    ``caption_sample_per_domain``, ``caption_max_tokens``). Returns the caption rows, the reject
+    rows (image-level and dropped sentences) and the stage's stats."""
+    rows = accepted.rows(["image_id", "domain"])  # no bytes: only the sampled images are read
+    rng = np.random.default_rng(q.seed)
+    captions, rejects = [], []
+    generic = set(prompt.extras.get("generic_words", []))
+    measured = getattr(generator, "measured_facts", None)  # composed captioners expose their facts
+    generated = clean_before = rendered = 0
+    for domain in sorted({r["domain"] for r in rows} & set(domains.names)):
+        mine = [r for r in rows if r["domain"] == domain]
+        pick = rng.choice(len(mine), size=min(q.caption_sample_per_domain, len(mine)), replace=False)
+        chosen = [mine[i] for i in sorted(pick)]
+        images = decoded_images(accepted, [r["image_id"] for r in chosen])
+        tracks = track_facts(accepted, [r["image_id"] for r in chosen], track_spec, domains)
+        requests = [GenerationRequest(r["image_id"], [ChatMessage("user", domains[domain].captions.request,
+                                                                  [images[r["image_id"]]],
+                                                                  [tracks.get(r["image_id"], {})])],
+                                      max_tokens=q.caption_max_tokens, temperature=0.0)
+                    for r in chosen]
+        generated += len(requests)
+        results = generator.generate(requests)
+        # complete sentences only, and (where the generator measured facts) only what was measured
+        facts = [measured([images[r.request_id]], [tracks.get(r.request_id, {})])[0] if measured else None
+                 for r in results]
+        subject = domains[domain].subject  # its nouns state no attribute of it
+        checks = sentence_checks.check_captions([r.text if r.ok else "" for r in results],
+                                                [f.allowed if f else None for f in facts],
+                                                generic | set(subject.allowed) | {subject.noun},
+                                                int(prompt.extras.get("restart_ngram", 3)),
+                                                needs_object=prompt.extras.get("needs_object", []))
+        from_facts = domains[domain].captions.from_facts
+        for res, check, fact in zip(results, checks, facts, strict=True):
+            decided = pool_caption(res, check, fact.values if fact else None, from_facts, domain,
+                                   prompt.identity, prompt.extras)
+            captions += [decided.caption] if decided.caption else []
+            rejects += decided.rejects
+            clean_before += decided.clean
+            rendered += decided.rendered
+    image_rows = [r for r in rejects if r["stage"] == IMAGE_STAGE]
+    stats = {"input_rows": generated, "accepted": len(captions),
+             "rejected": dict(Counter(r["reason"] for r in image_rows)),
+             "dropped_sentences": dict(Counter(r["reason"] for r in rejects if r["stage"] == SENTENCE_STAGE)),
+             "generated_captions_clean": clean_before, "rendered_from_facts": rendered,
+             "diversity": diversity_by_domain(captions, slot_layout(domains))}
+    return captions, rejects, stats

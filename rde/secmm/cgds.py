@@ -13,14 +13,14 @@ domain's N × dim vectors.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from rde.common.profiles import SamplingSpec
+from rde.common.openmp_threads import at_most_two_openmp_threads
+from rde.secmm.config import SamplingSpec
 from storage import Artifact
 from storage.schemas import GALLERY, SAMPLING
 
@@ -67,17 +67,6 @@ def kmeans_clusters(vectors: np.ndarray, k: int, seed: int, backend: str = "auto
     with at_most_two_openmp_threads():
         labels = model.fit_predict(x)
     return Clustering(labels.astype(np.int64), model.cluster_centers_, float(model.inertia_))
-
-
-@contextmanager
-def at_most_two_openmp_threads() -> Iterator[None]:
-    """scikit-learn's Lloyd iterations add each OpenMP thread's partial centroid sums in the
-    order the threads finish: with two threads a + b = b + a, with three or more the sum (and so
-    the clusters, and the gallery) could change from run to run on a many-core machine."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=2, user_api="openmp"):
-        yield
 
 
 def _faiss_kmeans(x: np.ndarray, k: int, seed: int) -> Clustering:

@@ -6,9 +6,18 @@ top-K by cosine similarity, and the candidate set is the union, kept with per-ex
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from models.specs import ModelSpec
+from rde.common.embedding_cache import EmbeddingCache
+from rde.common.topk import topk
+from rde.common.track_slots import fuse_track_slots
+from rde.secmm.config import RetrievalSpec
+from storage import Artifact
 
 
 @dataclass(frozen=True)
@@ -38,3 +47,44 @@ def union_candidates(per_expert: dict[str, tuple[np.ndarray, np.ndarray]]) -> li
     out = [Candidate(q, item, ranks, vals) for (q, item), (ranks, vals) in merged.items()]
     out.sort(key=lambda c: (c.query, min(c.ranks.values()), c.item))
     return out
+
+
+def candidate_rows(queries: list[dict[str, Any]], gallery: list[dict[str, Any]], gallery_artifact: Artifact,
+                   registry: Any, experts: Sequence[ModelSpec], caches: Sequence[EmbeddingCache],
+                   retrieval: RetrievalSpec, read_tracks: Callable[[], dict[str, dict[str, list[str]]]]
+                   ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The candidate rows of every query (``query_id``, ``domain``, ``text``) within its domain of the
+    gallery (``image_id``, ``domain``; its vectors streamed from ``gallery_artifact`` through each
+    expert's cache): each expert's top-K (``registry``: the profile's ``ModelRegistry``), then their
+    union. ``read_tracks`` reads the gallery's track facts, once, for an expert with track slots.
+    Returns the rows and each expert's candidate count."""
+    tracks: dict[str, dict[str, list[str]]] | None = None  # read once, for an expert with track slots
+    rows = []
+    per_expert_counts: dict[str, int] = {}
+    for domain in sorted({q["domain"] for q in queries}):
+        q_idx = [i for i, q in enumerate(queries) if q["domain"] == domain]
+        g_idx = [i for i, g in enumerate(gallery) if g["domain"] == domain]
+        if not q_idx or not g_idx:
+            continue
+        per_expert = {}
+        for spec, cache in zip(experts, caches, strict=True):
+            expert = registry.expert(spec)
+            name = f"{spec.backend}:{spec.model_id}"
+            texts = [queries[i]["text"] for i in q_idx]
+            qv = expert.encode_text(texts)
+            kept, gv = cache.embed_artifact(gallery_artifact, ["image_id", "domain"],
+                                            keep=lambda r, domain=domain: r["domain"] == domain)
+            if getattr(expert, "track_slots", False):
+                if tracks is None:
+                    tracks = read_tracks()
+                qv, gv = fuse_track_slots(qv, gv, texts, [tracks.get(r["image_id"], {}) for r in kept],
+                                          expert.track_slots)
+            per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above, retrieval.ann)
+            per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
+        for cand in union_candidates(per_expert):
+            names = sorted(cand.ranks)
+            rows.append({"query_id": queries[q_idx[cand.query]]["query_id"],
+                         "image_id": gallery[g_idx[cand.item]]["image_id"], "domain": domain,
+                         "experts": names, "ranks": [cand.ranks[n] for n in names],
+                         "scores": [cand.scores[n] for n in names], "best_rank": min(cand.ranks.values())})
+    return rows, per_expert_counts

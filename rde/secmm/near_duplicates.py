@@ -23,7 +23,7 @@ missed (the price of not comparing n² pairs).
 
 Determinism: vectors are L2-normalised and compared in float64, cosines clipped to [-1, 1] (so a
 threshold of 1.0 drops nothing), ties broken by ``image_id``, k-means seeded and run on at most
-two OpenMP threads (``cgds.at_most_two_openmp_threads``). A zero vector stays zero: cosine 0 to
+two OpenMP threads (``rde.common.openmp_threads``). A zero vector stays zero: cosine 0 to
 everything, always kept.
 
 Memory: one domain's vectors at a time (n × dim float64) plus one block of cosines
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rde.common.profiles import NearDuplicateSpec
-from rde.secmm.cgds import at_most_two_openmp_threads
+from rde.common.openmp_threads import at_most_two_openmp_threads
+from rde.secmm.config import NearDuplicateSpec
 
 BLOCK = 512  # images of a cluster compared to the kept ones in one matrix product
 KMEANS_INITS = 3  # k-means starts (n_init), fixed: part of what the stage's version stands for

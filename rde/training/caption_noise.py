@@ -2,7 +2,7 @@
 with wrong ones of the same kind, keeping the sentence fluent, as an MLLM errs.
 
 Kinds and their vocabularies come from what the grounded captioner measures
-(``models/backends/attributes.py`` and ``grounded_captioner.IMAGENET_CUES``): garment colours
+(``models/backends/attributes.py`` and ``measured_facts.IMAGENET_CUES``): garment colours
 (``COLOURS`` and the unambiguous synonyms of ``COLOUR_SYNONYMS``; "dark", "light" and "bright"
 are modifiers and stay), garments (upper-body, lower-body and whole-body garments, each swapped
 within its group and grammatical number, so "jeans are" stays plural; the prompt's generic words

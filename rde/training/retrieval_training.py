@@ -6,7 +6,7 @@ end with resume mid-epoch (``rde.training.checkpoints``), data-parallel over ran
 A source of pairs gives each epoch's batches (``Batch``) from a position on. ``TrainingPairs``
 holds cached features in memory (the CPU model): ``images`` holds V augmented views of each image's
 tower features, so "random resized crop" augmentation costs no tower forward during training, and
-each step takes one random view per pair. ``rde.training.pair_stream.StreamedTraining`` streams a
+each step takes one random view per pair. ``rde.training.pair_batches.StreamedTraining`` streams a
 CLIP-like student's pairs from shards, decoded and cropped in DataLoader workers.
 """
 
@@ -35,7 +35,8 @@ from models.retrieval.losses import (
 from rde.training.checkpoints import CheckpointStore
 from rde.training.distributed import Ranks, average_gradients, current, gather_rows, local_part
 from rde.training.gmm_confidence import ConfidenceFit, confidence_weights, pair_confidence
-from rde.training.pair_stream import Batch, LoaderClock, StreamedTraining, steps_per_epoch
+from rde.training.pair_batches import Batch, LoaderClock, StreamedTraining
+from rde.training.pair_stream import steps_per_epoch
 
 Objective = Literal["itc", "itc+sass", "saft", "cusa", "hnm", "itc+iss"]
 Weighting = Literal["none", "fix", "ada"]

@@ -21,14 +21,9 @@ from rde.common.expert_check import (
     relevance_lists,
 )
 from rde.common.metrics import mean_ap_at_k, person_search_over_vectors
+from rde.training.pair_batches import StreamedTraining, held_out_embeddings, to_device
 from rde.training.pair_selection import LAYOUTS
-from rde.training.pair_stream import (
-    PairIndex,
-    StreamedPairs,
-    StreamedTraining,
-    held_out_embeddings,
-    to_device,
-)
+from rde.training.pair_stream import PairIndex, StreamedPairs
 from rde.training.retrieval_features import image_features
 from rde.training.retrieval_training import (
     TrainConfig,

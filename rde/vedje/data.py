@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from rde.common.caption_source import finished_captions
 from rde.common.image_decoding import decode_rgb
-from rde.common.profiles import Profile
 from rde.common.seeds import draw_seed
 from storage import Artifact
 from storage.filesystem import join
@@ -110,8 +110,9 @@ def clip_spans(path: str) -> dict[str, dict[str, float | int | None]]:
     return spans
 
 
-def load_items(profile: Profile, source_root: str | None = None) -> ItemSet:
-    """The profile's VEDJE items (``source_root``: where the source flow's artifacts are)."""
+def load_items(profile: Any, source_root: str | None = None) -> ItemSet:
+    """The profile's VEDJE items, from its ``vedje`` section (``source_root``: where the source flow's
+    artifacts are)."""
     v = profile.vedje
     if v.source == "clips":
         return _clips(v.clips_path)

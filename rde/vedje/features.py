@@ -5,6 +5,7 @@ Parquet tables that hold them between stages (features in float16 to halve the b
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -94,19 +95,20 @@ def build_tables(items: ItemSet, backbone: ImageEmbedder, stage1: TextImageExper
     return (frames, *item_and_query_rows(items, first, stage1))
 
 
-def cached_tensors(source: str, stage1_backend: str | None = None, profile_name: str = "demo") -> VedjeTensors:
-    """The frozen inputs of one source under the profile's models, with the stage-1 expert of that
-    backend name (default: ``vedje.first_stage`` or the first expert), computed once and kept in
-    ``.rde/cache/vedje_<source>_<backend>/`` (experiments and benchmarks share them)."""
+def cached_tensors(profile: Any, stage1_backend: str | None = None) -> VedjeTensors:
+    """The frozen inputs of the profile's ``vedje.source`` under its models, with the stage-1 expert of
+    that backend name (default: ``vedje.first_stage`` or the first expert), computed once and kept in
+    ``.rde/cache/vedje_<source>_<backend>/`` (experiments and benchmarks share them). The caller loads
+    the profile (``rde.profile.load_profile(name, {"vedje": {"source": source}})``): pipeline logic
+    never imports the profile module, which sits above it."""
     import pyarrow.parquet as pq
 
     from models.backends.registry import ModelRegistry
-    from rde.common.profiles import load_profile
     from rde.vedje.data import load_items
     from storage.locations import flow_root, state_dir
 
     names = ("frames", "items", "queries")
-    profile = load_profile(profile_name, {"vedje": {"source": source}})
+    source = profile.vedje.source
     stage1 = profile.vedje.first_stage or profile.models.experts[0]
     if stage1_backend is not None:
         stage1 = next(s for s in profile.models.experts if s.backend == stage1_backend)

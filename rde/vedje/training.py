@@ -373,3 +373,21 @@ def train_config(spec: Any, **overrides: Any) -> VedjeTrainConfig:
                                "lr_start": spec.lr_start, "lr_peak": spec.lr_peak, "warmup_steps": spec.warmup_steps,
                                "epoch_decay": spec.epoch_decay, "weight_decay": spec.weight_decay, "seed": spec.seed,
                                **overrides})
+
+
+def frozen_compressor_config(model: Vedje, previous: Vedje, cfg: VedjeTrainConfig) -> VedjeTrainConfig:
+    """Keep ``previous``'s compressor in ``model`` and freeze it (the caches built with it stay
+    valid); the training config without the loss that trains the compressor (``delta``)."""
+    model.compressor.load_state_dict(previous.compressor.state_dict())
+    model.compressor.requires_grad_(False)
+    return replace(cfg, losses=tuple(t for t in cfg.losses if t != "delta"))
+
+
+def evaluate_precisions(model: Vedje, data: VedjeTensors, candidates: int, batch: int,
+                        precisions: Sequence[str] = ("bf16", "fp8", "fp4")) -> list[dict[str, Any]]:
+    """``evaluate_rerank`` with the caches stored at each precision, one row set per precision."""
+    rows: list[dict[str, Any]] = []
+    for precision in precisions:
+        rows += [{**r, "precision": precision} for r in evaluate_rerank(
+            model, data, stored_caches(model, data, precision), candidates, batch=batch)]
+    return rows

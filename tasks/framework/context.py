@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rde.common.profiles import Profile, load_profile
 from rde.common.run_lock import output_lock
 from rde.common.runtime import code_version
+from rde.profile import Profile, load_profile
 from storage.filesystem import join
 from storage.locations import flow_root, resolve_location
 

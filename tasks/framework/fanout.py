@@ -17,7 +17,7 @@ child's state and heartbeats (``prefect.flow-run.heartbeat`` events, sent every
   message);
 - leaves marking a lost run Crashed to the server: a Running or Pending run whose heartbeats stop
   for ``stale_after_s`` is set Crashed by Prefect's zombie-detection automation
-  (``rde.common.prefect_automations``; ``rde stack up`` creates it, Prefect Cloud has it built in),
+  (``tasks.framework.prefect_automations``; ``rde stack up`` creates it, Prefect Cloud has it built in),
   and the parent resubmits its missing shards as for any crash. Only on a server without such an
   automation (checked once per stage; warned) does the parent mark a run silent that long
   (measured on this process's clock from the last heartbeat, state change or shard it was seen to
@@ -62,7 +62,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rde.common.profiles import FanoutSpec
+from rde.common.orchestration_config import FanoutSpec
 from storage import Artifact, ShardInfo
 from tasks.framework import shards
 from tasks.framework.accounting import check_balance, check_reasons, sum_stats

@@ -136,7 +136,7 @@ class PrefectOrchestrator:
         """Whether the server has an enabled zombie-detection automation (judged by its shape)."""
         from prefect.client.orchestration import get_client
 
-        from rde.common.prefect_automations import detects_zombies
+        from tasks.framework.prefect_automations import detects_zombies
 
         with get_client(sync_client=True) as client:
             automations = client.read_automations()

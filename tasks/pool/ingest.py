@@ -8,16 +8,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rde.common.ingest import (
-    InputError,
-    allowed_roots,
-    describe_listing,
-    ingest_container,
-    ingest_shard,
-    list_inputs,
-    list_pool,
-    shard_refs,
-)
+from rde.common.ingest import ingest_container, ingest_shard
+from rde.common.input_confinement import allowed_roots
+from rde.common.input_listing import InputError, describe_listing, list_inputs, list_pool, shard_refs
 from storage import Artifact
 from storage.locations import project_root, resolve_location
 from storage.schemas import IMAGES, REJECTS

@@ -12,7 +12,6 @@ from typing import Any
 
 from models.backends.detectors import load_detector
 from models.backends.registry import detector_lineage
-from rde.common.profiles import Profile
 from rde.common.video_input import (
     detector_for_video,
     list_videos,
@@ -22,6 +21,7 @@ from rde.common.video_input import (
     source_name,
     video_roots,
 )
+from rde.profile import Profile
 from storage.locations import project_root, state_dir
 from storage.schemas import POOL, REJECTS, VIDEO_SEGMENTS
 from tasks.framework.reporting import log

@@ -63,31 +63,17 @@ class Dap(Stage):
         generator = registry.generator(prepared.generator)
         encoder = registry.text_encoder()
         layout = slot_layout(run.domains)  # the near-duplicate rule's attribute slots
-        stats_rows = run.input("caption_stats").to_pandas()
-        caption_rows = run.input("caption_pool").rows(["domain", "text"])
-        queries, rejects, requests_seen = [], [], []
-        lines_in = 0  # the stage's input, counted as read: each line returned, each failed request
-        uncaptioned = []  # domains with no caption: nothing to be distribution-aware of, no query asked for
-        for domain, prompt in prepared.prompts.items():
-            mine = stats_rows[stats_rows.domain == domain]
-            stats = {pos: Counter(dict(zip(g.word, g["count"], strict=True))) for pos, g in mine.groupby("pos")}
-            texts = [r["text"] for r in caption_rows if r["domain"] == domain]
-            if not texts:
-                uncaptioned.append(domain)
-                continue
-            made = dap.domain_queries(domain, prompt, stats, texts, generator, encoder, run.section("queries"),
-                                      prepared.safety.extras["blocked"], layout)
-            queries += made.queries
-            rejects += made.rejects
-            requests_seen += made.requests
-            lines_in += made.lines_in
+        made = dap.every_domain_queries(prepared.prompts, run.input("caption_stats").to_pandas(),
+                                        run.input("caption_pool").rows(["domain", "text"]), generator, encoder,
+                                        run.section("queries"), prepared.safety.extras["blocked"], layout)
+        queries, rejects = made.queries, made.rejects
         mean_keywords = sum(len(q["keywords"]) for q in queries) / len(queries) if queries else 0.0
         return Work.one({"queries": pa.Table.from_pylist(queries, schema=QUERIES),
                          "query_rejects": pa.Table.from_pylist(rejects, schema=REJECTS)},
-                        {"input_rows": lines_in, "accepted": len(queries),
+                        {"input_rows": made.lines_in, "accepted": len(queries),
                          "rejected": dict(Counter(r["reason"] for r in rejects)),
-                         "mean_keywords_per_query": round(mean_keywords, 3), "requests": requests_seen,
-                         "domains_without_captions": uncaptioned,
+                         "mean_keywords_per_query": round(mean_keywords, 3), "requests": made.requests,
+                         "domains_without_captions": made.uncaptioned,
                          "diversity": diversity_by_domain(queries, layout)})
 
     def report(self, run: StageRun, result: StageResult) -> Report:

@@ -75,29 +75,41 @@ class Evaluate(Stage):
         return rows
 
     def run(self, run: StageRun) -> Work:
-        evaluation = run.section("evaluation")
-        rows: list[dict[str, Any]] = []
         qrels_rows = run.input("benchmark/qrels").rows(["query_id", "image_id", "relevant", "verified"])
         verified: dict[str, set[str]] = {}
         for r in qrels_rows:
             if r["verified"] and r["relevant"]:
                 verified.setdefault(r["query_id"], set()).add(r["image_id"])
-        pending = sum(not r["verified"] for r in qrels_rows)
         caches = expert_caches(run.ctx.base, run.registry(), run.models.experts)
-        if verified:
-            queries = run.input("benchmark/queries").rows(["query_id", "domain", "text"])
-            bench_gallery = run.input("benchmark/gallery")
-            gallery = bench_gallery.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
-            tracks = track_facts(run.input("accepted"), [g["image_id"] for g in gallery], run.section("track_facts"),
-                                 run.domains)
-            rows += self._score(run, caches, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
-                                lambda cache: cache.embed_artifact(bench_gallery, ["image_id"])[1], verified,
-                                [tracks.get(g["image_id"], {}) for g in gallery])
-        check_files: CheckFiles = run.prepared
+        rows = self._benchmark_rows(run, caches, verified) if verified else []
+        check_rows, skipped = self._check_set_rows(run, caches)
+        return Work.one({"evaluation": pa.Table.from_pylist(rows + check_rows, schema=EVALUATION)},
+                        {"input_rows": len(qrels_rows), "accepted": len(rows) + len(check_rows),
+                         "pending_review": sum(not r["verified"] for r in qrels_rows),
+                         "verified_queries": len(verified), "embedded": sum(c.embedded for c in caches),
+                         "check_sets_skipped": skipped})
+
+    def _benchmark_rows(self, run: StageRun, caches: list[EmbeddingCache],
+                        verified: dict[str, set[str]]) -> list[dict[str, Any]]:
+        """Every expert's metrics on the built benchmark's reviewed queries (its verified qrels)."""
+        queries = run.input("benchmark/queries").rows(["query_id", "domain", "text"])
+        bench_gallery = run.input("benchmark/gallery")
+        gallery = bench_gallery.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
+        tracks = track_facts(run.input("accepted"), [g["image_id"] for g in gallery], run.section("track_facts"),
+                             run.domains)
+        return self._score(run, caches, f"{run.ctx.flow_name}/{run.profile_name}", "verified", queries, gallery,
+                           lambda cache: cache.embed_artifact(bench_gallery, ["image_id"])[1], verified,
+                           [tracks.get(g["image_id"], {}) for g in gallery])
+
+    def _check_set_rows(self, run: StageRun, caches: list[EmbeddingCache]) -> tuple[list[dict[str, Any]], list[str]]:
+        """Every expert's metrics on each check set the stage prepared; the check sets with no query
+        of this profile's domains, skipped (each with why)."""
+        rows: list[dict[str, Any]] = []
         skipped: list[str] = []
+        check_files: CheckFiles = run.prepared
         for path in check_files.paths:
-            check = restrict_to(load_check_set(resolve_location(evaluation.check_set_pool), Path(path)),
-                                run.domains.names)
+            check = restrict_to(load_check_set(resolve_location(run.section("evaluation").check_set_pool),
+                                               Path(path)), run.domains.names)
             data = load_check_yaml(Path(path))
             if not check.queries:
                 skipped.append(f"{path}: no query of this profile's domains")
@@ -109,10 +121,7 @@ class Evaluate(Stage):
                                 gallery, lambda cache, check=check: cache.embed(
                                     check.gallery_ids, lambda pos: [check.gallery_images[p] for p in pos]), qrels,
                                 gallery_track_facts(check, run.domains, run.section("track_facts")))
-        return Work.one({"evaluation": pa.Table.from_pylist(rows, schema=EVALUATION)},
-                        {"input_rows": len(qrels_rows), "accepted": len(rows), "pending_review": pending,
-                         "verified_queries": len(verified), "embedded": sum(c.embedded for c in caches),
-                         "check_sets_skipped": skipped})
+        return rows, skipped
 
     def report(self, run: StageRun, result: StageResult) -> Report:
         out = run.output_artifact("evaluation")

@@ -5,9 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from rde.common.embedding_cache import expert_caches
-from rde.common.topk import topk
 from rde.common.track_context import track_facts
-from rde.common.track_slots import fuse_track_slots
 from rde.secmm import mecf
 from storage.schemas import (
     CANDIDATES,
@@ -38,36 +36,10 @@ class Mecf(Stage):
         gallery_artifact = run.input("gallery")
         gallery = gallery_artifact.rows(["image_id", "domain"])  # no bytes: the caches stream them per shard
         caches = expert_caches(run.ctx.base, registry, run.models.experts)
-        tracks: dict[str, dict[str, list[str]]] | None = None  # read once, for an expert with track slots
-        rows = []
-        per_expert_counts: dict[str, int] = {}
-        for domain in sorted({q["domain"] for q in queries}):
-            q_idx = [i for i, q in enumerate(queries) if q["domain"] == domain]
-            g_idx = [i for i, g in enumerate(gallery) if g["domain"] == domain]
-            if not q_idx or not g_idx:
-                continue
-            per_expert = {}
-            for spec, cache in zip(run.models.experts, caches, strict=True):
-                expert = registry.expert(spec)
-                name = f"{spec.backend}:{spec.model_id}"
-                texts = [queries[i]["text"] for i in q_idx]
-                qv = expert.encode_text(texts)
-                kept, gv = cache.embed_artifact(gallery_artifact, ["image_id", "domain"],
-                                                keep=lambda r, domain=domain: r["domain"] == domain)
-                if getattr(expert, "track_slots", False):
-                    if tracks is None:
-                        tracks = track_facts(run.input("accepted"), [g["image_id"] for g in gallery],
-                                             run.section("track_facts"), run.domains)
-                    qv, gv = fuse_track_slots(qv, gv, texts, [tracks.get(r["image_id"], {}) for r in kept],
-                                              expert.track_slots)
-                per_expert[name] = topk(qv, gv, retrieval.top_k, retrieval.index_above, retrieval.ann)
-                per_expert_counts[name] = per_expert_counts.get(name, 0) + int(per_expert[name][0].size)
-            for cand in mecf.union_candidates(per_expert):
-                names = sorted(cand.ranks)
-                rows.append({"query_id": queries[q_idx[cand.query]]["query_id"],
-                             "image_id": gallery[g_idx[cand.item]]["image_id"], "domain": domain,
-                             "experts": names, "ranks": [cand.ranks[n] for n in names],
-                             "scores": [cand.scores[n] for n in names], "best_rank": min(cand.ranks.values())})
+        rows, per_expert_counts = mecf.candidate_rows(
+            queries, gallery, gallery_artifact, registry, run.models.experts, caches, retrieval,
+            lambda: track_facts(run.input("accepted"), [g["image_id"] for g in gallery], run.section("track_facts"),
+                                run.domains))
         stats = {"input_rows": len(queries), "accepted": len(rows), "per_expert_candidates": per_expert_counts,
                  "union_candidates": len(rows), "embedded": sum(c.embedded for c in caches)}
         return Work.one({"candidates": pa.Table.from_pylist(rows, schema=CANDIDATES)}, stats)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from models.reranker.cache_store import CacheIndex
 from rde.vedje.model_store import load_model, stage1_spec
-from rde.vedje.training import (
-    joint_scores,
-    recall_at,
-)
+from rde.vedje.reranking import rerank_queries
+from rde.vedje.training import recall_at
 from storage import Artifact
 from storage.schemas import RECALL
 from tasks.framework.accounting import StageResult
@@ -74,43 +70,26 @@ class Rerank(Stage):
         ctx, spec = run.ctx, run.section("vedje")
         inputs: RerankInputs = run.prepared
         model, cache, index_art = inputs.model, inputs.cache, inputs.index
-        n_max = max(spec.candidates)
         index_rows = index_art.rows()
         labelled = self.queries is None
+        query_items = None
         if labelled:
             train_ctx = RunContext(ctx.profile, "train-vedje", ctx.output_root)
             q_rows = [r for r in Artifact(train_ctx.artifact_url("vedje_queries")).rows(["item_id", "split", "text"])
                       if r["split"] == "test"]
             index_rows = [r for r in index_rows if r["split"] == "test"]
             texts = [r["text"] for r in q_rows]
+            query_items = [r["item_id"] for r in q_rows]
         else:
             texts = list(self.queries or [])
-        ids = [r["item_id"] for r in index_rows]
-        emb = torch.tensor([r["embedding"] for r in index_rows])
-        group = {r["item_id"]: r["group"] for r in index_rows}
         stage1 = run.registry().expert(stage1_spec(ctx.profile))
-        out, latencies = [], []
         with Progress(f"{ctx.flow_name}-progress", "rerank: queries done", stage="rerank", total=len(texts),
                       unit="queries") as progress:
-            for qi, text in enumerate(texts):
-                start = time.perf_counter()
-                q = torch.from_numpy(stage1.encode_text([text]))
-                sims = (q @ emb.T)[0]
-                top = torch.argsort(sims, descending=True, stable=True)[:n_max]
-                cand = [ids[int(i)] for i in top]
-                caches = cache.fetch(cand)
-                s = joint_scores(model, [text], [(0, k) for k in range(len(cand))], caches, sims[top],
-                                 spec.score_batch, spec.score_path)
-                latencies.append(time.perf_counter() - start)
-                order = np.argsort(-s, kind="stable")
-                truth = group[q_rows[qi]["item_id"]] if labelled else None
-                out += [{"query_id": qi, "text": text, "rank": r, "item_id": cand[j], "stage1_rank": int(j),
-                         "stage1_score": float(sims[top[j]]), "score": float(s[j]),
-                         "relevant": None if truth is None else group[cand[j]] == truth} for r, j in enumerate(order)]
-                progress.update(qi + 1)
+            out, latencies = rerank_queries(model, cache, stage1, texts, index_rows, query_items, spec,
+                                            progress.update)
         evaluation = []
         if labelled and texts:
-            evaluation = _recall_rows(out, len(texts), len(ids), spec.candidates)
+            evaluation = _recall_rows(out, len(texts), len(index_rows), spec.candidates)
         # input: the queries asked; accepted: the queries that got a ranked list
         stats = {"input_rows": len(texts), "accepted": len({r["query_id"] for r in out}), "rejected": {},
                  "median_query_ms": round(1000 * float(np.median(latencies)), 2) if latencies else None,

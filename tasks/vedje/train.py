@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pyarrow as pa
 import torch
 
 from rde.training.training_log import step_log_table
 from rde.vedje.model_store import load_model, load_tensors, model_folder, save_model
-from rde.vedje.training import (
-    build_model,
-    evaluate_rerank,
-    stored_caches,
-    train_config,
-    train_vedje,
-)
+from rde.vedje.training import build_model, evaluate_precisions, frozen_compressor_config, train_config, train_vedje
 from storage.schemas import RECALL, TRAINING_LOG
 from tasks.framework.accounting import StageResult
 from tasks.framework.reporting import Progress, log, rounded_rows
@@ -56,10 +49,7 @@ class VedjeTrain(Stage):
                             data.item_frames.shape[1], data.item_emb.shape[1])
         run_cfg = cfg
         if not spec.train_compressor:
-            previous, _ = load_model(ctx.profile, ctx.output_root)
-            model.compressor.load_state_dict(previous.compressor.state_dict())
-            model.compressor.requires_grad_(False)
-            run_cfg = replace(cfg, losses=tuple(t for t in cfg.losses if t != "delta"))
+            run_cfg = frozen_compressor_config(model, load_model(ctx.profile, ctx.output_root)[0], cfg)
             log(f"vedje-train: compressor {model.compressor_fingerprint()[:12]} kept frozen (caches stay valid)")
         with Progress(f"{ctx.flow_name}-train-progress", "vedje-train: training steps done", stage="vedje-train",
                       total=None, unit="steps") as progress:
@@ -67,10 +57,7 @@ class VedjeTrain(Stage):
                                  on_epoch=lambda e, loss: log(f"vedje-train: epoch {e} mean loss {loss:.4f}"),
                                  on_step=progress.update)
         meta = save_model(model, folder, ctx.profile, data.item_emb.shape[1])
-        rows = []
-        for precision in ("bf16", "fp8", "fp4"):
-            rows += [{**r, "precision": precision} for r in evaluate_rerank(
-                model, data, stored_caches(model, data, precision), spec.candidates, batch=spec.score_batch)]
+        rows = evaluate_precisions(model, data, spec.candidates, spec.score_batch)
         n_train = len(data.rows("train")[1])
         stats = {"input_rows": run.input("vedje_queries").count_equal("split", "train"), "accepted": n_train,
                  "rejected": {}, "resumed_from_epoch": result.resumed_from,

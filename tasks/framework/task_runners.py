@@ -6,7 +6,7 @@ same setting works for the CLI and for deployments (set it in the work pool's jo
 - ``RDE_TASK_RUNNER=dask``: ``prefect-dask``; ``RDE_DASK_ADDRESS`` (``tcp://scheduler:8786``)
   joins an existing cluster, otherwise a local cluster of ``RDE_TASK_WORKERS`` single-threaded
   worker processes is started for the run. Each worker process loads its own models. A worker
-  slow to be reaped when the cluster closes is a warning, not a failed run (``rde.common.dask_runner``).
+  slow to be reaped when the cluster closes is a warning, not a failed run (``tasks.framework.dask_runner``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def default_task_runner() -> TaskRunner:
         return ThreadPoolTaskRunner(max_workers=workers)
     if kind == "dask":
         try:
-            from rde.common.dask_runner import ReapingDaskTaskRunner as DaskTaskRunner
+            from tasks.framework.dask_runner import ReapingDaskTaskRunner as DaskTaskRunner
         except ImportError as exc:
             raise RuntimeError("RDE_TASK_RUNNER=dask needs `pip install -e '.[dask]'` (prefect-dask)") from exc
         # Worker processes must import this checkout's packages; rde.common.dask_preload removes Dask's scratch
