@@ -36,13 +36,15 @@ def test_profile_validate_reports_key(tmp_path: Path) -> None:
     assert ok.exit_code == 0 and "ok" in ok.output
 
 
-def _rde(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ}
+def _rde(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "entry.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=120)
+                          env=env or {**os.environ}, timeout=120)
 
 
-def test_bad_inputs_give_messages_not_tracebacks(tmp_path: Path) -> None:
+@pytest.mark.slow  # the flow-found mistake runs against the session server
+def test_bad_inputs_give_messages_not_tracebacks(tmp_path: Path, shared_server_env: dict[str, str]) -> None:
+    """Each mistake is named on stderr with exit code 2 and no traceback; the one found inside a flow
+    runs it against the session's server (not a temporary server of its own: 12-20 CPU s)."""
     for args, message in [
         (["build-secmm", "--input", str(tmp_path / "missing-folder")], "does not exist or is not a folder"),
         (["build-secmm", "--input", str(tmp_path / "missing.parquet")], "does not exist"),
@@ -53,7 +55,7 @@ def test_bad_inputs_give_messages_not_tracebacks(tmp_path: Path) -> None:
         # found inside the flow (Prefect logs its traceback): the terminal shows the error line only
         (["rerank", "--query", "a man walking", "--output", str(tmp_path / "out")], "no trained reranker at"),
     ]:
-        result = _rde(*args)
+        result = _rde(*args, env=shared_server_env)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr + result.stdout, args

@@ -221,12 +221,12 @@ def test_index_cache_and_rerank_fail_when_they_lose_a_row(tmp_path: Path, overri
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """One row dropped on purpose in each flow: a cache row that is never written, a query whose
     scoring returns nothing. Each run fails naming the stage instead of finishing short."""
+    import rde.vedje.reranking
     import tasks.vedje.index_cache
-    import tasks.vedje.rerank
 
     out = str(tmp_path)
     train_vedje(profile="demo", output_root=out, overrides=overrides)
-    real_rows, real_scores = tasks.vedje.index_cache.cache_rows, tasks.vedje.rerank.joint_scores
+    real_rows, real_scores = tasks.vedje.index_cache.cache_rows, rde.vedje.reranking.joint_scores
     monkeypatch.setattr(tasks.vedje.index_cache, "cache_rows", lambda *a, **k: real_rows(*a, **k).slice(1))
     with pytest.raises(Exception, match=r"index-cache shard \d+: 12 inputs counted, but 11 accepted"):
         index_cache(profile="demo", output_root=out, overrides=overrides)
@@ -239,6 +239,6 @@ def test_index_cache_and_rerank_fail_when_they_lose_a_row(tmp_path: Path, overri
         scores = real_scores(*args, **kwargs)
         return scores[:0] if len(calls) == 1 else scores
 
-    monkeypatch.setattr(tasks.vedje.rerank, "joint_scores", nothing_for_the_first_query)
+    monkeypatch.setattr(rde.vedje.reranking, "joint_scores", nothing_for_the_first_query)
     with pytest.raises(Exception, match=r"rerank: \d+ inputs counted, but \d+ accepted .*\(1 rows lost"):
         rerank(profile="demo", output_root=out, overrides=overrides)

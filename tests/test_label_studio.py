@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
 TOKEN = "rde-test-token-0123456789"  # a legacy API token given to the first user at the server's start
 USER, PASSWORD = "reviewer@example.com", "rde-test-password"
-GENERATION = {"queries": {"caption_sample_per_domain": 24, "max_rounds": 3}}  # as tests/test_flow_build_secmm.py
+GENERATION = {"queries": {"caption_sample_per_domain": 16, "max_rounds": 3}}  # as tests/test_flow_build_secmm.py
 
 
 def _ls_python() -> str:

@@ -276,13 +276,14 @@ GUARDED = textwrap.dedent("""
 def _guarded_process(nohup: bool = False, grace_s: float = GRACE_S) -> tuple[subprocess.Popen[str], psutil.Process]:
     """The guarded process and its child; ``nohup``: started with SIGHUP ignored, as nohup starts it;
     ``grace_s``: how long a stop waits for the child (which ignores SIGTERM) before its SIGKILL."""
-    def ignore_hangup() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    def hangup_as_a_terminal_leaves_it() -> None:
+        # ignored under nohup; otherwise the default, even when the suite itself runs under nohup (whose
+        # ignored SIGHUP every child inherits, and a run started so keeps ignoring it)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL)
 
     proc = subprocess.Popen([sys.executable, "-c", GUARDED.format(root=str(ROOT), grace_s=grace_s)],
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=ignore_hangup if nohup else None)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=hangup_as_a_terminal_leaves_it)
     assert proc.stdout is not None
     child = psutil.Process(int(proc.stdout.readline()))
     return proc, child
