@@ -4,15 +4,14 @@ hold them (written by scripts/gen_reference.py between markers, checked by ``--c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import typer.main
+from reference_script import load_generator
 from typer.testing import CliRunner
 
 from entry.cli import app
@@ -23,16 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "scripts" / "gen_reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-gen = _load_generator()
+gen = load_generator()
 
 
 def _section(page: str, pipeline: str) -> str:

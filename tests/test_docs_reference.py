@@ -4,15 +4,14 @@ silently lose one."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import pytest
 import typer
 from pydantic import Field
+from reference_script import load_generator
 
 from models.specs import Strict
 from rde.common.pool_config import DenoiseSpec
@@ -22,17 +21,8 @@ from rde.profile import Profile
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_generator():
-    """scripts/ is no package: load the script as a module (kept in sys.modules for its dataclass)."""
-    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "scripts" / "gen_reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-gen = _load_generator()
+gen = load_generator()
 
 
 def test_the_committed_reference_pages_are_what_the_code_gives(capsys: pytest.CaptureFixture[str]) -> None:

@@ -78,11 +78,13 @@ def _server(children: list[psutil.Process]) -> tuple[psutil.Process, int]:
 
 
 def _alive(procs: list[psutil.Process]) -> list[str]:
+    """The command lines of those of ``procs`` still running. A process in its exit (its memory
+    released, so its command line already empty, not yet a zombie) does not count: it has stopped."""
     found = []
     for proc in procs:
         try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(" ".join(proc.cmdline()[:4]))
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE and (cmdline := proc.cmdline()):
+                found.append(" ".join(cmdline[:4]))
         except psutil.Error:
             continue
     return found
