@@ -6,10 +6,10 @@ import is still a dependency), so a new upward import fails here and not in a ne
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+from source_imports import file_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 # lower number = higher layer; a unit (the longest matching prefix) may import itself and the layers
@@ -43,22 +43,6 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(path: Path, module: str) -> list[tuple[int, str]]:
-    """(line, imported module) for every absolute or relative import in the file."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against the importing package
-                package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-                base = package[: len(package) - node.level + 1]
-                out.append((node.lineno, ".".join([*base, *([node.module] if node.module else [])])))
-            elif node.module:
-                out.append((node.lineno, node.module))
-    return out
-
-
 def upward_imports() -> list[str]:
     """Every import that runs against the layer order, as ``file:line imports module``."""
     bad = []
@@ -66,7 +50,7 @@ def upward_imports() -> list[str]:
         own = unit(module)
         if own is None:
             continue
-        for line, target in _imports(path, module):
+        for line, target in file_imports(path, module):
             top = unit(target)
             if top is None or top == own:
                 continue
@@ -106,7 +90,7 @@ def import_cycles() -> list[list[str]]:
     """Project modules that import each other in a circle (lazy imports and ``TYPE_CHECKING`` ones
     count: a circle hides which of the two is the lower one), each circle once, from its smallest name."""
     modules = _modules()
-    graph = {m: sorted({t for _, t in _imports(p, m) if t in modules and t != m}) for m, p in modules.items()}
+    graph = {m: sorted({t for _, t in file_imports(p, m) if t in modules and t != m}) for m, p in modules.items()}
     cycles, state = set(), {}
 
     def visit(node: str, path: list[str]) -> None:
@@ -199,7 +183,7 @@ def test_the_framework_knows_no_pipeline() -> None:
     bad = []
     for module, path in _modules().items():
         if module.startswith("tasks.framework"):
-            bad += [f"{path.relative_to(ROOT)}:{line} imports {target}" for line, target in _imports(path, module)
+            bad += [f"{path.relative_to(ROOT)}:{line} imports {target}" for line, target in file_imports(path, module)
                     if (target.startswith("tasks.") and not target.startswith("tasks.framework"))
                     or target.startswith(("rde.secmm", "rde.largefine", "rde.training", "rde.vedje", "flows"))]
     assert bad == []

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from source_imports import file_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 ORCHESTRATION = ("prefect", "prefect_dask", "dask", "distributed")  # what rde/ never imports
@@ -20,22 +21,11 @@ DOCUMENTED = ("rde", "models", "tasks", "flows", "storage", "entry")  # packages
 RUN_LINES = 30
 
 
-def _imported(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, module) of every absolute import, lazy ones (inside functions) included."""
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out.append((node.lineno, node.module))
-    return out
-
-
 def orchestration_imports(root: Path) -> list[str]:
     """Every import of Prefect or Dask under ``rde/``, as ``file:line imports module``."""
     bad = []
     for path in sorted((root / "rde").rglob("*.py")):
-        for line, module in _imported(ast.parse(path.read_text(encoding="utf-8"))):
+        for line, module in file_imports(path, ".".join(path.relative_to(root).with_suffix("").parts)):
             if module.split(".")[0] in ORCHESTRATION:
                 bad.append(f"{path.relative_to(root)}:{line} imports {module}")
     return bad
