@@ -24,6 +24,7 @@ from rde.common.reasons import Reason, rejected_row
 from rde.common.text_diversity import diversity_by_domain
 from rde.common.track_context import track_facts
 from rde.secmm import sentence_checks
+from rde.secmm.config import QueriesSpec
 from rde.secmm.sentence_checks import CaptionCheck, facts_caption
 from storage import Artifact
 
@@ -80,7 +81,7 @@ def _reject(image_id: str, domain: str, stage: str, reason: str, text: str | Non
                         domain=domain, image_id=image_id, text=text, detail=detail)
 
 
-def caption_sample(generator: Generator, accepted: Artifact, domains: DomainSet, q: Any, prompt: PromptFile,
+def caption_sample(generator: Generator, accepted: Artifact, domains: DomainSet, q: QueriesSpec, prompt: PromptFile,
                    track_spec: TrackFactsSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """The pool captions of a seeded sample of the denoised pool (``accepted``), per domain: each
     sampled image captioned by ``generator``, its sentences checked and its fate decided by

@@ -107,9 +107,9 @@ class Evaluate(Stage):
         rows: list[dict[str, Any]] = []
         skipped: list[str] = []
         check_files: CheckFiles = run.prepared
+        pool = resolve_location(run.section("evaluation").check_set_pool)
         for path in check_files.paths:
-            check = restrict_to(load_check_set(resolve_location(run.section("evaluation").check_set_pool),
-                                               Path(path)), run.domains.names)
+            check = restrict_to(load_check_set(pool, Path(path)), run.domains.names)
             data = load_check_yaml(Path(path))
             if not check.queries:
                 skipped.append(f"{path}: no query of this profile's domains")
