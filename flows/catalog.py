@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
-from rde.common.reasons import MEANINGS
+from rde.common.reasons import MEANINGS, known_codes
 from tasks.framework.stage import Pipeline, Stage
 
 # a name in the registry's "stages" column → the stages it stands for (a name that is a stage's own
@@ -181,7 +181,9 @@ def registry_stages(entry: str) -> tuple[str, ...]:
 
 
 def stage_reasons(stage: str) -> tuple[str, ...]:
-    """The reason codes the registry lists for ``stage``, in the registry's order."""
+    """The reason codes the registry lists for ``stage``, in the registry's order (the declared codes
+    after the shared ones)."""
+    known_codes()  # the codes declared beside their logic, registered
     return tuple(str(code) for code, (stages, _) in MEANINGS.items() if stage in registry_stages(stages))
 
 

@@ -9,7 +9,10 @@ Where the sections live: the pool's (``input``, ``ingest``, ``video``, ``track_f
 in ``rde.common.pool_config`` and the orchestration's (``prefect``) in
 ``rde.common.orchestration_config``, since logic in ``rde.common`` and the stage framework reads
 them; each pipeline's in its own package (``rde.secmm.config``, ``rde.largefine.config``,
-``rde.training.config``, ``rde.vedje.config``, ``rde.evaluation.config``). Composing them imports
+``rde.training.config``, ``rde.vedje.config``, ``rde.evaluation.config``), or, for a section one
+module alone reads, in that module with ``@profile_section`` (``near_duplicates``, ``sampling`` and
+``retrieval``, in ``rde.secmm.near_duplicates``, ``cgds`` and ``mecf``), found by
+``rde.common.declarations``. Composing them imports
 every pipeline, and ``rde.common`` imports no pipeline while a pipeline imports no other, so
 ``Profile`` can live in neither: it sits in a layer of its own, below the stage framework and the
 flows that load profiles and above the pipelines (``rde.profile`` in tests/test_import_direction.py's
@@ -23,16 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from models.backends.detectors import known_classes
 from models.domains import Domain, DomainError, DomainSet, load_domain
 from models.specs import BUNDLED_LLM, ModelsSection, Strict
+from rde.common.declarations import section_fields
 from rde.common.orchestration_config import PrefectSpec
 from rde.common.pool_config import DenoiseSpec, IngestSpec, InputSpec, TrackFactsSpec, VideoSpec
 from rde.evaluation.config import EvaluationSpec
 from rde.largefine.config import LargeFineSpec
-from rde.secmm.config import NearDuplicateSpec, QueriesSpec, RetrievalSpec, ReviewSpec, SamplingSpec
+from rde.secmm.config import QueriesSpec, ReviewSpec
 from rde.training.config import TrainingSpec
 from rde.vedje.config import VedjeSpec
 from storage.hashing import sha256_json
@@ -80,8 +84,9 @@ def gpu_evidence(profile: Profile) -> str | None:
     return None
 
 
-class Profile(Strict):
-    """A complete, validated profile."""
+class ProfileCore(Strict):
+    """A complete, validated profile but for the sections declared beside their logic (``Profile``
+    adds them)."""
 
     name: str = Field(description="The profile's name, shown in summaries and part of the artifacts' paths.")
     description: str = Field("", description="Free text saying what the profile is for.")
@@ -99,13 +104,8 @@ class Profile(Strict):
                                         "subject (motion, direction, distance, place in the frame): facts "
                                         "captions and queries may state.")
     denoise: DenoiseSpec = Field(DenoiseSpec(), description="The filters that reject unusable images.")
-    near_duplicates: NearDuplicateSpec = Field(NearDuplicateSpec(), description="The near-duplicate filter "
-                                               "(build-secmm): of near-identical crops, only the sharpest is kept.")
     models: ModelsSection = Field(ModelsSection(), description="The models of each role; unset roles use the "
                                   "bundled offline models.")
-    sampling: SamplingSpec = Field(SamplingSpec(), description="Centroid-guided diversity sampling (CGDS) of "
-                                   "the gallery.")
-    retrieval: RetrievalSpec = Field(RetrievalSpec(), description="Multi-expert candidate retrieval (MECF).")
     queries: QueriesSpec = Field(QueriesSpec(), description="Distribution-aware query generation (DAP) and its "
                                  "quality gates.")
     evaluation: EvaluationSpec = Field(EvaluationSpec(), description="What evaluate scores besides the built "
@@ -149,7 +149,7 @@ class Profile(Strict):
         return out
 
     @model_validator(mode="after")
-    def _domains_unique(self) -> Profile:
+    def _domains_unique(self) -> ProfileCore:
         try:
             DomainSet(self.domains)
         except DomainError as exc:
@@ -166,7 +166,7 @@ class Profile(Strict):
         return self
 
     @model_validator(mode="after")
-    def _domain_sizes(self) -> Profile:
+    def _domain_sizes(self) -> ProfileCore:
         """Each domain file's ``subject.size`` where ``denoise.size_by_domain`` names no rule for it."""
         sizes = {d.name: d.subject.size for d in self.domains if d.subject.size and d.name not in
                  self.denoise.size_by_domain}
@@ -176,7 +176,7 @@ class Profile(Strict):
         return self.model_copy(update={"denoise": denoise})
 
     @model_validator(mode="after")
-    def _detector_knows_the_classes(self) -> Profile:
+    def _detector_knows_the_classes(self) -> ProfileCore:
         """An open-vocabulary detector without classes is told every domain's (subject, carried,
         ridden; its text names); any detector whose classes are known must know every class a
         domain names."""
@@ -198,7 +198,7 @@ class Profile(Strict):
         return self
 
     @model_validator(mode="after")
-    def _text_llms_named_on_a_gpu(self) -> Profile:
+    def _text_llms_named_on_a_gpu(self) -> ProfileCore:
         """A profile that runs on a GPU names its text LLMs: unset, DAP and the template gallery
         would fall back to the bundled 135M CPU model, which keeps next to no query. The bundled
         model written out (``BUNDLED_TEXT_LLM``) is an explicit choice and passes."""
@@ -226,6 +226,19 @@ class Profile(Strict):
         """Hash of the named sections only, so a stage reruns when *its* config changes."""
         data = self.model_dump(mode="json")
         return sha256_json({s: data[s] for s in sections})
+
+
+# The whole profile: the sections above and those a logic module declares beside itself with
+# ``@profile_section`` (rde.common.declarations finds the declaring modules by their source, so a new
+# stage's section needs no line here), after them in the declaring modules' order.
+def compose_profile() -> type[ProfileCore]:
+    """``ProfileCore`` with every declared section added (a new class each call: ``Profile`` is the
+    one made when this module is imported)."""
+    return create_model("Profile", __base__=ProfileCore, __module__=__name__,
+                        __doc__="A complete, validated profile.", **section_fields())
+
+
+Profile = compose_profile()
 
 
 def _format_errors(source: str, exc: ValidationError) -> str:

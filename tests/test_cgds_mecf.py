@@ -10,6 +10,7 @@ from ranking import reference_scores, unambiguous_top
 
 from rde.common.topk import inner_products, topk_exact, topk_exact_blocks, topk_faiss
 from rde.secmm.cgds import (
+    SamplingSpec,
     kmeans_clusters,
     kmeans_streaming,
     rebatched,
@@ -17,7 +18,6 @@ from rde.secmm.cgds import (
     sample_gallery,
     sample_per_cluster,
 )
-from rde.secmm.config import SamplingSpec
 from rde.secmm.mecf import union_candidates
 
 

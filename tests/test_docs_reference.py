@@ -15,7 +15,7 @@ from reference_script import load_generator
 
 from models.specs import Strict
 from rde.common.pool_config import DenoiseSpec
-from rde.common.reasons import MEANINGS, Reason
+from rde.common.reasons import MEANINGS, known_codes
 from rde.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +104,6 @@ def test_a_cli_option_or_command_without_help_fails_naming_it(monkeypatch: pytes
 
 def test_every_reason_code_is_on_the_reasons_page() -> None:
     page = (ROOT / "docs" / "reference" / "reasons.md").read_text(encoding="utf-8")
-    missing = [str(code) for code in Reason if f"| `{code}` |" not in page]
+    missing = [code for code in sorted(known_codes()) if f"| `{code}` |" not in page]
     assert not missing, f"reason codes missing from docs/reference/reasons.md: {missing}"
     assert all(meaning in page for _, meaning in MEANINGS.values())

@@ -17,7 +17,7 @@ from models.backends.registry import ModelRegistry
 from rde.common.embedding_cache import EmbeddingCache
 from rde.profile import load_profile
 from rde.secmm import near_duplicates as nd
-from rde.secmm.config import NearDuplicateSpec
+from rde.secmm.near_duplicates import NearDuplicateSpec
 from storage import ArtifactWriter
 from storage.hashing import sha256_bytes
 from storage.schemas import ACCEPTED_IMAGES

@@ -2,16 +2,23 @@
 
 Every input ends as an accepted row or a rejected row whose ``reason`` is one of these codes; the
 runner (``tasks/framework/runner.py``) refuses a stage that reports a code not listed here, so a new reason
-is added here, with its one-line meaning, before a stage may use it. The documentation's reason
+is added here, with its one-line meaning, before a stage may use it. A code only one module writes is
+declared in that module instead, beside the code that writes it, and a stage that reuses a shared code
+declares its use of it there too (``declare_reason``; found through ``rde.common.declarations``): both
+join the same registry, the same checks and the same table. The
+documentation's reason
 table (``docs/reference/reasons.md``) is ``reasons_markdown()``, written by ``scripts/gen_reference.py``
 (``make docs`` fails when the page is stale).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
+
+from rde.common.declarations import REASON_MARKER, import_declaring
 
 
 class Reason(StrEnum):
@@ -84,14 +91,13 @@ class Reason(StrEnum):
     UNKNOWN_SLOT = "unknown_slot"
     UNMEASURABLE_SLOT = "unmeasurable_slot"
     GALLERY_FULL = "gallery_full"
-    CHECK_SET_IDENTITY = "check_set_identity"
-    OVER_MAX_PAIRS = "over_max_pairs"
     SPLIT_GAP = "split_gap"
     NO_MOTION = "no_motion"
 
 
-# code → (the stages that use it, what it means in one line)
-MEANINGS: dict[Reason, tuple[str, str]] = {
+# code → (the stages that use it, what it means in one line): the codes above, then those declared
+# beside their logic (``declare_reason``) as their modules are imported
+MEANINGS: dict[str, tuple[str, str]] = {
     Reason.MISSING_FILE: ("ingest, videos", "the listed file does not exist (any more)"),
     Reason.EMPTY_FILE: ("ingest, videos", "the file has zero bytes"),
     Reason.READ_ERROR: ("ingest, videos", "the file could not be read (permissions, I/O error)"),
@@ -141,9 +147,7 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.UNSAFE: ("dap", "a word of prompts/query_safety.yaml"),
     Reason.OFF_VOCABULARY: ("dap", "a content word the domain's caption pool never uses"),
     Reason.NO_KEYWORD: ("dap", "uses none of the keywords sampled into its request"),
-    Reason.NEAR_DUPLICATE: ("dap, near-duplicates", "text-embedding cosine ≥ queries.near_duplicate_cosine with a "
-                            "kept query; an image whose embedding cosine to a sharper kept image of its domain is "
-                            "above near_duplicates.threshold (detail names it)"),
+    Reason.NEAR_DUPLICATE: ("dap", "text-embedding cosine ≥ queries.near_duplicate_cosine with a kept query"),
     Reason.OVER_TARGET: ("dap", "valid, but queries.per_domain were already kept"),
     Reason.GENERATION_FAILED: ("caption-pool, dap, tiers", "the generator returned an error after its retries"),
     Reason.UNGROUNDED: ("caption-pool, tiers", "the captioner refused to state what it did not measure"),
@@ -167,8 +171,6 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
     Reason.UNMEASURABLE_SLOT: ("template-gallery", "a [slot] the captioner cannot measure "
                                                    "(largefine.templates.measurable_slots)"),
     Reason.GALLERY_FULL: ("template-gallery", "valid, but largefine.templates.max_templates were already kept"),
-    Reason.CHECK_SET_IDENTITY: ("training-features", "a caption of a check-set identity: kept out of training"),
-    Reason.OVER_MAX_PAIRS: ("training-features", "beyond training.max_pairs (a seeded sample is kept)"),
     Reason.SPLIT_GAP: ("vedje-features, motion clips", "a clip between the train and test periods (no test frame "
                                                         "trained on)"),
     Reason.NO_MOTION: ("motion clips", "a clip whose person moves less than MotionParams.min_move × their box height "
@@ -179,7 +181,41 @@ MEANINGS: dict[Reason, tuple[str, str]] = {
 # Reasons that may pass on another try (a read that failed, a refused credential, a generator that
 # failed or timed out): ``--retry-rejects`` redoes the inputs rejected for them (tasks/framework/retry.py).
 # Every other reason is a property of the input or of the output, and a rerun gives it again.
-TRANSIENT = frozenset({Reason.READ_ERROR, Reason.ACCESS_DENIED, Reason.GENERATION_FAILED, Reason.TIMEOUT})
+TRANSIENT: set[str] = {Reason.READ_ERROR, Reason.ACCESS_DENIED, Reason.GENERATION_FAILED, Reason.TIMEOUT}
+
+
+def declare_reason(code: str, stages: str, meaning: str, *, transient: bool = False) -> str:
+    """Register a use of a reason code by the calling module, and return the code (a module
+    constant: ``OVER_MAX_PAIRS = declare_reason("over_max_pairs", "training-features", "beyond ...")``).
+
+    ``stages``: the stages that write it for this use, as the reasons table names them; ``meaning``:
+    what it means there, in a line. A new code gets its row; a known one (the enum's, or another
+    module's) gets this use added to its row: the stages after a comma, the meaning after "; ", so a
+    stage that reuses a shared code says what the code means for it in its own module.
+    ``transient``: ``--retry-rejects`` tries the code again. The same use declared again (a module
+    imported twice) changes nothing."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", code):
+        raise ValueError(f"reason {code!r}: a reason code is lower-case words joined by _")
+    if len(meaning) <= 10 or not stages.strip():
+        raise ValueError(f"reason {code!r}: name the stages that write it and say what it means in a line")
+    use = (str(code), stages, meaning)
+    if use not in _DECLARED:
+        _DECLARED.add(use)
+        known = MEANINGS.get(str(code))
+        MEANINGS[str(code)] = ((stages, meaning) if known is None
+                               else (f"{known[0]}, {stages}", f"{known[1]}; {meaning}"))
+    if transient:
+        TRANSIENT.add(str(code))
+    return str(code)
+
+
+_DECLARED: set[tuple[str, str, str]] = set()  # the uses declare_reason has added
+
+
+def known_codes() -> set[str]:
+    """Every registered code: the enum's and every declared one (the declaring modules imported)."""
+    import_declaring(REASON_MARKER)
+    return set(MEANINGS)
 
 
 # what a rejected row stands for
@@ -202,15 +238,23 @@ def rejected_row(input_id: str, stage: str, reason: str, *, kind: str, domain: s
 
 
 def unregistered(codes: Iterable[str]) -> list[str]:
-    """The codes of ``codes`` that are not in the registry (sorted)."""
-    known = {str(r) for r in Reason}
-    return sorted({str(c) for c in codes} - known)
+    """The codes of ``codes`` that are not in the registry (sorted). The codes a stage writes are
+    declared by modules it has imported, so the declaring modules are looked for only when one is
+    not (yet) known."""
+    wanted = {str(c) for c in codes}
+    if wanted - set(MEANINGS):
+        import_declaring(REASON_MARKER)
+    return sorted(wanted - set(MEANINGS))
 
 
 def reasons_markdown() -> str:
-    """The reasons table of docs/reference/reasons.md: every code, the stages that use it, its meaning."""
+    """The reasons table of docs/reference/reasons.md: every code, the stages that use it, its meaning:
+    the shared codes in their order, then the declared ones by code."""
+    import_declaring(REASON_MARKER)
+    shared = {str(r) for r in Reason}
+    order = [code for code in MEANINGS if code in shared] + sorted(set(MEANINGS) - shared)
     lines = ["| reason | stages | meaning |", "|---|---|---|"]
     again = " (transient: `--retry-rejects` tries it again)"
     lines += [f"| `{code}` | {stages} | {meaning}{again if code in TRANSIENT else ''} |"
-              for code, (stages, meaning) in MEANINGS.items()]
+              for code in order for stages, meaning in [MEANINGS[code]]]
     return "\n".join(lines)

@@ -14,17 +14,52 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+from pydantic import Field, model_validator
 
+from models.specs import Strict
+from rde.common.declarations import profile_section
 from rde.common.openmp_threads import at_most_two_openmp_threads
-from rde.secmm.config import SamplingSpec
 from storage import Artifact
 from storage.schemas import GALLERY, SAMPLING
 
 Blocks = Callable[[], Iterable[np.ndarray]]  # a fresh iterator of float32 blocks (rows × dim), same order each call
+
+
+@profile_section("sampling", "Centroid-guided diversity sampling (CGDS) of the gallery.")
+class SamplingSpec(Strict):
+    """Centroid-Guided Diversity Sampling sizes (paper Sec. 3.1)."""
+
+    clusters_per_domain: int = Field(100, ge=1, description="K of the k-means clustering of each domain's "
+                                     "image embeddings.")
+    min_per_cluster: int = Field(100, ge=0, description="Fewest images drawn from a cluster (capped at its "
+                                 "size; at most max_per_cluster).")
+    max_per_cluster: int = Field(1000, ge=1, description="Most images drawn from a cluster: each draws a "
+                                 "seeded number between min_per_cluster and this.")
+    seed: int = Field(0, description="Seed of the clustering and the draws.")
+    kmeans_backend: Literal["auto", "sklearn", "sklearn-minibatch", "faiss", "streaming"] = Field(
+        "auto", description="k-means implementation: auto = scikit-learn in memory up to minibatch_above images "
+        "per domain and streaming above; streaming = always; the others hold all vectors in memory at any size.")
+    # streaming k-means is kmeans_streaming below
+    minibatch_above: int = Field(20_000, ge=1, description="With auto: above this many images per domain, "
+                                 "streaming k-means reads the vectors one pool shard at a time, never all at once.")
+    stream_passes: int = Field(5, ge=1, description="Streaming: at most this many Lloyd passes (it stops "
+                               "earlier when no label changes).")
+    stream_batch: int = Field(4096, ge=1, description="Streaming: vectors per step (its distance matrix is "
+                              "stream_batch × K floats).")
+    stream_init_per_cluster: int = Field(256, ge=1, description="Streaming: the start is k-means on a seeded "
+                                         "sample of min(N, this × K) vectors, held in memory (131 MB at K=100, "
+                                         "dim 1280).")
+    stream_init_tries: int = Field(10, ge=1, description="Streaming: k-means++ starts tried on that sample.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> SamplingSpec:
+        if self.min_per_cluster > self.max_per_cluster:
+            raise ValueError("sampling.min_per_cluster must not exceed sampling.max_per_cluster")
+        return self
 
 
 @dataclass

@@ -1,6 +1,8 @@
-"""build-secmm's profile sections, beside their logic in this package: ``near_duplicates``
-(near_duplicates.py), ``sampling`` (CGDS, cgds.py), ``retrieval`` (MECF, mecf.py; its ANN index is
-``rde.common.topk``'s), ``queries`` (DAP, dap.py) and ``review`` (benchmark.py, review_site.py).
+"""build-secmm's profile sections that more than one module of this package reads: ``queries``
+(DAP: dap.py, its grammar and post-processing, and the caption pool) and ``review`` (benchmark.py,
+review_site.py). A section one module alone reads is declared in that module
+(``rde.common.declarations``): ``near_duplicates`` in near_duplicates.py, ``sampling`` in cgds.py,
+``retrieval`` in mecf.py.
 
 ``rde.profile`` composes them into a ``Profile``; this module imports nothing above ``rde.common``, so
 the secmm logic imports it downward, as it imports its own modules.
@@ -8,70 +10,11 @@ the secmm logic imports it downward, as it imports its own modules.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, model_validator
 
 from models.specs import Strict
-from rde.common.topk import AnnSpec
 
-__all__ = ["NearDuplicateSpec", "QueriesSpec", "RetrievalSpec", "ReviewSpec", "SamplingSpec"]
-
-
-class NearDuplicateSpec(Strict):
-    """The near-duplicate filter of the denoised pool (SemDeDup-style, ``rde/secmm/near_duplicates.py``):
-    within each domain, an image whose image-embedding cosine to a sharper kept image of its cluster
-    is above ``threshold`` is rejected as ``near_duplicate``, naming that kept image."""
-
-    threshold: float = Field(0.95, gt=0.0, le=1.0, description="Cosine (of L2-normalised image embeddings) "
-                             "above which an image is a near duplicate of a kept one and is rejected; a cosine "
-                             "equal to it is kept, and 1.0 keeps every image.")
-    cluster_size: int = Field(1000, ge=2, description="A domain of at most this many images is compared pair "
-                              "by pair; a larger one is split by k-means into ceil(images / cluster_size) "
-                              "clusters, compared within each (a pair split across two clusters is missed).")
-    seed: int = Field(0, description="Seed of that k-means clustering.")
-
-
-class SamplingSpec(Strict):
-    """Centroid-Guided Diversity Sampling sizes (paper Sec. 3.1)."""
-
-    clusters_per_domain: int = Field(100, ge=1, description="K of the k-means clustering of each domain's "
-                                     "image embeddings.")
-    min_per_cluster: int = Field(100, ge=0, description="Fewest images drawn from a cluster (capped at its "
-                                 "size; at most max_per_cluster).")
-    max_per_cluster: int = Field(1000, ge=1, description="Most images drawn from a cluster: each draws a "
-                                 "seeded number between min_per_cluster and this.")
-    seed: int = Field(0, description="Seed of the clustering and the draws.")
-    kmeans_backend: Literal["auto", "sklearn", "sklearn-minibatch", "faiss", "streaming"] = Field(
-        "auto", description="k-means implementation: auto = scikit-learn in memory up to minibatch_above images "
-        "per domain and streaming above; streaming = always; the others hold all vectors in memory at any size.")
-    # streaming k-means is rde.secmm.cgds.kmeans_streaming
-    minibatch_above: int = Field(20_000, ge=1, description="With auto: above this many images per domain, "
-                                 "streaming k-means reads the vectors one pool shard at a time, never all at once.")
-    stream_passes: int = Field(5, ge=1, description="Streaming: at most this many Lloyd passes (it stops "
-                               "earlier when no label changes).")
-    stream_batch: int = Field(4096, ge=1, description="Streaming: vectors per step (its distance matrix is "
-                              "stream_batch × K floats).")
-    stream_init_per_cluster: int = Field(256, ge=1, description="Streaming: the start is k-means on a seeded "
-                                         "sample of min(N, this × K) vectors, held in memory (131 MB at K=100, "
-                                         "dim 1280).")
-    stream_init_tries: int = Field(10, ge=1, description="Streaming: k-means++ starts tried on that sample.")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> SamplingSpec:
-        if self.min_per_cluster > self.max_per_cluster:
-            raise ValueError("sampling.min_per_cluster must not exceed sampling.max_per_cluster")
-        return self
-
-
-class RetrievalSpec(Strict):
-    """Multi-Expert Collaborative Filtering (paper Eq. 1): top-K per expert, union of candidates."""
-
-    top_k: int = Field(1000, ge=1, description="Candidates each expert contributes per query (the union of "
-                       "all experts' top-K is the candidate set).")
-    index_above: int = Field(200_000, ge=1, description="Gallery size above which an approximate (ANN) index "
-                             "is searched instead of an exact search.")
-    ann: AnnSpec = Field(default_factory=AnnSpec, description="The approximate index and its recall check.")
+__all__ = ["QueriesSpec", "ReviewSpec"]
 
 
 class ReviewSpec(Strict):

@@ -11,13 +11,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
-from models.specs import ModelSpec
+from models.specs import ModelSpec, Strict
+from rde.common.declarations import profile_section
 from rde.common.embedding_cache import EmbeddingCache
-from rde.common.topk import topk
+from rde.common.topk import AnnSpec, topk
 from rde.common.track_slots import fuse_track_slots
-from rde.secmm.config import RetrievalSpec
 from storage import Artifact
+
+
+@profile_section("retrieval", "Multi-expert candidate retrieval (MECF).")
+class RetrievalSpec(Strict):
+    """Multi-Expert Collaborative Filtering (paper Eq. 1): top-K per expert, union of candidates."""
+
+    top_k: int = Field(1000, ge=1, description="Candidates each expert contributes per query (the union of "
+                       "all experts' top-K is the candidate set).")
+    index_above: int = Field(200_000, ge=1, description="Gallery size above which an approximate (ANN) index "
+                             "is searched instead of an exact search.")
+    ann: AnnSpec = Field(default_factory=AnnSpec, description="The approximate index and its recall check.")
 
 
 @dataclass(frozen=True)

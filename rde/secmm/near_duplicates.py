@@ -38,14 +38,37 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
 
+from models.specs import Strict
+from rde.common.declarations import profile_section
 from rde.common.openmp_threads import at_most_two_openmp_threads
-from rde.secmm.config import NearDuplicateSpec
+from rde.common.reasons import Reason, declare_reason
 
 BLOCK = 512  # images of a cluster compared to the kept ones in one matrix product
 KMEANS_INITS = 3  # k-means starts (n_init), fixed: part of what the stage's version stands for
 
 Take = Callable[[np.ndarray], np.ndarray]  # row positions → their vectors (rows × dim), in that order
+
+# DAP's code for a query too close to a kept one, reused: what it means for an image
+NEAR_DUPLICATE = declare_reason(Reason.NEAR_DUPLICATE, "near-duplicates", "an image whose embedding cosine to a "
+                                "sharper kept image of its domain is above near_duplicates.threshold (detail names it)")
+
+
+@profile_section("near_duplicates", "The near-duplicate filter (build-secmm): of near-identical crops, only the "
+                 "sharpest is kept.")
+class NearDuplicateSpec(Strict):
+    """The near-duplicate filter of the denoised pool (SemDeDup-style, ``rde/secmm/near_duplicates.py``):
+    within each domain, an image whose image-embedding cosine to a sharper kept image of its cluster
+    is above ``threshold`` is rejected as ``near_duplicate``, naming that kept image."""
+
+    threshold: float = Field(0.95, gt=0.0, le=1.0, description="Cosine (of L2-normalised image embeddings) "
+                             "above which an image is a near duplicate of a kept one and is rejected; a cosine "
+                             "equal to it is kept, and 1.0 keeps every image.")
+    cluster_size: int = Field(1000, ge=2, description="A domain of at most this many images is compared pair "
+                              "by pair; a larger one is split by k-means into ceil(images / cluster_size) "
+                              "clusters, compared within each (a pair split across two clusters is missed).")
+    seed: int = Field(0, description="Seed of that k-means clustering.")
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,17 @@ import numpy as np
 import pyarrow as pa
 
 from rde.common.expert_check import held_out_identities, load_check_yaml
-from rde.common.reasons import Reason
+from rde.common.reasons import declare_reason
 from rde.common.seeds import draw_seed
 from rde.training.pair_stream import FEATURE_PAIRS_KIND
 from storage import Artifact
 from storage.locations import resolve_location
 from storage.schemas import TRAINING_FEATURE_PAIRS, TRAINING_FEATURES, TRAINING_PAIRS
+
+CHECK_SET_IDENTITY = declare_reason("check_set_identity", "training-features",
+                                    "a caption of a check-set identity: kept out of training")
+OVER_MAX_PAIRS = declare_reason("over_max_pairs", "training-features",
+                                "beyond training.max_pairs (a seeded sample is kept)")
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,9 @@ class PairSelection:
         """train | heldout | a reason."""
         person = self.identity.get(image_id)
         if person in self.check_ids:
-            return str(Reason.CHECK_SET_IDENTITY)
+            return CHECK_SET_IDENTITY
         if self.cutoff is not None and self.key(image_id, text) > self.cutoff:
-            return str(Reason.OVER_MAX_PAIRS)
+            return OVER_MAX_PAIRS
         return "heldout" if person in self.held else "train"
 
     @classmethod

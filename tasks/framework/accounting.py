@@ -55,11 +55,12 @@ class UnregisteredReason(AccountingError):
 
 def check_reasons(stage: str, stats: dict[str, Any], where: str = "") -> None:
     """Raise ``UnregisteredReason`` when a rejected reason is not in the one registry
-    (rde/common/reasons.py)."""
+    (rde/common/reasons.py's codes and those declared beside their logic with ``declare_reason``)."""
     unknown = unregistered(stats.get("rejected", {}))
     if unknown:
         raise UnregisteredReason(f"{stage}{where}: rejected rows with reason codes {unknown} that "
-                                 "rde/common/reasons.py does not register (add each with its one-line meaning); "
+                                 "rde/common/reasons.py does not register (declare each with its one-line meaning: "
+                                 "declare_reason in the module that writes it); "
                                  "nothing was marked complete")
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 
 from rde.common.embedding_cache import EmbeddingCache
-from rde.common.reasons import Reason, rejected_row
-from rde.secmm.near_duplicates import Deduplication, find_near_duplicates
+from rde.common.reasons import rejected_row
+from rde.secmm.near_duplicates import NEAR_DUPLICATE, Deduplication, find_near_duplicates
 from storage import Artifact
 from storage.schemas import ACCEPTED_IMAGES, REJECTS
 from tasks.framework.accounting import StageResult
@@ -52,7 +52,7 @@ class NearDuplicates(Stage):
                                      [r["laplacian_variance"] for r in rows], vectors.take,
                                      run.section("near_duplicates"))
         stats = {"input_rows": len(rows), "accepted": len(rows) - found.dropped,
-                 "rejected": {str(Reason.NEAR_DUPLICATE): found.dropped} if found.dropped else {},
+                 "rejected": {NEAR_DUPLICATE: found.dropped} if found.dropped else {},
                  "by_domain": [vars(c) for c in found.by_domain], "embedded": cache.embedded}
         return Work(_shards(accepted, rows, found, self.name), stats)
 
@@ -75,7 +75,7 @@ def _shards(accepted: Artifact, rows: list[dict[str, Any]], found: Deduplication
         start += table.num_rows
         if table.column("image_id").to_pylist() != [found.decisions[p].image_id for p in mine]:
             raise RuntimeError(f"{stage}: the accepted pool changed while the stage read it")
-        rejects = [rejected_row(rows[p]["input_id"], stage, Reason.NEAR_DUPLICATE, kind="image", image_id=d.image_id,
+        rejects = [rejected_row(rows[p]["input_id"], stage, NEAR_DUPLICATE, kind="image", image_id=d.image_id,
                                 source=rows[p]["source"], domain=d.domain,
                                 detail=f"near-duplicate of {d.twin} (cosine {d.cosine:.4f})",
                                 **{k: rows[p][k] for k in ("width", "height", "laplacian_variance", "target_count")})
