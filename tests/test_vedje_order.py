@@ -1,0 +1,26 @@
+"""The regression guard of the joint encoder's access to frame order (experiments/vedje_cache_scale.py's
+probe): a tiny random BERT reranker, shown a clip's cached tokens (a position rising over the frames)
+and its reversed twin, learns in 300 steps which one "walking to the right" means. The order reaches
+the encoder only through the cached tokens' positions, so if the positions stop reaching it (every
+cached token at one position: measured 10.9 %, a clip and its twin then score equal up to rounding,
+and a tie counts as wrong) the test fails."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+from vedje_cache_scale import probe
+
+from entry.tiny_models import build_tiny_bert
+
+
+def test_the_joint_encoder_learns_a_clip_from_its_reversed_twin(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    accuracy = probe(build_tiny_bert(tmp_path / "bert"), scaled=False, seed=0, steps=300)
+    # measured here: 97.7 % (seeds 1 and 2: 98.8, 98.4 %); chance is 50 %
+    assert accuracy >= 0.9, f"pair accuracy {accuracy:.3f}"
