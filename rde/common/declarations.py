@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 # the packages whose modules may declare sections or reasons (the pipelines' logic and the shared logic)
 DECLARING_PACKAGES = ("rde.common", "rde.secmm", "rde.largefine", "rde.training", "rde.vedje", "rde.evaluation")
@@ -52,7 +52,8 @@ def profile_section(name: str, description: str) -> Callable[[Model], Model]:
 
     def register(model: Model) -> Model:
         known = SECTIONS.get(name)
-        if known is not None and known[0].__qualname__ != model.__qualname__:
+        if known is not None and (known[0].__module__, known[0].__qualname__) != (model.__module__,
+                                                                                   model.__qualname__):
             raise DeclarationError(f"profile section {name!r} is declared twice: {known[0].__module__}."
                                f"{known[0].__qualname__} and {model.__module__}.{model.__qualname__}")
         SECTIONS[name] = (model, description)
@@ -62,7 +63,8 @@ def profile_section(name: str, description: str) -> Callable[[Model], Model]:
 
 def declaring_modules(marker: str) -> list[str]:
     """The modules of ``DECLARING_PACKAGES`` whose source has a line starting with ``marker`` (after
-    indentation or an assignment), sorted by path; this module and the registries are not counted."""
+    indentation or an assignment), sorted by path; this module and the reasons registry, which
+    define the markers, are not counted."""
     line = re.compile(r"^\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*=\s*)?" + re.escape(marker), re.MULTILINE)
     found = []
     for package in DECLARING_PACKAGES:
@@ -70,10 +72,11 @@ def declaring_modules(marker: str) -> list[str]:
         if spec is None or not spec.submodule_search_locations:
             raise DeclarationError(f"declaring package {package!r} is not an importable package")
         for path in sorted(p for folder in spec.submodule_search_locations for p in Path(folder).glob("*.py")):
-            if path.name in {"declarations.py", "reasons.py"}:
+            module = f"{package}.{path.stem}" if path.stem != "__init__" else package
+            if module in {__name__, "rde.common.reasons"}:
                 continue
             if line.search(path.read_text(encoding="utf-8")):
-                found.append(f"{package}.{path.stem}" if path.stem != "__init__" else package)
+                found.append(module)
     return found
 
 
@@ -89,8 +92,6 @@ def import_declaring(marker: str) -> None:
 def section_fields() -> dict[str, Any]:
     """The declared sections as ``create_model`` fields: ``name → (model, Field(default, description))``,
     the default being the model's defaults (as every other section's)."""
-    from pydantic import Field
-
     import_declaring(SECTION_MARKER)
     return {name: (model, Field(model(), description=description))
             for name, (model, description) in SECTIONS.items()}
