@@ -55,7 +55,7 @@ def profile_section(name: str, description: str) -> Callable[[Model], Model]:
         if known is not None and (known[0].__module__, known[0].__qualname__) != (model.__module__,
                                                                                    model.__qualname__):
             raise DeclarationError(f"profile section {name!r} is declared twice: {known[0].__module__}."
-                               f"{known[0].__qualname__} and {model.__module__}.{model.__qualname__}")
+                                   f"{known[0].__qualname__} and {model.__module__}.{model.__qualname__}")
         SECTIONS[name] = (model, description)
         return model
     return register

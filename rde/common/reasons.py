@@ -5,9 +5,8 @@ runner (``tasks/framework/runner.py``) refuses a stage that reports a code not l
 is added here, with its one-line meaning, before a stage may use it. A code only one module writes is
 declared in that module instead, beside the code that writes it, and a stage that reuses a shared code
 declares its use of it there too (``declare_reason``; found through ``rde.common.declarations``): both
-join the same registry, the same checks and the same table. The
-documentation's reason
-table (``docs/reference/reasons.md``) is ``reasons_markdown()``, written by ``scripts/gen_reference.py``
+join the same registry, the same checks and the same table. The documentation's reason table
+(``docs/reference/reasons.md``) is ``reasons_markdown()``, written by ``scripts/gen_reference.py``
 (``make docs`` fails when the page is stale).
 """
 
@@ -183,6 +182,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
 # Every other reason is a property of the input or of the output, and a rerun gives it again.
 TRANSIENT: set[str] = {Reason.READ_ERROR, Reason.ACCESS_DENIED, Reason.GENERATION_FAILED, Reason.TIMEOUT}
 
+_DECLARED: set[tuple[str, str, str]] = set()  # the uses (code, stages, meaning) declare_reason has added
+
 
 def declare_reason(code: str, stages: str, meaning: str, *, transient: bool = False) -> str:
     """Register a use of a reason code by the calling module, and return the code (a module
@@ -207,9 +208,6 @@ def declare_reason(code: str, stages: str, meaning: str, *, transient: bool = Fa
     if transient:
         TRANSIENT.add(str(code))
     return str(code)
-
-
-_DECLARED: set[tuple[str, str, str]] = set()  # the uses declare_reason has added
 
 
 def known_codes() -> set[str]:
