@@ -178,3 +178,14 @@ def tiny_pool_url(tmp_path_factory: pytest.TempPathFactory, demo_pool_url: str) 
     """The small pool's first 24 images (two 12-row shards): for runs whose subject is the path
     (a deployment through a worker), not the pool; a quarter of the small pool's measuring."""
     return _pool_slice(tmp_path_factory, demo_pool_url, "tiny-pool", 5, 24, 12)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for a test whose numbers were measured so; the worker's setting restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
