@@ -9,7 +9,7 @@ build the pipelines whose stages follow a run (the training method, the evaluate
 queries to rerank): they are built with placeholders (``<objective>``, ``<model>``) in those names.
 
 The reject reasons a stage can write are not declared by the stage: they are read from the reason
-registry (``rde.common.reasons.MEANINGS``), whose entries name the stages that use each code (the
+registry (``rde.common.reasons.meanings()``), whose entries name the stages that use each code (the
 codes every stage must use, checked by the runner). ``REGISTRY_NAMES`` says how a name used there
 maps to stages where it is not a stage name itself; ``tests/test_describe.py`` fails when the
 registry names something that is neither a stage of a pipeline here nor in that map.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
-from rde.common.reasons import MEANINGS, known_codes
+from rde.common.reasons import meanings
 from tasks.framework.stage import Pipeline, Stage
 
 # a name in the registry's "stages" column → the stages it stands for (a name that is a stage's own
@@ -183,8 +183,7 @@ def registry_stages(entry: str) -> tuple[str, ...]:
 def stage_reasons(stage: str) -> tuple[str, ...]:
     """The reason codes the registry lists for ``stage``, in the registry's order (the declared codes
     after the shared ones)."""
-    known_codes()  # the codes declared beside their logic, registered
-    return tuple(str(code) for code, (stages, _) in MEANINGS.items() if stage in registry_stages(stages))
+    return tuple(str(code) for code, (stages, _) in meanings().items() if stage in registry_stages(stages))
 
 
 def _when(stage: Stage) -> str | None:

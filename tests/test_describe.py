@@ -16,11 +16,10 @@ from typer.testing import CliRunner
 
 from entry.cli import app
 from flows import catalog
-from rde.common.reasons import MEANINGS
+from rde.common.reasons import meanings
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
-
 
 
 gen = load_generator()
@@ -87,7 +86,7 @@ def test_a_page_without_the_markers_fails_naming_them(tmp_path: Path, monkeypatc
 
 def test_every_stage_the_reason_registry_names_is_a_stage_of_a_pipeline() -> None:
     stages = {s.name for name in catalog.pipeline_names() for s in catalog.pipeline(name).stages}
-    for code, (names, _) in MEANINGS.items():
+    for code, (names, _) in meanings().items():
         for part in names.split(","):
             bare = re.sub(r"\s*\(.*?\)\s*$", "", part.strip())
             resolved = catalog.REGISTRY_NAMES.get(bare, (bare,))

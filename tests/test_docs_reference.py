@@ -15,11 +15,10 @@ from reference_script import load_generator
 
 from models.specs import Strict
 from rde.common.pool_config import DenoiseSpec
-from rde.common.reasons import MEANINGS, known_codes
+from rde.common.reasons import known_codes, meanings
 from rde.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
-
 
 
 gen = load_generator()
@@ -106,4 +105,4 @@ def test_every_reason_code_is_on_the_reasons_page() -> None:
     page = (ROOT / "docs" / "reference" / "reasons.md").read_text(encoding="utf-8")
     missing = [code for code in sorted(known_codes()) if f"| `{code}` |" not in page]
     assert not missing, f"reason codes missing from docs/reference/reasons.md: {missing}"
-    assert all(meaning in page for _, meaning in MEANINGS.values())
+    assert all(meaning in page for _, meaning in meanings().values())

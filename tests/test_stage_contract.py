@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from prefect import flow
 
-from rde.common.reasons import MEANINGS, Reason, known_codes, reasons_markdown
+from rde.common.reasons import Reason, known_codes, meanings, reasons_markdown
 from rde.profile import load_profile
 from storage import Artifact
 from tasks.framework.accounting import AccountingError, UnregisteredReason
@@ -190,7 +190,7 @@ def test_the_runner_refuses_a_reason_code_the_registry_does_not_list(tmp_path: P
 def test_every_reason_is_registered_with_its_meaning_and_listed_in_the_docs() -> None:
     assert set(Reason) <= known_codes()
     assert {"check_set_identity", "over_max_pairs"} <= known_codes() - set(Reason)  # declared beside their logic
-    assert all(stages and len(meaning) > 10 for stages, meaning in MEANINGS.values())
+    assert all(stages and len(meaning) > 10 for stages, meaning in meanings().values())
     page = (Path(__file__).parents[1] / "docs" / "reference" / "reasons.md").read_text(encoding="utf-8")
     assert reasons_markdown() in page, ("docs/reference/reasons.md differs from rde.common.reasons.reasons_markdown(): "
                                         "run scripts/gen_reference.py")

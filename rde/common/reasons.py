@@ -199,21 +199,27 @@ def declare_reason(code: str, stages: str, meaning: str, *, transient: bool = Fa
         raise ValueError(f"reason {code!r}: a reason code is lower-case words joined by _")
     if len(meaning) <= 10 or not stages.strip():
         raise ValueError(f"reason {code!r}: name the stages that write it and say what it means in a line")
-    use = (str(code), stages, meaning)
+    code = str(code)
+    use = (code, stages, meaning)
     if use not in _DECLARED:
         _DECLARED.add(use)
-        known = MEANINGS.get(str(code))
-        MEANINGS[str(code)] = ((stages, meaning) if known is None
-                               else (f"{known[0]}, {stages}", f"{known[1]}; {meaning}"))
+        known = MEANINGS.get(code)
+        MEANINGS[code] = (stages, meaning) if known is None else (f"{known[0]}, {stages}", f"{known[1]}; {meaning}")
     if transient:
-        TRANSIENT.add(str(code))
-    return str(code)
+        TRANSIENT.add(code)
+    return code
+
+
+def meanings() -> dict[str, tuple[str, str]]:
+    """The registry to read (code → stages, meaning): ``MEANINGS`` once every module that declares a
+    code beside its logic has been imported, so no reader misses a declared code."""
+    import_declaring(REASON_MARKER)
+    return MEANINGS
 
 
 def known_codes() -> set[str]:
-    """Every registered code: the enum's and every declared one (the declaring modules imported)."""
-    import_declaring(REASON_MARKER)
-    return set(MEANINGS)
+    """Every registered code: the enum's and every declared one."""
+    return set(meanings())
 
 
 # what a rejected row stands for
@@ -240,19 +246,18 @@ def unregistered(codes: Iterable[str]) -> list[str]:
     declared by modules it has imported, so the declaring modules are looked for only when one is
     not (yet) known."""
     wanted = {str(c) for c in codes}
-    if wanted - set(MEANINGS):
-        import_declaring(REASON_MARKER)
-    return sorted(wanted - set(MEANINGS))
+    registry = MEANINGS if wanted <= MEANINGS.keys() else meanings()
+    return sorted(wanted - registry.keys())
 
 
 def reasons_markdown() -> str:
     """The reasons table of docs/reference/reasons.md: every code, the stages that use it, its meaning:
     the shared codes in their order, then the declared ones by code."""
-    import_declaring(REASON_MARKER)
+    registry = meanings()
     shared = {str(r) for r in Reason}
-    order = [code for code in MEANINGS if code in shared] + sorted(set(MEANINGS) - shared)
+    order = [code for code in registry if code in shared] + sorted(set(registry) - shared)
     lines = ["| reason | stages | meaning |", "|---|---|---|"]
     again = " (transient: `--retry-rejects` tries it again)"
     lines += [f"| `{code}` | {stages} | {meaning}{again if code in TRANSIENT else ''} |"
-              for code in order for stages, meaning in [MEANINGS[code]]]
+              for code in order for stages, meaning in [registry[code]]]
     return "\n".join(lines)
