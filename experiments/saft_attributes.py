@@ -264,6 +264,11 @@ def in_batch_false_negatives(task: AttributeTask, batch_size: int = 64) -> float
     return same
 
 
+def seed_scores(task: AttributeTask, objective: str, seeds: int, epochs: int, lr: float) -> list[np.ndarray]:
+    """Per seed 0..seeds-1, the per-query AP@20 of a student trained with ``objective``."""
+    return [per_query_ap(train_condition(task, objective, seed, epochs, lr)[0], task) for seed in range(seeds)]
+
+
 def run(task: AttributeTask, seeds: int, epochs: int, lr: float) -> dict[str, np.ndarray]:
     """Per condition, the per-query AP@20 averaged over seeds (zero-shot: one, it is deterministic)."""
     from models.retrieval.dual_encoder import FeatureDualEncoder
@@ -271,7 +276,7 @@ def run(task: AttributeTask, seeds: int, epochs: int, lr: float) -> dict[str, np
     out = {"zero-shot (semantic bridge)": per_query_ap(FeatureDualEncoder(**task.dims).eval(), task)}
     for name, objective in CONDITIONS.items():
         began = time.perf_counter()
-        scores = [per_query_ap(train_condition(task, objective, seed, epochs, lr)[0], task) for seed in range(seeds)]
+        scores = seed_scores(task, objective, seeds, epochs, lr)
         per_seed = [s.mean() for s in scores]
         out[name] = np.mean(scores, axis=0)
         print(f"{name}: mAP@20 per seed {', '.join(f'{v:.3f}' for v in per_seed)} "
@@ -307,8 +312,7 @@ def sweep_plot(task: AttributeTask, epochs: Sequence[int], seeds: int, lr: float
     for e in epochs:
         row = {}
         for name, objective in CONDITIONS.items():
-            per_seed = [per_query_ap(train_condition(task, objective, seed, e, lr)[0], task).mean()
-                        for seed in range(seeds)]
+            per_seed = [s.mean() for s in seed_scores(task, objective, seeds, e, lr)]
             row[name] = float(np.mean(per_seed))
             means[name].append(row[name])
             ax.scatter([e] * len(per_seed), per_seed, s=6, alpha=0.35, color=COLOURS_PLOT[name])
