@@ -42,7 +42,9 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -95,17 +97,19 @@ def teacher_forced_q(score: Scorer, model_id: str, requests: Sequence[Generation
     return np.array([np.nan if known[k] is None else known[k] for k in keys], np.float64)
 
 
-def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest], object, np.ndarray]:
+def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest], object, np.ndarray, np.ndarray]:
     """The request each training caption answered, rebuilt from the run (see the module doc),
     the demo profile's generator that wrote them, and per caption whether the quality gates left
-    the generator's text unchanged (``text == raw_text``). ``caps``: ``training_captions`` rows with
-    ``row`` (their index there), which is also their row among the run's non-check-set captions."""
+    the generator's text unchanged (``text == raw_text``), and each caption's tier. ``caps``:
+    ``training_captions`` rows with ``row`` (their index there), which is also their row among the
+    run's non-check-set captions."""
     from models.backends.registry import ModelRegistry
     from models.prompt_files import load_prompt
     from rde.common.expert_check import held_out_identities, load_check_yaml
     from rde.common.image_decoding import decode_rgb
     from rde.largefine.qa_pairs import QAPair, format_qa_pairs
     from rde.largefine.template_gallery import load_gallery
+    from rde.largefine.tiered_captions import TierCaptioner
     from rde.profile import load_profile
     from storage import Artifact
 
@@ -115,7 +119,7 @@ def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest],
     held_out = held_out_identities(load_check_yaml())
     ident = {r["image_id"]: r["identity"] for r in Artifact(f"{root}/neighbours").rows(["image_id", "identity"])}
     all_rows = [r for r in Artifact(f"{root}/largefine").rows(
-        ["image_id", "text", "raw_text", "tier", "hard_negative_id", "template_id", "generator", "prompt"])
+        ["image_id", "domain", "text", "raw_text", "tier", "hard_negative_id", "template_id", "generator", "prompt"])
         if ident[r["image_id"]] not in held_out]
     by_key = {(r["image_id"], r["text"], k): r for k, r in enumerate(all_rows)}
     qa: dict[tuple[str, str], list[tuple[int, QAPair]]] = defaultdict(list)
@@ -132,24 +136,29 @@ def tier_requests(root: str, caps: list[dict]) -> tuple[list[GenerationRequest],
             if r["image_id"] in wanted and r["image_id"] not in images:
                 images[r["image_id"]] = decode_rgb(r["image_bytes"])
     generator = ModelRegistry.of(profile).generator(profile.models.generators[0])
+    # the tier prompt's words for each image's subject, as the run's captioner chose them
+    captioner = TierCaptioner([generator], prompt, profile.largefine, profile.domain_set)
     requests = []
     for m in meta:
         image_id, tier = m["image_id"], m["tier"]
+        words = captioner.wording(SimpleNamespace(domain=m["domain"]))
         if m["generator"] != generator.model_id:
             raise ValueError(f"{image_id}/{tier} was written by {m['generator']}, not {generator.model_id}")
         if not str(m["prompt"]).startswith(prompt.identity):
             raise ValueError(f"{image_id}/{tier} was written with prompt {m['prompt']!r}, not {prompt.identity}")
         if tier == "adv":
-            text = prompt.render("adv", template=gallery[m["template_id"]], base=earlier[(image_id, "base")],
+            text = prompt.render("adv", **words, template=gallery[m["template_id"]], base=earlier[(image_id, "base")],
                                  inter=earlier[(image_id, "inter")])
             attached = [images[image_id]]
         else:
             pairs = [p for _, p in sorted(qa[(image_id, tier)], key=lambda x: x[0])]
-            text = prompt.render(f"{tier}_sum", qa=format_qa_pairs(pairs), answers=" ".join(p.answer for p in pairs))
+            text = prompt.render(f"{tier}_sum", **words, qa=format_qa_pairs(pairs),
+                                 answers=" ".join(p.answer for p in pairs))
             attached = [images[image_id]] + ([images[m["hard_negative_id"]]] if tier == "inter" else [])
         step = "adv" if tier == "adv" else "sum"
         requests.append(GenerationRequest(f"{image_id}:{tier}:{step}", [ChatMessage("user", text, attached)]))
-    return requests, generator, np.array([m["raw_text"] == m["text"] for m in meta])
+    unchanged = np.array([m["raw_text"] == m["text"] for m in meta])
+    return requests, generator, unchanged, np.array([m["tier"] for m in meta])
 
 
 def auc(scores_noisy: np.ndarray, scores_clean: np.ndarray) -> float:
@@ -198,17 +207,36 @@ def results_table(results: dict[tuple[float, str], list[dict[str, float]]], zero
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@dataclass
+class HallucinationInputs:
+    """Everything the runs need, aligned with ``index`` (the training pairs): the clean and corrupted
+    teacher-forced q_txt, the corrupted captions' text features, which captions have a fact to
+    corrupt, and each caption's tier."""
+
+    f: dict[str, np.ndarray]
+    split: Split
+    index: np.ndarray
+    clean_q: np.ndarray
+    noisy_q: np.ndarray
+    noisy_texts: np.ndarray
+    corruptible: np.ndarray
+    tiers: np.ndarray
+
+
+def parser_with_run_options(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--rates", default="0.1,0.3,0.5")
     parser.add_argument("--max-captions", type=int, default=None, help="train on at most this many captions")
     parser.add_argument("--output", default=None, help="the build-largefine run's --output (default: the profile's)")
     parser.add_argument("--cache", default=None, help="teacher-forced q_txt cache (JSON)")
-    args = parser.parse_args()
-    torch.set_num_threads(2)
+    return parser
+
+
+def hallucination_inputs(args: argparse.Namespace) -> HallucinationInputs:
+    """Load the run, corrupt its captions, teacher-force q_txt of both versions (cached) and print the
+    scoring checks (see the module doc)."""
     root, f, caps, split = load_run(args.output)
     index = split.train_pairs
     if args.max_captions is not None and args.max_captions < len(index):
@@ -230,7 +258,7 @@ def main() -> None:
     for i in np.flatnonzero(corruptible)[:3]:
         print(f"  e.g. {clean[i]!r}\n    → {corrupted[i]!r}")
 
-    requests, generator, unchanged = tier_requests(root, [{**caps[i], "row": int(i)} for i in index])
+    requests, generator, unchanged, tiers = tier_requests(root, [{**caps[i], "row": int(i)} for i in index])
     both_req = [r for r, ok in zip(requests, corruptible, strict=True) for r in ([r, r] if ok else [r])]
     both_txt = [t for c, n, ok in zip(clean, corrupted, corruptible, strict=True) for t in ([c, n] if ok else [c])]
     q_all = teacher_forced_q(generator.score, generator.model_id, both_req, both_txt, cache)
@@ -256,11 +284,20 @@ def main() -> None:
     print(f"teacher-forced q_txt of the corruptible captions: clean {np.nanmean(c):.3f} ± {np.nanstd(c):.3f}, "
           f"corrupted {np.nanmean(n):.3f} ± {np.nanstd(n):.3f}; corrupted below its clean version in "
           f"{lower:.0%} of {int(pair_ok.sum())}; AUC(q_txt separates corrupted from clean) {auc(n, c):.3f}")
-
     texts = generator_free_text_features(corrupted, corruptible, f, index)
+    return HallucinationInputs(f, split, index, clean_q, noisy_q, texts, corruptible, tiers)
+
+
+def main() -> None:
+    parser = parser_with_run_options(__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="0.1,0.3,0.5")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    h = hallucination_inputs(args)
     rates = tuple(float(r) for r in args.rates.split(","))
-    results = noise_runs(f, split, index, clean_q, noisy_q, texts, corruptible, rates, args.seeds, args.epochs, args.lr)
-    zero = evaluate(FeatureDualEncoder(**model_dims(f)), f, split)
+    results = noise_runs(h.f, h.split, h.index, h.clean_q, h.noisy_q, h.noisy_texts, h.corruptible, rates, args.seeds,
+                         args.epochs, args.lr)
+    zero = evaluate(FeatureDualEncoder(**model_dims(h.f)), h.f, h.split)
     print("\n" + results_table(results, zero))
     print("\n| noise | AUC of q_txt alone (corrupted below clean) |\n|---|---|")
     for rate in rates:

@@ -34,6 +34,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -135,7 +136,12 @@ def evaluate(model: Any, data: VedjeTensors, n_c: int, zero_rho: bool = False) -
     q_emb = data.query_emb[query_rows]
     with_twin = [qi for qi, t in enumerate(twin) if t >= 0]
     pair_list = [(qi, where[r]) for qi in with_twin for r in (own[qi], twin[qi])]
-    pair_rho = np.array([float(q_emb[qi] @ data.item_emb[r]) for qi in with_twin for r in (own[qi], twin[qi])])
+    # in float64 on fresh copies: a float32 dot product's rounding depends on where a row sits in
+    # memory, so a clip and its twin (the very same vector) could differ in the last bit and
+    # stage 1 would look right or wrong on a pair it cannot tell apart
+    item_emb = data.item_emb.double().numpy()
+    pair_rho = np.array([float(np.dot(q_emb[qi].double().numpy(), item_emb[r].copy()))
+                         for qi in with_twin for r in (own[qi], twin[qi])])
     s = _scores(model, texts, pair_list, caches, pair_rho, zero_rho).reshape(-1, 2)
     s1 = pair_rho.reshape(-1, 2)
     out["pair_rerank"], out["pair_stage1"] = np.full(len(query_rows), np.nan), np.full(len(query_rows), np.nan)
@@ -287,6 +293,16 @@ def response(model: Any, data: VedjeTensors, n: int = 16) -> dict[str, float]:
             if k in r}
 
 
+def save_report(report: dict[str, Any], name: str) -> Path:
+    """``report`` as JSON in ``.rde/experiments/<name>.json``; its path."""
+    from storage.locations import state_dir
+
+    out = state_dir() / "experiments" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str))
+    return out
+
+
 def fmt(pair: tuple[float, float]) -> str:
     return f"{pair[0]:.1f} ± {max(pair[1], 0.1):.1f}"
 
@@ -366,7 +382,6 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_motion) -> dict[
     parser.add_argument("--encoder", default=None, help="joint encoder id or folder (default: the profile's)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    from storage.locations import state_dir
 
     start = time.perf_counter()
     data = load(args)
@@ -387,9 +402,7 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_motion) -> dict[
                            ("s_query", "score (ρ = 0) share: query (%)"), ("s_item", "score share: clip (%)"),
                            ("s_inter", "score share: query × clip interaction (%)")):
             print(f"| {label} | {np.mean([r[key] for r in report['response']]):.1f} |")
-    out = state_dir() / "experiments" / "vedje_motion.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str))
+    out = save_report(report, "vedje_motion")
     print(f"\n{time.perf_counter() - start:.0f} s; raw results in {out}")
     return report
 

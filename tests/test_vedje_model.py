@@ -16,7 +16,7 @@ from torch import nn
 
 from models.reranker import onnx_scoring
 from models.reranker.cache_store import CacheIndex, CacheLineageError, cache_rows, check_lineage
-from models.reranker.compressor import FrameCompressor
+from models.reranker.compressor import FrameCompressor, patch_positions
 from models.reranker.future_delta import FutureDeltaHead, delta_loss, horizon_patch_queries, valid_pairs
 from models.reranker.joint_encoder import JointReranker, load_bert
 from models.reranker.losses import cache_structure_loss, mlm_loss, vtc_loss, vtm_loss
@@ -207,8 +207,15 @@ def test_mlm_masking_targets_only_words(reranker: JointReranker) -> None:
     assert targets.any(dim=1).all()
     assert all(int(t) not in special for t in text.ids[targets])
     assert torch.equal(ids[~targets], text.ids[~targets])
-    logits = reranker.mlm_logits(ids, text.mask, torch.randn(4, 3, reranker.d))
+    reranker.eval()  # no dropout: the two calls below must see the same encoder
+    cache = torch.randn(4, 3, reranker.d)
+    logits = reranker.mlm_logits(ids, text.mask, cache)
     assert logits.shape == (*ids.shape, len(reranker.tokenizer))
+    # training asks for the targets' rows alone: the same logits and so the same loss
+    at_targets = reranker.mlm_logits(ids, text.mask, cache, at=targets)
+    assert at_targets.shape == (int(targets.sum()), len(reranker.tokenizer))
+    torch.testing.assert_close(at_targets, logits[targets], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mlm_loss(at_targets, labels[targets]), mlm_loss(logits, labels), rtol=1e-5, atol=1e-6)
 
 
 def test_bf16_cache_payload_is_exactly_2tmd_bytes(tmp_path) -> None:
@@ -255,7 +262,7 @@ def test_fingerprint_tracks_compressor_only(reranker: JointReranker) -> None:
     assert model.delta_head is not None
     # the option added later leaves the fingerprints of post-norm (default) caches as they were
     shape = VedjeShape(d_v=20, patches=5, frames=4, tokens_per_frame=2, horizons=(3,), heads=4)
-    old = {k: v for k, v in asdict(shape).items() if k != "compressor_norm"}
+    old = {k: v for k, v in asdict(shape).items() if k not in ("compressor_norm", "patch_positions")}
     h = hashlib.sha256(repr(sorted(old.items())).encode())
     for name, tensor in sorted(model.compressor.state_dict().items()):
         h.update(name.encode())
@@ -263,10 +270,36 @@ def test_fingerprint_tracks_compressor_only(reranker: JointReranker) -> None:
     assert model.compressor_fingerprint() == h.hexdigest()
     pre = Vedje(VedjeShape(d_v=20, patches=5, frames=4, tokens_per_frame=2, heads=4, compressor_norm="pre"), reranker)
     assert pre.compressor_fingerprint() != model.compressor_fingerprint()
+    placed = Vedje(VedjeShape(d_v=20, patches=5, frames=4, tokens_per_frame=2, horizons=(3,), heads=4,
+                              patch_positions=True), reranker)
+    placed.compressor.load_state_dict(model.compressor.state_dict())  # same weights: only the option differs
+    assert placed.compressor_fingerprint() != model.compressor_fingerprint()
     image_model = Vedje(VedjeShape(d_v=20, patches=5, frames=1, heads=4), reranker)
     assert image_model.delta_head is None  # T=1: no (t, t+h) pair, no delta head
     with pytest.raises(ValueError, match="per-frame"):
         Vedje(VedjeShape(d_v=20, patches=5, frames=4, structure="mean", heads=4), reranker)
+
+
+def test_patch_positions_make_the_compressor_see_where_a_patch_is() -> None:
+    """The sinusoidal code, hand-computed for d = 4: rates 10000^(-0/4) = 1 and 10000^(-2/4) = 0.01,
+    so patch p gets [sin p, cos p, sin 0.01p, cos 0.01p]. Without it the compressor's cross-attention
+    reads the patches as a set (a permutation of the patches leaves Z unchanged); with it, it does not."""
+    code = patch_positions(3, 4)
+    expected = torch.tensor([[math.sin(p), math.cos(p), math.sin(0.01 * p), math.cos(0.01 * p)] for p in range(3)])
+    torch.testing.assert_close(code, expected, rtol=0, atol=1e-6)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 10)
+    swapped = x[:, :, torch.tensor([5, 4, 3, 2, 1, 0])]
+    as_set = FrameCompressor(10, 16, tokens_per_frame=2, frames=3, layers=1, heads=4, dropout=0.0).eval()
+    placed = FrameCompressor(10, 16, tokens_per_frame=2, frames=3, layers=1, heads=4, dropout=0.0, patches=6).eval()
+    placed.load_state_dict(as_set.state_dict())  # the code is a fixed buffer, not a weight
+    with torch.no_grad():
+        torch.testing.assert_close(as_set.frame_tokens(swapped), as_set.frame_tokens(x), rtol=1e-5, atol=1e-5)
+        assert (placed.frame_tokens(swapped) - placed.frame_tokens(x)).abs().max() > 1e-2
+        # the code is exactly what is added to the memory: the same weights with it added by hand agree
+        shifted = as_set.kv_proj(x.reshape(6, 6, 10)) + patch_positions(6, 16)
+        by_hand = as_set.decoder(as_set.queries.unsqueeze(0).expand(6, -1, -1), shifted).reshape(2, 3, 2, 16)
+        torch.testing.assert_close(placed.frame_tokens(x), by_hand, rtol=1e-5, atol=1e-5)
 
 
 def test_learning_rate_schedule() -> None:

@@ -42,25 +42,54 @@ def decoder_stack(d: int, layers: int, heads: int, dropout: float, norm: NormPla
     return nn.TransformerDecoder(layer, layers, norm=nn.LayerNorm(d) if norm == "pre" else None)
 
 
+def patch_positions(patches: int, d: int) -> torch.Tensor:
+    """P×d sinusoidal codes of the patch index p (the standard transformer encoding, sin on even and
+    cos on odd dimensions): where in the frame a patch sits. Eq. 1 reads U_t = X_t W_kv and relies on
+    the backbone's features to carry position (the paper's VideoPrism is a ViT: position embeddings at
+    its input). A convolutional map's features barely do: on the composite motion clips a direction
+    probe on the patch-averaged EfficientNet features is 61.5 % right on left/right (chance 50 %),
+    100 % with the patches kept in place, and the decoder's cross-attention reads the patches as a set
+    (``experiments/vedje_motion_control.py``). Not in the paper; off unless ``vedje.patch_positions``."""
+    position = torch.arange(patches, dtype=torch.float32)[:, None]
+    rate = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-torch.log(torch.tensor(10000.0)) / d))
+    code = torch.zeros(patches, d)
+    code[:, 0::2] = torch.sin(position * rate)
+    code[:, 1::2] = torch.cos(position * rate[: d // 2])
+    return code
+
+
 class FrameCompressor(nn.Module):
     """X (B×T×P×d_v, frozen backbone features) → cache Z(v) (B×T·M×d)."""
 
     def __init__(self, d_v: int, d: int, tokens_per_frame: int = 4, frames: int = 16, layers: int = 2,
                  heads: int = 8, dropout: float = 0.1, structure: Structure = "frames",
-                 norm: NormPlacement = "post") -> None:
+                 norm: NormPlacement = "post", patches: int | None = None) -> None:
         super().__init__()
         if structure not in ("frames", "mean", "attention"):
             raise ValueError(f"structure must be frames, mean or attention, got {structure!r}")
         self.d_v, self.d, self.m, self.frames, self.structure = d_v, d, tokens_per_frame, frames, structure
         self.kv_proj = nn.Linear(d_v, d, bias=False)  # W_kv
+        # U_t = X_t W_kv + E (``patches`` given): a fixed sinusoidal code of each patch's index, for a
+        # backbone whose features do not say where in the frame they are (see ``patch_positions``)
+        self.register_buffer("patch_code", None if patches is None else patch_positions(patches, d), persistent=False)
         n_queries = tokens_per_frame if structure == "frames" else frames * tokens_per_frame
         self.queries = nn.Parameter(torch.randn(n_queries, d) * 0.02)  # Q_0
         self.decoder = decoder_stack(d, layers, heads, dropout, norm)
 
+    def memory(self, patches: torch.Tensor, per_frame: int) -> torch.Tensor:
+        """U = X W_kv (N×S×d), plus each patch's code when the option is on (S = per_frame patches of
+        one frame, or of several frames in a row: the code repeats per frame)."""
+        memory = self.kv_proj(patches)
+        if self.patch_code is None:
+            return memory
+        if per_frame != len(self.patch_code):
+            raise ValueError(f"the compressor codes {len(self.patch_code)} patches per frame, got {per_frame}")
+        return memory + self.patch_code.repeat(patches.shape[1] // per_frame, 1)
+
     def frame_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1 per frame: B×T×P×d_v → B×T×M×d (``frames`` structure only)."""
         b, t, p, _ = x.shape
-        memory = self.kv_proj(x.reshape(b * t, p, self.d_v))
+        memory = self.memory(x.reshape(b * t, p, self.d_v), p)
         z = self.decoder(self.queries.unsqueeze(0).expand(b * t, -1, -1), memory)
         return z.reshape(b, t, self.m, self.d)
 
@@ -72,4 +101,4 @@ class FrameCompressor(nn.Module):
         if t != self.frames:
             raise ValueError(f"a pooled cache is sized for T={self.frames} frames, got T={t}")
         pooled = x.mean(dim=1) if self.structure == "mean" else x.reshape(b, t * p, self.d_v)
-        return self.decoder(self.queries.unsqueeze(0).expand(b, -1, -1), self.kv_proj(pooled))
+        return self.decoder(self.queries.unsqueeze(0).expand(b, -1, -1), self.memory(pooled, p))

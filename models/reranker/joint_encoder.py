@@ -250,9 +250,15 @@ class JointReranker(nn.Module):
         """VTC side: the projected [CLS] of a text-only pass (Q×item_dim, not normalised)."""
         return self.vtc_proj(self._encode(text.ids, text.mask, None)[:, 0])
 
-    def mlm_logits(self, ids: torch.Tensor, mask: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits at the text positions (N×L×V) with the cache in context."""
+    def mlm_logits(self, ids: torch.Tensor, mask: torch.Tensor, cache: torch.Tensor,
+                   at: torch.Tensor | None = None) -> torch.Tensor:
+        """Vocabulary logits at the text positions (N×L×V) with the cache in context; with ``at``
+        (N×L booleans, the masked targets) only at those positions (K×V, row-major order). The loss
+        reads only the targets (about 15 % of the positions), so training asks for those alone: the
+        same logits without a vocabulary-wide row for every other position."""
         hidden = self._encode(ids, mask, cache)[:, : ids.shape[1]]
+        if at is not None:
+            hidden = hidden[at]
         return self.mlm_transform(hidden) @ self.bert.embeddings.word_embeddings.weight.T + self.mlm_bias
 
     def mask_tokens(self, text: TextBatch, generator: torch.Generator, share: float = 0.15

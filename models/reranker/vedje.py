@@ -29,6 +29,7 @@ class VedjeShape:
     heads: int = 8
     dropout: float = 0.1
     compressor_norm: NormPlacement = "post"  # LayerNorm placement in C_η (not in the paper; compressor.py)
+    patch_positions: bool = False  # U_t = X_t W_kv + sinusoidal patch codes (not in the paper; compressor.py)
 
 
 class Vedje(nn.Module):
@@ -40,7 +41,7 @@ class Vedje(nn.Module):
         self.reranker = reranker
         self.compressor = FrameCompressor(shape.d_v, reranker.d, shape.tokens_per_frame, shape.frames,
                                           shape.compressor_layers, shape.heads, shape.dropout, shape.structure,
-                                          shape.compressor_norm)
+                                          shape.compressor_norm, shape.patches if shape.patch_positions else None)
         use_delta = shape.delta and shape.frames > min(shape.horizons)
         if use_delta and shape.structure != "frames":
             raise ValueError("the future-delta loss needs per-frame tokens (structure 'frames')")
@@ -60,6 +61,8 @@ class Vedje(nn.Module):
         shape = asdict(self.shape)
         if shape["compressor_norm"] == "post":  # added later: at its default, caches indexed before stay valid
             del shape["compressor_norm"]
+        if not shape["patch_positions"]:  # the same
+            del shape["patch_positions"]
         h = hashlib.sha256(repr(sorted(shape.items())).encode())
         for name, tensor in sorted(self.compressor.state_dict().items()):
             h.update(name.encode())

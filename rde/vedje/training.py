@@ -140,8 +140,9 @@ def batch_losses(model: Vedje, data: VedjeTensors, queries: Sequence[int], ranke
         out["vtc"] = vtc_loss(model.reranker.text_embedding(text), data.item_emb[pos].to(device), groups=groups)
     if "mlm" in cfg.losses:
         ids, labels = model.reranker.mask_tokens(text, generator)
-        logits = model.reranker.mlm_logits(ids, text.mask, caches[[where[p] for p in pos]])
-        out["mlm"] = mlm_loss(logits, labels)
+        targets = labels != -100
+        logits = model.reranker.mlm_logits(ids, text.mask, caches[[where[p] for p in pos]], at=targets)
+        out["mlm"] = mlm_loss(logits, labels[targets])
     if "structure" in cfg.losses:
         out["structure"] = cfg.structure_weight * cache_structure_loss(caches, x)
     if "delta" in cfg.losses and model.delta_head is not None and frame_tokens is not None:
