@@ -288,7 +288,8 @@ def untrained(data: VedjeTensors, args: argparse.Namespace, seed: int) -> Any:
 
 
 def run(data: VedjeTensors, args: argparse.Namespace) -> dict[str, Any]:
-    """Per seed: train, then evaluate in order and with the frames shuffled."""
+    """Per seed: train; measure where the order goes (``cache_order`` untrained and trained, the
+    probes, the encoder's response); evaluate in order and with the frames shuffled."""
     results: dict[str, list[dict[str, np.ndarray]]] = {"in order": [], "frames shuffled at evaluation": []}
     seconds, order = [], []
     train_rows = data.items.splits.count("train")
