@@ -31,12 +31,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gtr_hallucination import hallucination_inputs, parser_with_run_options
-from saft_ablation import model_dims
+from gtr_hallucination import corrupted_pairs, hallucination_inputs, parser_with_run_options, with_noise
+from gtr_noise import detection, train_pairs
 
-from models.retrieval.dual_encoder import FeatureDualEncoder
 from rde.training.gmm_confidence import Mixture1D, clean_confidence, fit_gmm_1d
-from rde.training.retrieval_training import TrainConfig, TrainingPairs, train
 
 GAMMA = 0.2  # Eq. 7, the profile's and the paper's Fig. 8
 
@@ -48,19 +46,10 @@ def oracle(x: np.ndarray, noisy: np.ndarray) -> Mixture1D:
                      np.array([g.var() for g in groups]), 0, True)
 
 
-def mean_loglik(x: np.ndarray, gmm: Mixture1D) -> float:
-    lj = gmm.log_joint(x)
-    top = lj.max(axis=1, keepdims=True)
-    return float(np.mean(top[:, 0] + np.log(np.exp(lj - top).sum(axis=1))))
-
-
 def judged(x: np.ndarray, noisy: np.ndarray, gmm: Mixture1D) -> dict[str, float]:
     """Eq. 9's C under ``gmm``, C < 0.5 flagged: flagged share, precision, recall, the components."""
-    flagged = clean_confidence(x, gmm) < 0.5
-    tp = int((flagged & noisy).sum())
     order = np.argsort(gmm.means)
-    return {"flagged": float(flagged.mean()), "precision": tp / max(1, int(flagged.sum())),
-            "recall": tp / max(1, int(noisy.sum())), "loglik": mean_loglik(x, gmm),
+    return {**flag_counts(clean_confidence(x, gmm) < 0.5, noisy), "loglik": float(gmm.log_likelihood(x).mean()),
             "means": gmm.means[order].round(3).tolist(), "sds": np.sqrt(gmm.variances[order]).round(3).tolist(),
             "weights": gmm.weights[order].round(2).tolist()}
 
@@ -74,41 +63,28 @@ def random_starts(x: np.ndarray, starts: int = 20, seed: int = 0) -> Mixture1D:
         means = np.sort(rng.choice(x, size=2, replace=False))
         init = Mixture1D(np.array([0.5, 0.5]), means, np.full(2, x.var()), 0, False)
         fits.append(fit_gmm_1d(x, init=init))
-    return max(fits, key=lambda g: mean_loglik(x, g))
+    return max(fits, key=lambda g: float(g.log_likelihood(x).mean()))
+
+
+def flag_counts(flagged: np.ndarray, noisy: np.ndarray) -> dict[str, float]:
+    """The share flagged, and precision and recall of the corrupted pairs among them."""
+    return {"flagged": float(flagged.mean()), **detection(flagged, noisy)}
 
 
 def trained_s_hat(h: Any, noisy: np.ndarray, seed: int, epochs: int, lr: float) -> tuple[np.ndarray, np.ndarray,
                                                                                           np.ndarray]:
     """AdaWeight trained as ``gtr_noise.train_and_evaluate`` does; (ŝ, q_txt, C) of the last epoch's fit."""
-    texts = h.f["texts"][h.index].copy()
-    texts[noisy] = h.noisy_texts[noisy]
-    q = np.where(noisy, h.noisy_q, h.clean_q).astype(np.float32)
-    pairs = TrainingPairs(torch.tensor(h.f["images"]), torch.tensor(h.f["pair_image"][h.index]), torch.tensor(texts),
-                          q_txt=torch.tensor(q))
-    torch.manual_seed(seed)
-    model = FeatureDualEncoder(**model_dims(h.f))
-    cfg = TrainConfig(objective="itc", weighting="ada", use_itm=True, epochs=epochs, lr_start=lr / 10, lr_peak=lr,
-                      seed=seed)
-    last = train(model, pairs, cfg).epochs[-1]
+    texts, q = with_noise(h.f, h.index, noisy, h.clean_q, h.noisy_q, h.noisy_texts)
+    last = train_pairs(h.f, h.index, texts, q, "ada", seed, epochs, lr)[1].epochs[-1]
     return np.asarray(last.s_hat, np.float64), q.astype(np.float64), np.asarray(last.confidence)
-
-
-def noisy_pairs(h: Any, rate: float, seed: int) -> np.ndarray:
-    """``gtr_hallucination.noise_runs``'s choice: the first rate·n of a seeded permutation of the corruptible."""
-    order = np.random.default_rng(100 + seed).permutation(np.flatnonzero(h.corruptible))
-    noisy = np.zeros(len(h.index), bool)
-    noisy[order[: min(len(order), round(rate * len(h.index)))]] = True
-    return noisy
 
 
 def analyse(x: np.ndarray, q: np.ndarray, noisy: np.ndarray, tiers: np.ndarray, confidence: np.ndarray
             ) -> dict[str, Any]:
     s = (x - (1 - GAMMA) * q) / GAMMA  # the raw cosine back from Eq. 7
     flagged = confidence < 0.5
-    tp = int((flagged & noisy).sum())
     out: dict[str, Any] = {
-        "as trained (warm-started)": {"flagged": float(flagged.mean()), "precision": tp / max(1, int(flagged.sum())),
-                                      "recall": tp / max(1, int(noisy.sum()))},
+        "as trained (warm-started)": flag_counts(flagged, noisy),
         "k-means start, last ŝ": judged(x, noisy, fit_gmm_1d(x)),
         "oracle components": judged(x, noisy, oracle(x, noisy)),
         "EM from the oracle": judged(x, noisy, fit_gmm_1d(x, init=oracle(x, noisy))),
@@ -122,10 +98,7 @@ def analyse(x: np.ndarray, q: np.ndarray, noisy: np.ndarray, tiers: np.ndarray, 
         m = tiers == t
         if m.sum() >= 10:
             per_tier[m] = clean_confidence(x[m], fit_gmm_1d(x[m])) < 0.5
-    tp = int((per_tier & noisy).sum())
-    out["a mixture per tier (not the paper's)"] = {"flagged": float(per_tier.mean()),
-                                                   "precision": tp / max(1, int(per_tier.sum())),
-                                                   "recall": tp / max(1, int(noisy.sum()))}
+    out["a mixture per tier (not the paper's)"] = flag_counts(per_tier, noisy)
     out["spread"] = {"sd of γ·s": float(np.std(GAMMA * s)), "sd of (1 − γ)·q_txt": float(np.std((1 - GAMMA) * q)),
                      "clean ŝ": [float(x[~noisy].mean()), float(x[~noisy].std())],
                      "corrupted ŝ": [float(x[noisy].mean()), float(x[noisy].std())],
@@ -196,7 +169,7 @@ def main() -> None:
     h = hallucination_inputs(args)
     runs = []
     for seed in range(args.seeds):
-        noisy = noisy_pairs(h, args.rate, seed)
+        noisy = corrupted_pairs(h.corruptible, args.rate, seed)
         x, q, conf = trained_s_hat(h, noisy, seed, args.epochs, args.lr)
         runs.append(analyse(x, q, noisy, h.tiers, conf))
         if seed == 0 and args.plot:

@@ -169,6 +169,24 @@ def auc(scores_noisy: np.ndarray, scores_clean: np.ndarray) -> float:
     return float(((a[:, None] < b[None, :]).sum() + 0.5 * (a[:, None] == b[None, :]).sum()) / (len(a) * len(b)))
 
 
+def corrupted_pairs(corruptible: np.ndarray, rate: float, seed: int) -> np.ndarray:
+    """A seed's corrupted pairs (booleans over the training pairs): the first ``rate·n`` of a seeded
+    permutation of the corruptible ones, so a higher rate corrupts a superset."""
+    order = np.random.default_rng(100 + seed).permutation(np.flatnonzero(corruptible))
+    noisy = np.zeros(len(corruptible), bool)
+    noisy[order[: min(len(order), round(rate * len(corruptible)))]] = True
+    return noisy
+
+
+def with_noise(f: dict[str, np.ndarray], index: np.ndarray, noisy: np.ndarray, clean_q: np.ndarray,
+               noisy_q: np.ndarray, noisy_texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The training pairs' text features and q_txt with the ``noisy`` ones swapped for their corrupted
+    versions."""
+    texts = f["texts"][index].copy()
+    texts[noisy] = noisy_texts[noisy]
+    return texts, np.where(noisy, noisy_q, clean_q).astype(np.float32)
+
+
 def noise_runs(f: dict[str, np.ndarray], split: Split, index: np.ndarray, clean_q: np.ndarray,
                noisy_q: np.ndarray, noisy_texts: np.ndarray, corruptible: np.ndarray, rates: Sequence[float],
                seeds: int, epochs: int, lr: float, weightings: Sequence[str] = WEIGHTINGS
@@ -178,16 +196,10 @@ def noise_runs(f: dict[str, np.ndarray], split: Split, index: np.ndarray, clean_
     it. A seed's corrupted pairs are the first ``rate·len(index)`` of a permutation of the corruptible
     ones. Each row also holds ``auc``: how well q_txt alone separates the corrupted pairs."""
     out: dict[tuple[float, str], list[dict[str, float]]] = defaultdict(list)
-    candidates = np.flatnonzero(corruptible)
     for seed in range(seeds):
-        order = np.random.default_rng(100 + seed).permutation(candidates)
         for rate in rates:
-            chosen = order[: min(len(order), round(rate * len(index)))]
-            noisy = np.zeros(len(index), bool)
-            noisy[chosen] = True
-            texts = f["texts"][index].copy()
-            texts[noisy] = noisy_texts[noisy]
-            q = np.where(noisy, noisy_q, clean_q).astype(np.float32)
+            noisy = corrupted_pairs(corruptible, rate, seed)
+            texts, q = with_noise(f, index, noisy, clean_q, noisy_q, noisy_texts)
             for weighting in weightings:
                 m = train_and_evaluate(f, split, texts, q, noisy, weighting, seed, epochs, lr, pairs_index=index)
                 m["auc"] = auc(q[noisy], q[~noisy])

@@ -23,7 +23,7 @@ from saft_ablation import feature_cache, largefine_root, load_features, model_di
 
 from models.retrieval.dual_encoder import FeatureDualEncoder
 from rde.common.metrics import person_search_metrics
-from rde.training.retrieval_training import TrainConfig, TrainingPairs, train
+from rde.training.retrieval_training import TrainConfig, TrainingPairs, TrainResult, train
 
 
 @dataclass
@@ -80,20 +80,29 @@ def train_and_evaluate(f: dict[str, np.ndarray], split: Split, texts: np.ndarray
     texts and q_txt; test metrics, and for AdaWeight the last GMM's noise detection (C < 0.5 =
     flagged noisy) against ``noisy``."""
     index = split.train_pairs if pairs_index is None else pairs_index
+    model, result = train_pairs(f, index, texts, q_txt, weighting, seed, epochs, lr)
+    m = evaluate(model, f, split)
+    if weighting == "ada":
+        m.update(detection(result.epochs[-1].confidence < 0.5, noisy))
+    return m
+
+
+def train_pairs(f: dict[str, np.ndarray], index: np.ndarray, texts: np.ndarray, q_txt: np.ndarray, weighting: str,
+                seed: int, epochs: int, lr: float) -> tuple[FeatureDualEncoder, TrainResult]:
+    """A fresh dual encoder trained with ITC + ITM on the pairs ``index`` (these texts and q_txt)."""
     pairs = TrainingPairs(torch.tensor(f["images"]), torch.tensor(f["pair_image"][index]),
                           torch.tensor(texts), q_txt=torch.tensor(q_txt))
     torch.manual_seed(seed)
     model = FeatureDualEncoder(**model_dims(f))
     cfg = TrainConfig(objective="itc", weighting=weighting, use_itm=True, epochs=epochs,
                       lr_start=lr / 10, lr_peak=lr, seed=seed)
-    result = train(model, pairs, cfg)
-    m = evaluate(model, f, split)
-    if weighting == "ada":
-        flagged = result.epochs[-1].confidence < 0.5
-        tp = int((flagged & noisy).sum())
-        m["precision"] = tp / max(1, int(flagged.sum()))
-        m["recall"] = tp / max(1, int(noisy.sum()))
-    return m
+    return model, train(model, pairs, cfg)
+
+
+def detection(flagged: np.ndarray, noisy: np.ndarray) -> dict[str, float]:
+    """How well ``flagged`` finds the corrupted pairs: precision and recall."""
+    tp = int((flagged & noisy).sum())
+    return {"precision": tp / max(1, int(flagged.sum())), "recall": tp / max(1, int(noisy.sum()))}
 
 
 def main() -> None:

@@ -167,14 +167,19 @@ def model_spec(args: argparse.Namespace) -> Any:
     return spec
 
 
+def new_model(data: VedjeTensors, spec: Any, layers: int | None, seed: int, **shape: Any) -> Any:
+    """The untrained model ``train`` starts from: ``spec``'s shape for these inputs, seeded."""
+    torch.manual_seed(seed)
+    return build_model(spec, data.frame_features.shape[2], data.frame_features.shape[1], data.item_frames.shape[1],
+                       data.item_emb.shape[1], layers=layers, **shape)
+
+
 def train(data: VedjeTensors, args: argparse.Namespace, seed: int, hide_prior: bool = False,
           **shape: Any) -> tuple[Any, float]:
     """A model trained on the motion set's train split with the profile's settings (epochs, depth of
     the training negatives and, for smoke runs, batch and candidates from ``args``); (model, seconds)."""
     spec = model_spec(args)
-    torch.manual_seed(seed)
-    model = build_model(spec, data.frame_features.shape[2], data.frame_features.shape[1], data.item_frames.shape[1],
-                        data.item_emb.shape[1], layers=args.layers, **shape)
+    model = new_model(data, spec, args.layers, seed, **shape)
     sizes = {k: v for k, v in (("batch_size", args.batch), ("train_candidates", args.candidates)) if v}
     cfg = train_config(spec, epochs=args.epochs, negatives_from=args.negatives_from, seed=seed, hide_prior=hide_prior,
                        **sizes)

@@ -56,6 +56,8 @@ from vedje_motion import (
     KS,
     PROBE_VIEWS,
     evaluate,
+    model_spec,
+    new_model,
     probe_accuracy,
     probe_views,
     probes,
@@ -276,15 +278,9 @@ def averaged_patch_probes(data: VedjeTensors) -> dict[str, float]:
 
 def untrained(data: VedjeTensors, args: argparse.Namespace, seed: int) -> Any:
     """The model ``train`` starts from (same seed and shape), for the cache measures before training."""
-    from vedje_motion import model_spec
-
-    from rde.vedje.training import build_model
-
-    torch.manual_seed(seed)
-    model = build_model(model_spec(argparse.Namespace(profile="demo", encoder=None)), data.frame_features.shape[2],
-                        data.frame_features.shape[1], data.item_frames.shape[1], data.item_emb.shape[1],
-                        layers=args.layers, patch_positions=args.patch_positions, compressor_norm=args.compressor_norm)
-    return model.eval()
+    spec = model_spec(argparse.Namespace(profile="demo", encoder=None))
+    return new_model(data, spec, args.layers, seed, patch_positions=args.patch_positions,
+                     compressor_norm=args.compressor_norm).eval()
 
 
 def run(data: VedjeTensors, args: argparse.Namespace) -> dict[str, Any]:

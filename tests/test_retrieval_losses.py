@@ -254,6 +254,9 @@ def test_gmm_matches_scikit_learn_and_posterior_by_hand() -> None:
             / np.sqrt(2 * np.pi * ours.variances[k])
 
     assert conf == pytest.approx(dens(hi) / (dens(hi) + dens(lo)))
+    # the mixture's log-likelihood of a value: log of the two weighted densities' sum
+    assert ours.log_likelihood(np.array([0.5]))[0] == pytest.approx(np.log(dens(hi) + dens(lo)))
+    assert ours.log_likelihood(x).mean() == pytest.approx(sk.score(x[:, None]), abs=1e-4)
     assert confidence_weights(np.array([0.25, 1.0]), 0.8) == pytest.approx([0.25 ** 0.8, 1.0])
     with pytest.raises(ValueError, match="at least 2"):
         fit_gmm_1d(np.array([0.1]))

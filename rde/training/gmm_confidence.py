@@ -42,6 +42,10 @@ class Mixture1D:
     def posteriors(self, x: np.ndarray) -> np.ndarray:
         return _normalise(self.log_joint(x))[0]
 
+    def log_likelihood(self, x: np.ndarray) -> np.ndarray:
+        """Per value: log Σ_k α_k N(x | μ_k, σ²_k) (what EM's stopping rule averages)."""
+        return _normalise(self.log_joint(x))[1]
+
 
 def _normalise(log_joint: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(N×K posteriors, N log-likelihoods) from log α_k + log N(x | μ_k, σ²_k), computed stably."""
