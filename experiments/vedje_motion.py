@@ -179,6 +179,8 @@ def train(data: VedjeTensors, args: argparse.Namespace, seed: int, hide_prior: b
     """A model trained on the motion set's train split with the profile's settings (epochs, depth of
     the training negatives and, for smoke runs, batch and candidates from ``args``); (model, seconds)."""
     spec = model_spec(args)
+    if getattr(args, "encoder_dropout", None) is not None:
+        shape = {"encoder_dropout": args.encoder_dropout, **shape}
     model = new_model(data, spec, args.layers, seed, **shape)
     sizes = {k: v for k, v in (("batch_size", args.batch), ("train_candidates", args.candidates)) if v}
     cfg = train_config(spec, epochs=args.epochs, negatives_from=args.negatives_from, seed=seed, hide_prior=hide_prior,
@@ -385,6 +387,8 @@ def main(argv: Sequence[str] | None = None, load: Loader = load_motion) -> dict[
     parser.add_argument("--batch", type=int, default=None, help="queries per step (default: the profile's)")
     parser.add_argument("--candidates", type=int, default=None, help="VTM candidates (default: the profile's)")
     parser.add_argument("--encoder", default=None, help="joint encoder id or folder (default: the profile's)")
+    parser.add_argument("--encoder-dropout", type=float, default=None,
+                        help="the joint encoder's dropout in training (default: the profile's vedje.encoder_dropout)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
 

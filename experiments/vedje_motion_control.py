@@ -276,11 +276,17 @@ def averaged_patch_probes(data: VedjeTensors) -> dict[str, float]:
             for v in PROBE_VIEWS}
 
 
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options the command line sets (``build_model`` overrides)."""
+    options = {"patch_positions": args.patch_positions, "compressor_norm": args.compressor_norm,
+               "encoder_dropout": args.encoder_dropout}
+    return options | ({"dropout": args.compressor_dropout} if args.compressor_dropout is not None else {})
+
+
 def untrained(data: VedjeTensors, args: argparse.Namespace, seed: int) -> Any:
     """The model ``train`` starts from (same seed and shape), for the cache measures before training."""
     spec = model_spec(argparse.Namespace(profile="demo", encoder=None))
-    return new_model(data, spec, args.layers, seed, patch_positions=args.patch_positions,
-                     compressor_norm=args.compressor_norm).eval()
+    return new_model(data, spec, args.layers, seed, **model_options(args)).eval()
 
 
 def run(data: VedjeTensors, args: argparse.Namespace) -> dict[str, Any]:
@@ -294,8 +300,7 @@ def run(data: VedjeTensors, args: argparse.Namespace) -> dict[str, Any]:
         targs = argparse.Namespace(profile="demo", encoder=None, layers=args.layers, epochs=epochs,
                                    negatives_from=args.negatives_from, batch=args.batch, candidates=None)
         with twin_negatives(data) if args.twin_negatives else contextlib.nullcontext():
-            model, sec = train(data, targs, seed, patch_positions=args.patch_positions,
-                               compressor_norm=args.compressor_norm)
+            model, sec = train(data, targs, seed, **model_options(args))
         seconds.append(round(sec, 1))
         order.append({"untrained": cache_order(untrained(data, args, seed), data), "trained": cache_order(model, data),
                       "probes": probes(model, data) | averaged_patch_probes(data), "response": response(model, data)})
@@ -326,6 +331,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compressor-norm", choices=("post", "pre"), default="post")
     parser.add_argument("--twin-negatives", action="store_true",
                         help="each training query's VTM candidates hold its clip's reversed twin (vedje_motion)")
+    parser.add_argument("--encoder-dropout", type=float, default=None,
+                        help="the joint encoder's dropout in training (VedjeSpec.encoder_dropout; default: its own)")
+    parser.add_argument("--compressor-dropout", type=float, default=None,
+                        help="the compressor's and delta head's dropout (VedjeSpec.dropout; default: the profile's)")
     parser.add_argument("--untrained-only", action="store_true",
                         help="print the cache measures of the untrained compressor variants and stop")
     args = parser.parse_args(argv)
@@ -348,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     variant = "-patch-positions" if args.patch_positions else ""
     variant += "-pre-norm" if args.compressor_norm == "pre" else ""
     variant += "-twin-negatives" if args.twin_negatives else ""
+    variant += f"-encoder-dropout-{args.encoder_dropout:g}" if args.encoder_dropout is not None else ""
+    variant += f"-compressor-dropout-{args.compressor_dropout:g}" if args.compressor_dropout is not None else ""
     out = save_report(report, f"vedje_motion_control{variant}")
     print(f"\n{time.perf_counter() - start:.0f} s; raw results in {out}; R@K at K = {KS}")
     return report

@@ -199,6 +199,31 @@ def test_mean_readout_averages_unpadded_tokens_and_leaves_the_fast_path(tiny_ber
     assert reranker.fast_scoring_supported()
 
 
+def test_encoder_dropout_sets_every_dropout_and_is_off_in_eval(tiny_bert_dir) -> None:
+    """``dropout`` reaches every dropout of the encoder (embeddings, attention, hidden states) and
+    its config; train mode then changes the scores (noise), eval mode never does; None keeps the
+    encoder's own; outside [0, 1) it is refused."""
+    bert, tok = load_bert(str(tiny_bert_dir))
+    own = {m.p for m in bert.modules() if isinstance(m, nn.Dropout)}
+    kept = JointReranker(bert, tok, item_dim=12, max_text_tokens=16)
+    assert {m.p for m in kept.bert.modules() if isinstance(m, nn.Dropout)} == own
+    bert, tok = load_bert(str(tiny_bert_dir))
+    reranker = JointReranker(bert, tok, item_dim=12, max_text_tokens=16, dropout=0.5)
+    drops = [m for m in reranker.bert.modules() if isinstance(m, nn.Dropout)]
+    assert drops and {m.p for m in drops} == {0.5}
+    assert bert.config.hidden_dropout_prob == bert.config.attention_probs_dropout_prob == 0.5
+    text = reranker.tokenize(["a person walking to the left"])
+    cache, rows, rho = torch.randn(1, 3, reranker.d), torch.tensor([0]), torch.zeros(1)
+    with torch.no_grad():
+        reranker.train()
+        noisy = {float(reranker.score(text, rows, cache, rho)) for _ in range(4)}
+        reranker.eval()
+        clean = {float(reranker.score(text, rows, cache, rho)) for _ in range(4)}
+    assert len(noisy) > 1 and len(clean) == 1
+    with pytest.raises(ValueError, match="dropout"):
+        JointReranker(bert, tok, item_dim=12, max_text_tokens=16, dropout=1.0)
+
+
 def test_mlm_masking_targets_only_words(reranker: JointReranker) -> None:
     text = reranker.tokenize(["a person in a red top walks to the left of the path"] * 4)
     ids, labels = reranker.mask_tokens(text, torch.Generator().manual_seed(0), share=0.5)

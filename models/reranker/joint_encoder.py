@@ -55,6 +55,22 @@ def load_bert(model_id: str, revision: str | None = None, layers: int | None = N
     return bert, tokenizer
 
 
+def set_dropout(bert: nn.Module, p: float) -> None:
+    """Every dropout of the encoder (embeddings, attention probabilities, hidden states) at ``p``
+    during training, and its config saying so. The joint encoder's dropout is not the paper's
+    (App. A.2 gives the compressor's, 0.1); a pretrained BERT/MiniLM brings its own 0.1. Measured
+    (``experiments/vedje_cache_scale.py --probe``): with it the encoder stays at chance on telling a
+    clip's cached tokens from its reversed twin's over the steps that learn it without."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    for module in bert.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = p
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+        if hasattr(bert.config, key):
+            setattr(bert.config, key, p)
+
+
 @dataclass
 class TextBatch:
     """Tokenised queries: ids and attention mask, Q×L."""
@@ -67,9 +83,11 @@ class JointReranker(nn.Module):
     """s_θ(q, v) from text tokens, the cache Z(v) and the first-stage score ρ."""
 
     def __init__(self, bert: nn.Module, tokenizer: Any, item_dim: int, max_text_tokens: int = 64,
-                 prior_hidden: int = 64, readout: Literal["cls", "mean"] = "cls") -> None:
+                 prior_hidden: int = 64, readout: Literal["cls", "mean"] = "cls", dropout: float | None = None) -> None:
         super().__init__()
         self.bert, self.tokenizer, self.max_text_tokens = bert, tokenizer, max_text_tokens
+        if dropout is not None:
+            set_dropout(bert, dropout)
         # c(q, v): the final [CLS] state (the paper, Eq. 5), or — an experiment's control, never a
         # profile default — the mean of the final states of every unpadded text and cache token
         self.readout = readout

@@ -50,6 +50,9 @@ class VedjeSpec(Strict):
     heads: int = Field(8, ge=1, description="Attention heads of the compressor and the future-delta head.")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="Dropout of the compressor and the future-delta "
                            "head.")
+    encoder_dropout: float | None = Field(None, ge=0.0, lt=1.0, description="Dropout of the joint encoder "
+                                          "(embeddings, attention, hidden states) in training; null = the "
+                                          "encoder's own (0.1 for BERT/MiniLM).")
     max_text_tokens: int = Field(64, ge=4, description="Text tokens of a query or caption the joint encoder "
                                  "reads at most.")
     epochs: int = Field(4, ge=1, description="Passes over the training queries.")

@@ -351,19 +351,20 @@ def evaluate_rerank(model: Vedje, data: VedjeTensors, cache_of: Callable[[Sequen
 
 def build_model(spec: Any, d_v: int, patches: int, frames: int, item_dim: int, **overrides: Any) -> Vedje:
     """A fresh VEDJE stack from a profile's ``vedje`` section (``overrides``: VedjeShape fields, or
-    ``layers`` for the joint encoder)."""
+    ``layers`` / ``encoder_dropout`` for the joint encoder)."""
     from models.backends.torch_runtime import resolve_device
     from models.reranker.joint_encoder import JointReranker, load_bert
     from models.reranker.vedje import VedjeShape
 
     layers = overrides.pop("layers", spec.joint_encoder.options.get("layers"))
+    encoder_dropout = overrides.pop("encoder_dropout", spec.encoder_dropout)
     bert, tokenizer = load_bert(spec.joint_encoder.model_id, spec.joint_encoder.revision, layers)
     shape = VedjeShape(**{"d_v": d_v, "patches": patches, "frames": frames, "tokens_per_frame": spec.tokens_per_frame,
                           "structure": spec.structure, "horizons": tuple(spec.horizons), "delta": spec.delta,
                           "compressor_layers": spec.compressor_layers, "compressor_norm": spec.compressor_norm,
                           "heads": spec.heads, "dropout": spec.dropout,
                           **overrides})
-    model = Vedje(shape, JointReranker(bert, tokenizer, item_dim, spec.max_text_tokens))
+    model = Vedje(shape, JointReranker(bert, tokenizer, item_dim, spec.max_text_tokens, dropout=encoder_dropout))
     return model.to(resolve_device(spec.joint_encoder.device))
 
 
