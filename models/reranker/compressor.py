@@ -21,6 +21,7 @@ residual stream carries the item's read-out unnormalised past Q_0 (cosine 0.895 
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -42,6 +43,17 @@ def decoder_stack(d: int, layers: int, heads: int, dropout: float, norm: NormPla
     return nn.TransformerDecoder(layer, layers, norm=nn.LayerNorm(d) if norm == "pre" else None)
 
 
+def sinusoidal(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Standard sinusoidal encoding (Vaswani et al.): N positions → N×dim, sin(p · 10000^(−2k/dim))
+    on the even channels and cos on the odd ones, k the channel pair (an odd dim ends with a sin)."""
+    freq = torch.exp(-math.log(10000.0) * torch.arange((dim + 1) // 2, dtype=torch.float32) / (dim / 2))
+    angles = positions.float()[:, None] * freq[None, :]
+    out = torch.zeros(len(positions), dim)
+    out[:, 0::2] = torch.sin(angles)
+    out[:, 1::2] = torch.cos(angles[:, : dim // 2])
+    return out
+
+
 def patch_positions(patches: int, d: int) -> torch.Tensor:
     """P×d sinusoidal codes of the patch index p (the standard transformer encoding, sin on even and
     cos on odd dimensions): where in the frame a patch sits. Eq. 1 reads U_t = X_t W_kv and relies on
@@ -52,12 +64,7 @@ def patch_positions(patches: int, d: int) -> torch.Tensor:
     this code the decoder's cross-attention reads the patches as a set
     (``experiments/vedje_motion_control.py``). Not in the paper; off unless
     ``VedjeShape.patch_positions`` (an experiment option: no profile key, no measured gain in R@K)."""
-    position = torch.arange(patches, dtype=torch.float32)[:, None]
-    rate = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-torch.log(torch.tensor(10000.0)) / d))
-    code = torch.zeros(patches, d)
-    code[:, 0::2] = torch.sin(position * rate)
-    code[:, 1::2] = torch.cos(position * rate[: d // 2])
-    return code
+    return sinusoidal(torch.arange(patches), d)
 
 
 class FrameCompressor(nn.Module):

@@ -8,24 +8,12 @@ cross-attending to one frame's cached tokens Z_t, then LayerNorm and a linear ma
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from models.reranker.compressor import decoder_stack
-
-
-def sinusoidal(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """Standard sinusoidal encoding (Vaswani et al.): sin on even, cos on odd channels; N → N×dim."""
-    half = dim // 2
-    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / max(half, 1))
-    angles = positions.float()[:, None] * freq[None, :]
-    out = torch.zeros(len(positions), dim)
-    out[:, 0::2] = torch.sin(angles)[:, : (dim + 1) // 2]
-    out[:, 1::2] = torch.cos(angles)[:, : dim // 2]
-    return out
+from models.reranker.compressor import decoder_stack, sinusoidal
 
 
 def horizon_patch_queries(horizons: Sequence[int], patches: int, d: int) -> torch.Tensor:
