@@ -3,9 +3,9 @@
 run back to back in one invocation.
 
 For each flow and N: seconds per stage (from the run's summary), milliseconds per image and images
-per second of the stages that touch every image (per-shard: ingest, measure, embed-images, qa-tiers,
-adv-tier, export; whole-pool: denoise, CGDS, hard-negatives), the run's peak RSS (the CLI process and its
-children, sampled every 0.2 s with psutil) and the load average before and after the run (the
+per second of the stages that touch every image (per-shard: ingest, measure, denoise, embed-images,
+hard-negatives, qa-tiers, adv-tier, export; whole-pool: CGDS, select-images), the run's peak RSS
+(the CLI process and its children, sampled every 0.2 s with psutil) and the load average before and after the run (the
 machine may be shared). build-secmm's generator work (caption pool, DAP) does not grow with N — it
 captions a fixed sample per domain and writes a fixed number of queries — so it runs with a small
 fixed budget (``--caption-sample``, ``--rounds``) with the demo's real SmolLM2, and is reported,
@@ -38,7 +38,10 @@ A (flow, size) already measured in the workdir (``result-<flow>-N.json``) is not
 tables cover every size measured there, so sizes can be added in later invocations. ``--project``
 adds the projection of a 1.2M-image three-tier build on 1, 8 and 32 GPU workers from the largest
 build-largefine measured: measured CPU costs plus GPU figures that are assumptions (each named at
-the constants below, with its source).
+the constants below, with its source). ``--parent-cpu`` takes ``benchmarks/parent_cpu.py``'s result
+(the parent's CPU seconds of a build with every per-shard stage fanned out, on a local stack) and
+projects with the parent at that cost and the per-shard CPU stages, the hard negatives' exact search
+among them (its rate measured here, now), on cpu workers.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from storage.artifact import IMAGE_ROW_GROUP
 ROOT = Path(__file__).resolve().parent.parent
 # stages timed per image: per pool image, or per captioned image (build-largefine's chosen pedestrians)
 PER_POOL_IMAGE = ("ingest", "measure", "denoise", "cgds")
-PER_CAPTIONED_IMAGE = ("embed-images", "hard-negatives", "qa-tiers", "adv-tier", "export-largefine")
+PER_CAPTIONED_IMAGE = ("embed-images", "select-images", "hard-negatives", "qa-tiers", "adv-tier", "export-largefine")
 FLOWS = ("secmm", "largefine")
 
 
@@ -285,6 +288,9 @@ DETECTOR_GPU_S = 2 * 3.53e-3  # YOLOv8x 640 px: 3.53 ms/image on A100 TensorRT (
 # measured 23.4-26.4 s for 20k queries over 100k 768-d vectors (build + search, nprobe 32) on these 2 cores;
 # ASSUMED to grow as queries x sqrt(N) x dim (nlist = 4 sqrt N, so a query scans nprobe/nlist of N)
 KNN_MEASURED_S, KNN_Q, KNN_N, KNN_DIM, PROJECT_DIM = 26.4, 20_000, 100_000, 768, 1024  # DINOv2-L: 1024-d
+# the stages whose shards a fanned-out parent only waits for: its CPU there is its polling of their runs
+# (every prefect.fanout.poll_s), concurrent with the workers' work, so not added to the serial time
+WAITED_ON = ("measure", "embed-images", "qa-tiers", "adv-tier")
 PARENT_CORES = 32  # ASSUMED: the CPU cores of a GPU node that runs the parent (a DGX H100 node has 112)
 # qa-tiers reads, per captioning shard, the row groups (of IMAGE_ROW_GROUP rows) that hold one of its
 # images or hard negatives (tasks/largefine.py `_images`, Artifact.read_matching); on the synthetic pool
@@ -335,20 +341,66 @@ def generator_seconds_per_image() -> tuple[float, float]:
     return prefill, decode_tokens * step / DECODE_BATCH
 
 
-def print_projection(r: dict, work: Path) -> None:
-    """Hours of a PROJECT_IMAGES build: the parent's stages (one process, does not scale with workers)
-    plus the fanned-out stages divided over N workers at FANOUT_EFFICIENCY."""
+def exact_search_rate(queries: int = 2048, gallery: int = 16384, dim: int = PROJECT_DIM) -> float:
+    """Multiply-adds per second of the hard negatives' exact search on this machine (the fixed-point
+    float64 products of ``rde.common.topk``, streamed in blocks as the stage does), measured now."""
+    import numpy as np
+
+    from rde.common.topk import topk_exact_blocks
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(gallery, dim)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    start = time.perf_counter()
+    topk_exact_blocks(x[:queries], iter([x[at:at + 4096] for at in range(0, gallery, 4096)]), 11)
+    return queries * gallery * dim / (time.perf_counter() - start)
+
+
+def print_projection(r: dict, work: Path, parent_cpu: list[dict] | None = None) -> None:
+    """Hours of a PROJECT_IMAGES build: the parent's work (one process, does not scale with workers)
+    plus the fanned-out stages divided over N workers at FANOUT_EFFICIENCY. Without ``parent_cpu``
+    the layout where every CPU stage runs in the parent; with it (``benchmarks/parent_cpu.py``'s
+    result: the parent's CPU seconds of a build whose every per-shard stage fanned out) the parent is
+    the line through that measurement at its smallest and largest N (fixed + per captioned image),
+    and the per-shard CPU stages run on as many cpu workers as there are gpu workers, the kNN among
+    them as exact search."""
     st, n, cap = r["stages"], r["n"], r["captioned"]
     knn = KNN_MEASURED_S * (PROJECT_IMAGES / KNN_Q) * math.sqrt(PROJECT_IMAGES / KNN_N) * PROJECT_DIM / KNN_DIM
     prefill, decode = generator_seconds_per_image()
     # (part, where, seconds per image, source)
-    parent = [("ingest + denoise", (st["ingest"]["seconds"] + st["denoise"]["seconds"]) / n, "measured"),
-              ("hard-negatives: select, read the vectors, write", st["hard-negatives"]["seconds"] / cap,
-               "measured (includes the exact kNN, trivial at this N)"),
-              ("hard-negatives: kNN at 1.2M (faiss IVF)", knn / PROJECT_IMAGES, "extrapolated from ann_recall"),
-              ("template gallery", st["template-gallery"]["seconds"] / PROJECT_IMAGES, "measured (fixed)"),
-              ("export", st["export-largefine"]["seconds"] / cap, "measured"),
-              ("dataset card (after the export stage)", (r.get("card_s") or 0.0) / cap, "measured")]
+    pool_cpu = (st["ingest"]["seconds"] + st["denoise"]["seconds"]) / n
+    cpu_rows: list[tuple[str, float, str]] = []
+    if parent_cpu is None:
+        select = st.get("select-images", {"seconds": 0.0})["seconds"] + st["hard-negatives"]["seconds"]
+        parent = [("ingest + denoise", pool_cpu, "measured"),
+                  ("select-images + hard-negatives: select, read the vectors, write", select / cap,
+                   "measured (includes the exact kNN, trivial at this N)"),
+                  ("hard-negatives: kNN at 1.2M (faiss IVF)", knn / PROJECT_IMAGES, "extrapolated from ann_recall"),
+                  ("template gallery", st["template-gallery"]["seconds"] / PROJECT_IMAGES, "measured (fixed)"),
+                  ("export", st["export-largefine"]["seconds"] / cap, "measured"),
+                  ("dataset card (after the export stage)", (r.get("card_s") or 0.0) / cap, "measured")]
+    else:
+        small, big = min(parent_cpu, key=lambda p: p["n"]), max(parent_cpu, key=lambda p: p["n"])
+        rate = exact_search_rate()
+
+        def serial(p: dict) -> float:  # the parent's CPU less what it spent waiting on the GPU stages
+            return p["parent_cpu_s"] - sum(p["stages_cpu_s"].get(name, 0.0) for name in WAITED_ON)
+
+        # the parent's serial CPU as fixed + slope x captioned images, through its smallest and largest N
+        slope = ((serial(big) - serial(small)) / (big["captioned"] - small["captioned"])
+                 if big is not small else serial(big) / big["captioned"])
+        fixed = serial(big) - slope * big["captioned"]
+        parent = [("the parent process: per captioned image (selection, planning, manifests, card)",
+                   max(slope, 0.0), f"measured: slope of its CPU between N={small['n']:,} and {big['n']:,}, every "
+                                    "per-shard stage fanned out"),
+                  (f"the parent process: fixed ({fixed:.1f} s: start, template gallery, summary)",
+                   max(fixed, 0.0) / PROJECT_IMAGES, "measured: intercept of the same line")]
+        waiting = (big["parent_cpu_s"] - serial(big)) / big["captioned"]
+        cpu_rows = [("ingest + denoise", pool_cpu, "measured (one process)"),
+                    ("hard-negatives: exact kNN at 1.2M", PROJECT_IMAGES * PROJECT_DIM / rate,
+                     f"{rate / 1e9:.1f} G multiply-adds/s measured on this machine's 2 cores; ASSUMED per cpu "
+                     "worker"),
+                    ("export", st["export-largefine"]["seconds"] / cap, "measured (one process)")]
     fanned = [("measure: detector on GPU (YOLOv8x)", DETECTOR_GPU_S, "ASSUMED (Ultralytics A100 TRT x2)"),
               ("embed-images: decode, embed, write", st["embed-images"]["seconds"] / cap,
                "measured with EfficientNet-Lite0 on this CPU; ASSUMED no faster with DINOv2-L on a GPU"),
@@ -369,12 +421,13 @@ def print_projection(r: dict, work: Path) -> None:
     print("| part | runs on | ms/image | source | " + " | ".join(f"{w} worker{'s' * (w > 1)} (h)" for w in WORKERS)
           + " |")
     print("|---|---|---|---|" + "---|" * len(WORKERS))
+
     def hours(per: float, where: str) -> dict[int, float]:
         return {w: per * PROJECT_IMAGES / 3600 / (1 if where.startswith("parent") else
                                                   w * (FANOUT_EFFICIENCY if w > 1 else 1.0)) for w in WORKERS}
 
     totals = dict.fromkeys(WORKERS, 0.0)
-    for where, rows in (("parent (1 process)", parent), ("gpu workers", fanned)):
+    for where, rows in (("parent (1 process)", parent), ("cpu workers", cpu_rows), ("gpu workers", fanned)):
         for name, per, source in rows:
             h = hours(per, where)
             totals = {w: totals[w] + h[w] for w in WORKERS}
@@ -384,11 +437,18 @@ def print_projection(r: dict, work: Path) -> None:
     parent_h = sum(per for _, per, _ in parent) * PROJECT_IMAGES / 3600
     print("| parent share of the total | | | | " + " | ".join(f"{100 * parent_h / totals[w]:.0f} %" for w in WORKERS)
           + " |")
-    # the kNN is faiss's search, parallel over queries: ASSUMED to scale with cores, on a parent of
-    # PARENT_CORES cores against this 2-core machine
-    many = parent_h - knn / 3600 * (1 - 2 / PARENT_CORES)
-    print(f"| parent share with the kNN on a {PARENT_CORES}-core parent (ASSUMED linear in cores) | | | | "
-          + " | ".join(f"{100 * many / (totals[w] - parent_h + many):.0f} %" for w in WORKERS) + " |")
+    print("| speed-up over 1 worker | | | | " + " | ".join(f"{totals[WORKERS[0]] / totals[w]:.1f}×" for w in WORKERS)
+          + " |")
+    if parent_cpu is not None:
+        print(f"| *not added: the parent polling the GPU stages' runs while they compute* | parent | "
+              f"{1000 * waiting:.2f} | measured at N={big['n']:,} (its CPU in {', '.join(WAITED_ON)}) | "
+              + " | ".join("-" for _ in WORKERS) + " |")
+    if parent_cpu is None:
+        # the kNN is faiss's search, parallel over queries: ASSUMED to scale with cores, on a parent of
+        # PARENT_CORES cores against this 2-core machine
+        many = parent_h - knn / 3600 * (1 - 2 / PARENT_CORES)
+        print(f"| parent share with the kNN on a {PARENT_CORES}-core parent (ASSUMED linear in cores) | | | | "
+              + " | ".join(f"{100 * many / (totals[w] - parent_h + many):.0f} %" for w in WORKERS) + " |")
     if worst is not None:
         h = hours(worst[1], "gpu workers")
         print(f"| {worst[0]} | gpu workers | {1000 * worst[1]:.2f} | {worst[2]} | "
@@ -411,6 +471,9 @@ def main() -> None:
                         help="start build-largefine from build-secmm's ingest/measure/denoise outputs at the same N")
     parser.add_argument("--project", action="store_true",
                         help="also print the 1.2M-image projection from the largest build-largefine measured")
+    parser.add_argument("--parent-cpu", type=Path, default=None,
+                        help="benchmarks/parent_cpu.py's result.json: project with the parent's measured CPU and the "
+                             "per-shard CPU stages on cpu workers")
     args = parser.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -433,7 +496,8 @@ def main() -> None:
         if results:
             print_table(flow, results)
         if flow == "largefine" and results and args.project:
-            print_projection(results[-1], work)
+            print_projection(results[-1], work,
+                             json.loads(args.parent_cpu.read_text()) if args.parent_cpu else None)
 
 
 if __name__ == "__main__":

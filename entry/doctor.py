@@ -11,7 +11,10 @@ where loading the production models would take minutes or fail. Checks:
 - the artifact root: a probe file written and removed (a local folder or an object store);
 - the GPU concurrency limit the GPU stages take slots of, on a reached server;
 - the server's automations for a dead worker: zombie detection and resume-on-crash;
-- the server's database: PostgreSQL or SQLite.
+- the server's database: PostgreSQL or SQLite;
+- for a profile that fans its stages out (``prefect.fanout``): each deployment its shard ranges run
+  on (GPU stages, and CPU stages where ``cpu_deployment`` names one), the work pool it runs on, and
+  whether a worker of that pool is online to pick the runs up.
 
 A check's status is ``ok``, ``warn`` (works, with a caveat) or ``fail`` (a run would fail);
 ``rde doctor`` exits 1 when any check fails.
@@ -222,6 +225,38 @@ def prefect_checks(prof: Profile, stack_folder: Path | None = None) -> list[Chec
                             f"`prefect gcl create {name} --limit <GPUs>` (rde stack up creates it)"))
     checks.append(_automations_check(url, prof))
     checks.append(_database_check(url, stack_folder))
+    return checks + pool_checks(url, prof)
+
+
+def pool_checks(url: str, prof: Profile) -> list[Check]:
+    """For a fanned-out profile: per device whose stages fan out, its deployment on the server, the
+    work pool the deployment runs on and the workers of that pool online (none: the shard-range runs
+    would wait, and the parent warn, until one starts)."""
+    spec = prof.prefect.fanout
+    if not spec.enabled:
+        return []
+    checks = []
+    for device in ("gpu", "cpu"):
+        deployment = spec.deployment_for(device)
+        if deployment is None:
+            continue
+        area = f"{device} pool"
+        found = _answer_json(f"{url}/deployments/name/{deployment}")
+        pool = found.get("work_pool_name") if isinstance(found, dict) else None
+        if not pool:
+            checks.append(Check(area, "fail", f"no deployment {deployment!r} on this server: the {device} stages' "
+                                "shard ranges cannot be submitted",
+                                "`rde stack up` deploys prefect.yaml (or `prefect deploy --all` on your server)"))
+            continue
+        workers = _answer_json(f"{url}/work_pools/{pool}/workers/filter", post={})
+        online = [w for w in workers or [] if str(w.get("status", "")).upper() == "ONLINE"]
+        if online:
+            checks.append(Check(area, "ok", f"{deployment} runs on pool {pool!r}: {len(online)} worker(s) online"))
+        else:
+            checks.append(Check(area, "fail", f"{deployment} runs on pool {pool!r}, which has no worker online: its "
+                                "shard-range runs would wait",
+                                f"start workers: `prefect worker start --pool {pool}` (one per GPU for a gpu pool), "
+                                "or `rde stack up`"))
     return checks
 
 

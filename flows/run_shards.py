@@ -1,9 +1,10 @@
 """``run-shards``: one range of a fanned-out stage's shards, run by any worker of the pool.
 
 A parent flow whose profile turns ``prefect.fanout`` on submits these runs (``tasks.framework.fanout``) for
-its per-shard GPU stages; each loads the same profile, finds the same stage of the same pipeline,
-checks that it computes the parent's stage key, loads its models once and runs the stage's own
-shard tasks for its range. The parent writes the manifest.
+its per-shard GPU stages (deployment ``run-shards/gpu``) and, where ``prefect.fanout.cpu_deployment``
+names one, its per-shard CPU stages (``run-shards/cpu``); each loads the same profile, finds the same
+stage of the same pipeline, checks that it computes the parent's stage key, loads its models once
+and runs the stage's own shard tasks for its range. The parent writes the manifest.
 """
 
 from __future__ import annotations
@@ -68,4 +69,5 @@ def run_shards(flow_name: str, stage: str, stage_key: str, indices: list[int], p
 
 
 if __name__ == "__main__":
-    raise SystemExit("run-shards is started by a parent flow through its deployment (prefect.yaml: run-shards/gpu)")
+    raise SystemExit("run-shards is started by a parent flow through its deployments (prefect.yaml: "
+                     "run-shards/gpu, run-shards/cpu)")

@@ -215,6 +215,19 @@ IMAGE_VECTORS = pa.schema(
     ]
 )
 
+# The images build-largefine captions (select-images), in shards of largefine.shard_size, with where each
+# one's vector is in the embed-images artifact: its shard (= its accepted shard) and its row there.
+CHOSEN_IMAGES = pa.schema(
+    [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("identity", pa.string()),
+        pa.field("accepted_shard", pa.int32(), nullable=False),
+        pa.field("vector_row", pa.int32(), nullable=False),
+    ]
+)
+
 # build-largefine: the images chosen for captioning, their neighbours and hard negative (GTR+ Eq. 1),
 # the generator assigned to each, and where the image bytes live in the accepted artifact.
 NEIGHBOURS = pa.schema(
@@ -304,6 +317,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "candidates": CANDIDATES,
     "qrels": QRELS,
     "evaluation": EVALUATION,
+    "chosen_images": CHOSEN_IMAGES,
     "neighbours": NEIGHBOURS,
     "tier_captions": TIER_CAPTIONS,
     "qa_pairs": QA_PAIRS,
@@ -371,28 +385,3 @@ RECALL = pa.schema([pa.field("ranking", pa.string(), nullable=False), pa.field("
 STAGE1_INDEX = pa.schema([pa.field("item_id", pa.string(), nullable=False), pa.field("group", pa.string()),
                           pa.field("split", pa.string()),
                           pa.field("embedding", pa.list_(pa.float32()), nullable=False)])
-
-
-# rde evaluate: one retriever's gallery vectors (per gallery shard), its metrics with intervals, its
-# per-query outcomes, its run (top items per query), and the comparison of every retriever
-GALLERY_VECTORS = pa.schema([pa.field("item_id", pa.string(), nullable=False),
-                             pa.field("domain", pa.string(), nullable=False),
-                             pa.field("vector", pa.list_(pa.float32()), nullable=False)])
-MODEL_METRICS = pa.schema([
-    pa.field("benchmark", pa.string(), nullable=False), pa.field("labels", pa.string(), nullable=False),
-    pa.field("model", pa.string(), nullable=False), pa.field("domain", pa.string(), nullable=False),
-    pa.field("metric", pa.string(), nullable=False), pa.field("mean", pa.float64(), nullable=False),
-    pa.field("low", pa.float64(), nullable=False), pa.field("high", pa.float64(), nullable=False),
-    pa.field("queries", pa.int32(), nullable=False)])
-QUERY_OUTCOMES = pa.schema([
-    pa.field("query_id", pa.string(), nullable=False), pa.field("domain", pa.string(), nullable=False),
-    pa.field("text", pa.string(), nullable=False), pa.field("first_hit", pa.int32()),
-    pa.field("n_relevant", pa.int32(), nullable=False), pa.field("top", pa.list_(pa.string()), nullable=False),
-    pa.field("relevant", pa.list_(pa.string()), nullable=False),
-    pa.field("metrics", pa.list_(pa.struct([pa.field("name", pa.string()), pa.field("value", pa.float64())])),
-             nullable=False)])
-RUN_ROWS = pa.schema([
-    pa.field("query_id", pa.string(), nullable=False), pa.field("item_id", pa.string(), nullable=False),
-    pa.field("rank", pa.int32(), nullable=False), pa.field("score", pa.float64(), nullable=False)])
-COMPARISON = pa.schema([*MODEL_METRICS, pa.field("reference", pa.string()), pa.field("diff_mean", pa.float64()),
-                        pa.field("diff_low", pa.float64()), pa.field("diff_high", pa.float64())])

@@ -11,7 +11,15 @@ from conftest import PERSON_A, PERSON_B
 from models.backends.detectors import Detections, load_detector
 from models.domains import load_domain
 from models.specs import DetectorSpec
-from rde.common.denoise import DenoiseCounts, count_targets, decide, decide_shards, laplacian_variance, measure_table
+from rde.common.denoise import (
+    DenoiseCounts,
+    count_targets,
+    decide,
+    decide_shards,
+    first_occurrences,
+    laplacian_variance,
+    measure_table,
+)
 from rde.common.image_decoding import decode_rgb
 from rde.common.pool_config import DenoiseSpec
 from rde.profile import load_profile
@@ -131,6 +139,37 @@ def test_decide_shards_deduplicates_and_accounts_for_every_row() -> None:
     assert rejected.column("detail").to_pylist()[0] == "same bytes as input in0"
     assert rejected.column("all_reasons").to_pylist()[1] == ["too_small", "blurry", "no_target"]
     assert counts.input == 3 and counts.accepted == 1 and counts.rejected == {"duplicate": 1, "too_small": 1}
+
+
+def test_a_shard_decided_alone_rejects_the_duplicates_of_earlier_shards_as_the_stream_does() -> None:
+    """Three shards where image "a" is first in shard 0 (input in1), again in shards 1 and 2, and
+    "b" first in shard 1 (in3), again in shard 2: each shard decided on its own with the first
+    occurrences of its ids in the shards before it (what the per-shard stage does) gives the rows,
+    reasons and details of one pass over all three. Fails when a shard is decided without them
+    (its copies of "a" would be accepted) or with a later occurrence as the first."""
+    rng = np.random.default_rng(3)
+    sharp = rng.integers(0, 256, (128, 64, 3), dtype=np.uint8)
+    ids = [["x", "a"], ["a", "b", "y"], ["b", "a"]]
+    shards, at = [], 0
+    for shard_ids in ids:
+        table = _images_table([sharp] * len(shard_ids))
+        table = table.set_column(0, "input_id", pa.array([f"in{at + i}" for i in range(len(shard_ids))]))
+        shards.append(table.set_column(1, "image_id", pa.array(shard_ids)))
+        at += len(shard_ids)
+    measures = [pa.Table.from_pylist(
+        [{"input_id": i, "image_id": "-", "laplacian_variance": 900.0, "target_count": 1, "target_scores": [],
+          "target_boxes": [], "error": None} for i in t.column("input_id").to_pylist()], schema=MEASUREMENTS)
+        for t in shards]
+    stream = list(decide_shards(iter(zip(shards, measures, strict=True)), SPEC, DenoiseCounts()))
+    alone = []
+    for index, (table, m) in enumerate(zip(shards, measures, strict=True)):
+        seen = first_occurrences(set(table.column("image_id").to_pylist()), shards[:index])
+        alone += list(decide_shards(iter([(table, m)]), SPEC, DenoiseCounts(), seen))
+    assert first_occurrences({"a", "b", "zz"}, shards[:2]) == {"a": "in1", "b": "in3"}
+    assert [(a.to_pylist(), r.to_pylist()) for a, r in alone] == [(a.to_pylist(), r.to_pylist()) for a, r in stream]
+    rejected = [(r["input_id"], r["detail"]) for _, t in alone for r in t.to_pylist()]
+    assert rejected == [("in2", "same bytes as input in1"), ("in5", "same bytes as input in3"),
+                        ("in6", "same bytes as input in1")]
 
 
 def test_size_rule_is_per_domain() -> None:

@@ -200,6 +200,30 @@ def test_prefect_ephemeral_a_dead_server_and_a_reached_one(loopback: tuple[str, 
     assert doctor.prefect_checks(prof, tmp_path)[-1].fact == "PostgreSQL"
 
 
+def test_a_fanned_out_profile_is_told_which_pools_it_needs_and_whether_each_has_a_worker(
+        loopback: tuple[str, dict[str, tuple[int, Any]]]) -> None:
+    """The gpu deployment's pool with a worker online is ok; the cpu deployment missing, then its
+    pool without an online worker, fails with what to do; a profile that does not fan out, or
+    fans out its GPU stages only, is asked for those pools only."""
+    url, routes = loopback
+    api = f"{url}/api"
+    assert doctor.pool_checks(api, load_profile("demo")) == []
+    both = load_profile("demo", {"prefect": {"fanout": {"enabled": True, "cpu_deployment": "run-shards/cpu"}}})
+    routes["/api/deployments/name/run-shards/gpu"] = (200, {"name": "gpu", "work_pool_name": "gpu"})
+    routes["/api/work_pools/gpu/workers/filter"] = (200, [{"name": "g1", "status": "ONLINE"},
+                                                          {"name": "g2", "status": "OFFLINE"}])
+    gpu, cpu = doctor.pool_checks(api, both)
+    assert (gpu.area, gpu.status) == ("gpu pool", "ok")
+    assert gpu.fact == "run-shards/gpu runs on pool 'gpu': 1 worker(s) online"
+    assert (cpu.area, cpu.status) == ("cpu pool", "fail") and "no deployment 'run-shards/cpu'" in cpu.fact
+    routes["/api/deployments/name/run-shards/cpu"] = (200, {"name": "cpu", "work_pool_name": "cpu"})
+    routes["/api/work_pools/cpu/workers/filter"] = (200, [{"name": "c1", "status": "OFFLINE"}])
+    _, cpu = doctor.pool_checks(api, both)
+    assert cpu.status == "fail" and "no worker online" in cpu.fact and "prefect worker start --pool cpu" in cpu.todo
+    gpu_only = load_profile("demo", {"prefect": {"fanout": {"enabled": True}}})
+    assert [c.area for c in doctor.pool_checks(api, gpu_only)] == ["gpu pool"]
+
+
 def test_the_artifact_root_is_written_to_and_left_clean(tmp_path: Path) -> None:
     prof = load_profile("demo")
     root = tmp_path / "artifacts"

@@ -29,7 +29,7 @@ from tasks.framework.fanout import (
     split_ranges,
     watch_ranges,
 )
-from tasks.framework.runner import run_pipeline, run_shard_range
+from tasks.framework.runner import fans_out, run_pipeline, run_shard_range
 from tasks.framework.stage import Pipeline, Resources, Stage, StageRun, Work, Write
 
 NUMBERS = pa.schema([pa.field("n", pa.int64(), nullable=False)])
@@ -301,10 +301,11 @@ class ThreadPool:
     """Each submitted range runs ``run_shard_range`` (what the run-shards flow runs) in a thread,
     from the parameters alone; the first try of the range holding shard 2 dies before writing."""
 
-    def __init__(self) -> None:
+    def __init__(self, pipeline: Pipeline | None = None) -> None:
         self.parameters: list[dict[str, Any]] = []
         self.states: dict[str, RunView] = {}
         self.lock = threading.Lock()
+        self.pipeline = pipeline or TOY
 
     def submit(self, parameters: dict[str, Any], run_name: str) -> str:
         run_id = f"r{len(self.parameters)}"
@@ -319,7 +320,7 @@ class ThreadPool:
             return
         ctx = RunContext(load_profile(p["profile"], p["overrides"]), p["flow_name"], p["output_root"],
                          locations=p["locations"], source=p["profile"], overrides=p["overrides"])
-        stage = next(s for s in TOY.stages if s.name == p["stage"])
+        stage = next(s for s in self.pipeline.stages if s.name == p["stage"])
         try:
             _range_flow(ctx, stage, p["stage_key"], p["indices"])
             self.states[run_id] = RunView("COMPLETED", "Completed", "", "2")
@@ -425,3 +426,61 @@ def test_run_shards_finds_every_flows_pipeline_by_name_and_refuses_unknown_ones(
         pipeline_stage("build-secmm", "nope")
     with pytest.raises(ValueError, match="works over its whole input"):
         pipeline_stage("build-secmm", "cgds")
+
+
+class CpuHalves(Halves):
+    """Halves on the CPU."""
+
+    name = "cpu-halves"
+    resources = Resources()
+
+
+class OneProcess(CpuHalves):
+    """A CPU stage that says no to the fan-out (as hard-negatives does over an IVF index)."""
+
+    name = "one-process"
+
+    def fans_out(self, run: StageRun) -> bool:
+        return False
+
+
+TOY_CPU = Pipeline("toy-fanout", (Source(), CpuHalves()))
+
+
+def test_cpu_stages_fan_out_to_the_cpu_deployment_only_where_one_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the fan-out on, a GPU stage goes to ``deployment``; a CPU stage stays in the parent
+    unless ``cpu_deployment`` names one, then runs there (ranges as for the GPU stages, the same
+    rows as in one run); a stage whose ``fans_out`` says no stays in the parent."""
+    import tasks.framework.fanout as fanout
+
+    def ctx(fan: dict, where: str) -> RunContext:
+        overrides = {"prefect": {"fanout": {"enabled": True, "shards_per_run": 2, "poll_s": 0.05, **fan}}}
+        return RunContext(load_profile("demo", overrides), "toy-fanout", str(tmp_path / where), source="demo",
+                          overrides=overrides)
+
+    gpu_only, both = ctx({}, "gpu-only"), ctx({"cpu_deployment": "run-shards/cpu"}, "both")
+    assert fans_out(Halves(), gpu_only) and not fans_out(CpuHalves(), gpu_only)
+    assert fans_out(Halves(), both) and fans_out(CpuHalves(), both)
+    assert not fans_out(OneProcess(), both, StageRun(OneProcess(), both))
+    assert not fans_out(CpuHalves(), ctx({"cpu_deployment": "run-shards/cpu", "stages": ["halves"]}, "listed"))
+    pool, deployments = ThreadPool(TOY_CPU), []
+
+    def orchestrator(deployment: str, tags: Any = ()) -> _Checked:
+        deployments.append(deployment)
+        return _Checked(pool)
+
+    monkeypatch.setattr(fanout, "PrefectOrchestrator", orchestrator)
+
+    @flow(name="toy-cpu-fanout", validate_parameters=False)
+    def toy(run_ctx: RunContext) -> list:
+        return run_pipeline(run_ctx, TOY_CPU, None)
+
+    results = toy(both)
+    assert deployments == ["run-shards/cpu"]
+    assert [tuple(p["indices"]) for p in pool.parameters] == [(0, 1), (2, 3), (2, 3)]
+    plain = toy(RunContext(load_profile("demo"), "toy-fanout", str(tmp_path / "one")))
+    assert [(r.stage, r.accepted, r.rejected) for r in results] == [(r.stage, r.accepted, r.rejected) for r in plain]
+    fan = Artifact(str(tmp_path / "both" / "toy-fanout" / "demo" / "kept"))
+    assert fan.manifest().fingerprint == Artifact(str(tmp_path / "one" / "toy-fanout" / "demo" / "kept")
+                                                  ).manifest().fingerprint

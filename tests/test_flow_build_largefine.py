@@ -181,7 +181,7 @@ def _assert_summary_lists_rejects(root: Path, summary: dict, stages: tuple[str, 
     (read here, independently of the summary); each stage of ``stages`` has some."""
     expected: dict[str, int] = {}
     for name, stage in (("tier12_rejects", "qa-tiers"), ("adv_rejects", "adv-tier"),
-                        ("select_rejects", "hard-negatives"), ("template_rejects", "template-gallery")):
+                        ("select_rejects", "select-images"), ("template_rejects", "template-gallery")):
         for row in Artifact(str(root / name)).rows(["reason"]):
             expected[f"{stage}:{row['reason']}"] = expected.get(f"{stage}:{row['reason']}", 0) + 1
     assert all(any(k.startswith(f"{stage}:") for k in expected) for stage in stages), (stages, expected)
@@ -198,7 +198,7 @@ def test_summary_lists_every_stages_reject_reasons(offline_run: tuple[str, dict,
     sizes), so this run is only required to have selection rejects (6 of 96 images are chosen); the
     transformers run below, whose random weights fail every tier, requires the tiers' rejects."""
     out, summary, _ = offline_run
-    _assert_summary_lists_rejects(Path(out, "build-largefine", "demo"), summary, ("hard-negatives",))
+    _assert_summary_lists_rejects(Path(out, "build-largefine", "demo"), summary, ("select-images",))
 
 
 def test_a_missing_concurrency_limit_is_reported_once_per_run(run_logs: list[str],

@@ -59,7 +59,15 @@ def test_the_gpu_pool_has_three_workers_and_three_slots(stack: StackConfig) -> N
         time.sleep(1)
     assert len({w["name"] for w in api(stack, "/work_pools/gpu/workers/filter", {})}) == 3
     names = {(d["name"], d["work_pool_name"]) for d in api(stack, "/deployments/filter", {})}
-    assert {("gpu", "gpu"), ("pool", "cpu")} <= names  # run-shards/gpu, build-largefine/pool
+    # run-shards/gpu, run-shards/cpu, build-largefine/pool
+    assert {("gpu", "gpu"), ("cpu", "cpu"), ("pool", "cpu")} <= names
+    # rde doctor on a profile that fans out on both pools: each pool's deployment and workers found
+    from entry.doctor import pool_checks
+    from rde.profile import load_profile
+
+    both = load_profile("demo", {"prefect": {"fanout": {"enabled": True, "cpu_deployment": "run-shards/cpu"}}})
+    assert [(c.area, c.status, c.fact.rsplit(": ", 1)[-1]) for c in pool_checks(stack.api_url, both)] == [
+        ("gpu pool", "ok", "3 worker(s) online"), ("cpu pool", "ok", "2 worker(s) online")]
     automations = {a["name"]: a for a in api(stack, "/automations/filter", {})}
     assert detects_zombies(automations.values()) and RESUME_NAME in automations
     assert automations[ZOMBIE_NAME]["trigger"]["within"] == STALE_S
@@ -116,6 +124,9 @@ def fanout_run(stack: StackConfig, tmp_path_factory: pytest.TempPathFactory, sma
         params = fanout_params(out, small_pool_url, stub.base_url, images=images, shard_size=shard_size, per_run=3,
                                stale_after_s=STALE_S)
         params.pop("until")  # the whole build: the 3-tier accounting needs the advanced tier and the export
+        # the hard negatives' search on the cpu pool's workers (run-shards/cpu), beside the tiers on the gpu pool's
+        params["overrides"]["prefect"]["fanout"].update(cpu_deployment="run-shards/cpu",
+                                                        stages=["hard-negatives", "qa-tiers"])
         parent = submit(stack, params)
         victim, pids, deadline = None, [], time.monotonic() + 400
         while time.monotonic() < deadline and not pids:
@@ -153,7 +164,12 @@ def test_fanned_out_captioning_survives_a_lost_worker(stack: StackConfig, fanout
     assert again and again[-1]["state_type"] == "COMPLETED"
     # the gpu pool's workers ran the shard-range runs; their shard tasks carry the `gpu` tag and, in
     # the runs that completed, all completed (that the slot serialises computation: test_gpu_limit.py)
-    assert {r["work_pool_name"] for r in runs} == {"gpu"}
+    assert {r["work_pool_name"] for r in runs if "-qa-tiers-" in r["name"]} == {"gpu"}
+    # the hard negatives' search ran on the cpu pool's workers, and found what one search over every
+    # chosen image's vector finds (computed here from the artifacts, not by the stage's code)
+    searches = [r for r in runs if "-hard-negatives-" in r["name"]]
+    assert searches and {(r["work_pool_name"], r["state_type"]) for r in searches} == {("cpu", "COMPLETED")}
+    assert _neighbours(root) == _searched_in_one(root)
     done = [r["id"] for r in runs if r["state_type"] == "COMPLETED"]
     tasks = api(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": done}}})
     tiers = [t for t in tasks if t["name"].startswith("qa-tiers-")]
@@ -384,3 +400,30 @@ def test_a_build_whose_parent_worker_dies_is_crashed_resumed_and_adopts_its_shar
     assert len({r["image_id"] for r in Artifact(str(root / "tier12_captions")).rows(["image_id"])}) == images
     for folder in ("tier12_captions", "qa_pairs", "tier12_rejects"):
         assert Artifact(str(root / folder)).is_complete(verify_hashes=True), folder
+
+
+def _neighbours(root: Path) -> list[tuple]:
+    """The build's neighbours rows: image, neighbours, hard negative."""
+    from storage import Artifact
+
+    return [(r["image_id"], r["neighbour_ids"], r["hard_negative_id"])
+            for r in Artifact(str(root / "neighbours")).rows(["image_id", "neighbour_ids", "hard_negative_id"])]
+
+
+def _searched_in_one(root: Path) -> list[tuple]:
+    """The chosen images' neighbours from one in-memory search over all their vectors."""
+    import numpy as np
+
+    from rde.largefine.hard_negatives import hard_negative_neighbours
+    from rde.profile import load_profile
+    from storage import Artifact
+
+    chosen = Artifact(str(root / "chosen_images")).rows(["image_id", "accepted_shard", "vector_row"])
+    vectors = Artifact(str(root / "image_vectors"))
+    by_shard = {s: vectors.read_shard(s, ["vector"]).column("vector").to_pylist()
+                for s in {r["accepted_shard"] for r in chosen}}
+    x = np.array([by_shard[r["accepted_shard"]][r["vector_row"]] for r in chosen], np.float32)
+    lf = load_profile("demo").largefine
+    found = hard_negative_neighbours(x, [r["image_id"] for r in chosen], lf.neighbours_k, lf.seed,
+                                     lf.neighbour_index_above, ann=lf.neighbour_ann)
+    return [(f.image_id, f.neighbour_ids, f.hard_negative_id) for f in found]

@@ -334,6 +334,34 @@ def _embedded(folder: Path, embedder: MeanEmbedder, monkeypatch: pytest.MonkeyPa
     return reads
 
 
+def _select_and_search(folder: Path, overrides: dict[str, object], embedder: MeanEmbedder,
+                       monkeypatch: pytest.MonkeyPatch, order: list[int] | None = None
+                       ) -> tuple[list[dict], list[dict], StageRun]:
+    """select-images (written as its artifacts), then hard-negatives shard by shard as the runner
+    maps it (in ``order``, default by index); (neighbour rows in index order, reject rows, the
+    hard-negatives run)."""
+    select = largefine_tasks.SelectImages()
+    run = _prepared(select, "build-largefine", folder, overrides, embedder, monkeypatch)
+    work = select.run(run)
+    writers = {w.name: ArtifactWriter(str(folder / "build-largefine" / "demo" / w.name), w.kind, w.schema, "test")
+               for w in select.writes}
+    for w in writers.values():
+        w.begin()
+    infos: dict[str, list] = {name: [] for name in writers}
+    rejects = []
+    for index, tables in enumerate(work.shards):
+        rejects += tables["select_rejects"].to_pylist()
+        for name, w in writers.items():
+            infos[name].append(w.write_shard(index, tables[name]))
+    for name, w in writers.items():
+        w.finalize(infos[name], code_version="test")
+    stage = largefine_tasks.HardNegatives()
+    search = _prepared(stage, "build-largefine", folder, overrides, embedder, monkeypatch)
+    done = {i: stage.process(search, i).shards[0]["neighbours"].to_pylist()
+            for i in (order if order is not None else range(stage.shard_count(search)))}
+    return [r for i in sorted(done) for r in done[i]], rejects, search
+
+
 def test_hard_negatives_decode_and_read_one_shard_of_images_at_a_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """embed-images then hard-negatives on 48 and 192 images, 16 per shard: the embedder is never
@@ -346,12 +374,9 @@ def test_hard_negatives_decode_and_read_one_shard_of_images_at_a_time(
         pool = _accepted(folder / "build-largefine" / "demo" / "accepted", n)
         embedder = MeanEmbedder()
         embed_reads = _embedded(folder, embedder, monkeypatch)
-        stage = largefine_tasks.HardNegatives()
-        run = _prepared(stage, "build-largefine", folder, {"largefine": {"shard_size": 10}}, embedder, monkeypatch)
         with monkeypatch.context() as patch:
             reads = BytesReads(patch)
-            work = stage.run(run)
-            out = [r for t in work.shards for r in t["neighbours"].to_pylist()]
+            out, _, run = _select_and_search(folder, {"largefine": {"shard_size": 10}}, embedder, monkeypatch)
         assert reads.batches == []
         every = pool.rows(["image_id", "domain", "image_bytes"])
         chosen = [i for i, r in enumerate(every) if r["domain"] == "pedestrian"]
@@ -376,7 +401,7 @@ def test_hard_negatives_refuse_vectors_of_another_accepted_run(tmp_path: Path, m
     _accepted(folder / "build-largefine" / "demo" / "accepted", 32)
     _embedded(folder, MeanEmbedder(), monkeypatch)
     _accepted(folder / "build-largefine" / "demo" / "accepted", 32, copies={5: 9})  # row 5 holds another image
-    stage = largefine_tasks.HardNegatives()
+    stage = largefine_tasks.SelectImages()
     run = _prepared(stage, "build-largefine", folder, {"largefine": {"shard_size": 10}}, MeanEmbedder(), monkeypatch)
     with pytest.raises(RuntimeError, match="does not hold the accepted images"):
         stage.run(run)
@@ -390,13 +415,9 @@ def _hard_negative_run(tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch, 
     pool = _accepted(folder / "build-largefine" / "demo" / "accepted", n, copies)
     _embedded(folder, MeanEmbedder(), monkeypatch)
     monkeypatch.setattr(largefine_tasks.HardNegatives, "query_batch", SHARD)
-    stage = largefine_tasks.HardNegatives()
-    run = _prepared(stage, "build-largefine", folder, {"largefine": {"shard_size": 10}}, MeanEmbedder(), monkeypatch)
     with monkeypatch.context() as patch:
         counts = VectorCounts(patch)
-        work = stage.run(run)
-        out = [r for t in work.shards for r in t["neighbours"].to_pylist()]
-        rejects = [r for t in work.shards for r in t["select_rejects"].to_pylist()]
+        out, rejects, run = _select_and_search(folder, {"largefine": {"shard_size": 10}}, MeanEmbedder(), monkeypatch)
     return counts, out, rejects, run, pool
 
 
@@ -428,6 +449,34 @@ def test_hard_negatives_never_hold_more_than_a_query_batch_or_a_shard_of_vectors
             (f.image_id, f.neighbour_ids, f.hard_negative_id) for f in found]
         assert np.allclose([r["neighbour_scores"] for r in out], [f.scores for f in found], rtol=0, atol=1e-6)
     assert max(largest.values()) <= SHARD, (largest, counts.batches)  # 36 → 144 chosen: the bound stays
+
+
+def test_hard_negatives_search_each_block_of_shards_in_one_pass_in_any_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """144 chosen images in 15 shards of 10, query batches of 40 rows: shards 0-3, 4-7, 8-11 and
+    12-14 are the search blocks. Computed shard by shard in a shuffled order (as the shards of a
+    fanned-out run arrive), the gallery is streamed once per block (4 passes, not 15), and the
+    neighbours, scores and hard negatives equal the in-memory search over all the chosen vectors.
+    Fails when each shard searches on its own, or when a shard takes the wrong rows of its block."""
+    folder = tmp_path / "blocks"
+    pool = _accepted(folder / "build-largefine" / "demo" / "accepted", 192)
+    _embedded(folder, MeanEmbedder(), monkeypatch)
+    monkeypatch.setattr(largefine_tasks.HardNegatives, "query_batch", 40)
+    passes = []
+    real_blocks = CachedVectors.blocks
+
+    def blocks(vectors: CachedVectors, rows):
+        passes.append(len(rows))
+        return real_blocks(vectors, rows)
+
+    monkeypatch.setattr(CachedVectors, "blocks", blocks)
+    order = [int(i) for i in np.random.default_rng(3).permutation(15)]
+    out, _, run = _select_and_search(folder, {"largefine": {"shard_size": 10}}, MeanEmbedder(), monkeypatch, order)
+    assert passes == [144] * 4, passes
+    found = _in_memory(run, pool, [i for i in range(192) if i % 4])
+    assert [(r["image_id"], r["neighbour_ids"], r["hard_negative_id"]) for r in out] == [
+        (f.image_id, f.neighbour_ids, f.hard_negative_id) for f in found]
+    assert [r["neighbour_scores"] for r in out] == [pytest.approx(f.scores, abs=1e-6) for f in found]
 
 
 def test_hard_negatives_keep_a_duplicate_image_by_its_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

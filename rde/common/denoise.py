@@ -14,6 +14,7 @@ from typing import Any
 import cv2
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from models.backends.detectors import Detections, Detector, box_iou
 from models.domains import Domain
@@ -129,13 +130,15 @@ class DenoiseCounts:
 
 
 def decide_shards(pairs: Iterator[tuple[pa.Table, pa.Table]], spec: DenoiseSpec,
-                  counts: DenoiseCounts) -> Iterator[tuple[pa.Table, pa.Table]]:
+                  counts: DenoiseCounts, seen: dict[str, str] | None = None) -> Iterator[tuple[pa.Table, pa.Table]]:
     """Stream (images, measurements) shard pairs → (accepted, rejected) shard pairs.
 
     Exact duplicates (same content hash) are rejected after their first occurrence in input
-    order; the set of seen hashes is the only state kept across shards.
+    order; the set of seen hashes (image id → the input id of its first occurrence) is the only
+    state kept across shards. ``seen``: the first occurrences before these shards (a shard decided
+    on its own: :func:`first_occurrences` of its ids in the shards before it).
     """
-    seen: dict[str, str] = {}
+    seen = dict(seen or {})
     for images, measures in pairs:
         by_input = {m["input_id"]: m for m in measures.to_pylist()}
         accepted, rejected = [], []
@@ -167,6 +170,20 @@ def decide_shards(pairs: Iterator[tuple[pa.Table, pa.Table]], spec: DenoiseSpec,
                 accepted.append({**rec, **{k: m[k] for k in
                                            ("laplacian_variance", "target_count", "target_scores", "target_boxes")}})
         yield pa.Table.from_pylist(accepted, schema=ACCEPTED_IMAGES), pa.Table.from_pylist(rejected, schema=REJECTS)
+
+
+def first_occurrences(image_ids: set[str], earlier: Iterable[pa.Table]) -> dict[str, str]:
+    """Image id → input id of its first row among the ``earlier`` tables (columns ``image_id``,
+    ``input_id``, in input order), for the ids in ``image_ids`` only: what :func:`decide_shards`
+    would have seen of them before a shard, held for that shard's ids alone."""
+    wanted = pa.array(sorted(image_ids), pa.string())
+    found: dict[str, str] = {}
+    for table in earlier:
+        hits = table.filter(pc.is_in(table.column("image_id"), value_set=wanted))
+        for image_id, input_id in zip(hits.column("image_id").to_pylist(), hits.column("input_id").to_pylist(),
+                                      strict=True):
+            found.setdefault(image_id, input_id)
+    return found
 
 
 def _detail(reason: str, rec: dict[str, Any], m: dict[str, Any], spec: DenoiseSpec) -> str:

@@ -15,15 +15,25 @@ from models.specs import Strict
 
 
 class FanoutSpec(Strict):
-    """Shard fan-out over a work pool: a per-shard GPU stage runs as shard-range flow runs of the
-    ``deployment`` (any worker of its pool picks them up) instead of as tasks of this flow run. Off
-    by default: small runs keep the single-worker path."""
+    """Shard fan-out over work pools: a per-shard GPU stage runs as shard-range flow runs of the
+    ``deployment`` (any worker of its pool picks them up) instead of as tasks of this flow run, and a
+    per-shard CPU stage as runs of ``cpu_deployment`` where one is named. Off by default: small runs
+    keep the single-worker path."""
 
-    enabled: bool = Field(False, description="Fan the per-shard GPU stages out over the work pool.")
-    stages: list[str] = Field(default_factory=list, description="The per-shard GPU stages that fan out, by "
-                              "name; empty: all of them.")
-    deployment: str = Field("run-shards/gpu", description="The deployment that runs a shard range, as \"flow "
-                            "name/deployment name\" in prefect.yaml.")
+    def deployment_for(self, device: str) -> str | None:
+        """The deployment that runs shard ranges of a stage on ``device`` ("cpu" or "gpu"); None:
+        such stages stay in the parent flow run."""
+        return self.deployment if device == "gpu" else self.cpu_deployment
+
+    enabled: bool = Field(False, description="Fan the per-shard GPU stages (and, with cpu_deployment, the "
+                          "per-shard CPU stages) out over the work pools.")
+    stages: list[str] = Field(default_factory=list, description="The per-shard stages that fan out, by "
+                              "name; empty: all of them (CPU stages only where cpu_deployment is set).")
+    deployment: str = Field("run-shards/gpu", description="The deployment that runs a shard range of a GPU "
+                            "stage, as \"flow name/deployment name\" in prefect.yaml.")
+    cpu_deployment: str | None = Field(None, description="The deployment that runs a shard range of a per-shard "
+                                       "CPU stage (ingest, denoise, hard-negatives, the exports), on a pool of CPU "
+                                       "workers; null: CPU stages run in the parent flow run.")
     shards_per_run: int = Field(1, ge=1, description="Shards in one range (one flow run, which loads its "
                                 "models once).")
     max_attempts: int = Field(3, ge=1, description="Runs of one range before the stage fails.")

@@ -124,12 +124,29 @@ def _draw(query_ids: list[str], ids: list[str], idx: np.ndarray, val: np.ndarray
     return out
 
 
-def chosen_vectors(vectors: Artifact, rows: Sequence[dict], positions: Sequence[int],
-                   domains: set[str]) -> CachedVectors:
-    """The vectors of ``rows[positions]`` in an ``embed-images`` artifact, read on demand. Its shard s
-    holds accepted shard s's rows of ``domains`` in order, so a row's vector is at (its
-    ``accepted_shard``, its rank among that shard's rows of ``domains``). The ids at those places are
-    checked against the rows (an artifact of another accepted run is refused)."""
+def hard_negative_neighbours_of(rows: np.ndarray, take: Callable[[np.ndarray], np.ndarray],
+                                blocks: Callable[[np.ndarray], Iterable[np.ndarray]], image_ids: Sequence[str],
+                                k: int = 10, seed: int = 0, index_above: int = 100_000,
+                                ann: AnnSpec | None = None) -> list[Neighbours]:
+    """:func:`hard_negative_neighbours_streamed` for the pool rows ``rows`` only (one search block of
+    a per-shard stage: any worker computes it from the pool's vectors read on demand). Exact search:
+    ``rows``' vectors against the whole gallery streamed in blocks, one pass, the same neighbours and
+    scores to the bit as the whole pool's search. Above ``index_above`` (``uses_index``) the IVF
+    index is built over all N vectors (read whole) and searched for ``rows``."""
+    ids = list(image_ids)
+    rows = np.asarray(rows, dtype=np.int64)
+    everything = np.arange(len(ids), dtype=np.int64)
+    if uses_index(len(ids), len(ids), index_above, ann):
+        return hard_negative_neighbours(take(everything), ids, k, seed, index_above, query_rows=rows.tolist(), ann=ann)
+    return hard_negative_neighbours_blocks(take(rows), [ids[r] for r in rows], lambda: blocks(everything), ids, k,
+                                           seed)
+
+
+def vector_places(vectors: Artifact, rows: Sequence[dict], positions: Sequence[int], domains: set[str]) -> np.ndarray:
+    """Where the vectors of ``rows[positions]`` are in an ``embed-images`` artifact: (shard, row) per
+    position. Its shard s holds accepted shard s's rows of ``domains`` in order, so a row's vector
+    is at (its ``accepted_shard``, its rank among that shard's rows of ``domains``). The ids at
+    those places are checked against the rows (an artifact of another accepted run is refused)."""
     seen: Counter = Counter()
     rank = []
     for row in rows:
@@ -139,14 +156,29 @@ def chosen_vectors(vectors: Artifact, rows: Sequence[dict], positions: Sequence[
         else:
             rank.append(-1)
     places = np.array([(rows[p]["accepted_shard"], rank[p]) for p in positions], np.int64).reshape(len(positions), 2)
-    dim = 0
     for shard in np.unique(places[:, 0]):
         mine = np.flatnonzero(places[:, 0] == shard)
-        table = vectors.read_shard(int(shard), ["image_id"] if dim else ["image_id", "vector"])  # dim: once
-        stored = table.column("image_id").to_pylist()
+        stored = vectors.read_shard(int(shard), ["image_id"]).column("image_id").to_pylist()
         if len(stored) != seen[int(shard)] or any(stored[places[k, 1]] != rows[positions[k]]["image_id"] for k in mine):
             raise RuntimeError(f"hard-negatives: {vectors.url} shard {int(shard)} does not hold the accepted images "
                                "of this run in their order (the accepted artifact changed after embed-images)")
-        if not dim:
+    return places
+
+
+def vectors_at(vectors: Artifact, places: np.ndarray) -> CachedVectors:
+    """The vectors at ``places`` ((shard, row) per row: :func:`vector_places`) of an ``embed-images``
+    artifact, read on demand (its dimension read from the first shard that holds one)."""
+    dim = 0
+    for shard in np.unique(places[:, 0]) if len(places) else []:
+        table = vectors.read_shard(int(shard), ["vector"])
+        if table.num_rows:
             dim = len(table.column("vector")[0].as_py())
+            break
     return CachedVectors(vectors.url, dim, places, places[:, 0].copy())
+
+
+def chosen_vectors(vectors: Artifact, rows: Sequence[dict], positions: Sequence[int],
+                   domains: set[str]) -> CachedVectors:
+    """The vectors of ``rows[positions]`` in an ``embed-images`` artifact, read on demand, their
+    places checked (:func:`vector_places`)."""
+    return vectors_at(vectors, vector_places(vectors, rows, positions, domains))

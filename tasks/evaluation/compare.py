@@ -9,7 +9,7 @@ import pyarrow as pa
 from rde.evaluation.comparison_io import comparison_from_rows, difference_rows
 from rde.evaluation.plan import EvaluationPlan
 from rde.evaluation.scoring import metric_names
-from storage.schemas import COMPARISON
+from storage.evaluation_schemas import COMPARISON
 from tasks.framework.accounting import StageResult
 from tasks.framework.stage import Lineage, Report, Stage, StageRun, Work, Write
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 from rde.evaluation.benchmarks import mean_of_frames
 from rde.evaluation.plan import EvaluationPlan, loaded_retriever
 from rde.evaluation.retrievers import RetrieverError, RetrieverSpec
-from storage.schemas import GALLERY_VECTORS
+from storage.evaluation_schemas import GALLERY_VECTORS
 from tasks.framework.stage import Lineage, Resources, Stage, StageRun, Work, Write
 
 

@@ -11,7 +11,7 @@ from rde.evaluation.model_scores import score_retriever
 from rde.evaluation.plan import EvaluationPlan
 from rde.evaluation.retrievers import RetrieverSpec
 from rde.evaluation.scoring import metric_names, summary_by_domain
-from storage.schemas import MODEL_METRICS, QUERY_OUTCOMES, RUN_ROWS
+from storage.evaluation_schemas import MODEL_METRICS, QUERY_OUTCOMES, RUN_ROWS
 from tasks.framework.accounting import StageResult
 from tasks.framework.stage import Lineage, Report, Stage, StageRun, Work, Write
 

@@ -31,6 +31,9 @@ class StageResult:
     shards: int = 0
     shards_resumed: int = 0
     seconds: float = 0.0
+    # CPU seconds of the process that ran the stage (a fanned-out stage's parent: planning, watching, the
+    # manifests; its shards' work is in the shard-range runs' processes)
+    cpu_seconds: float = 0.0
     splits: dict[str, int] = field(default_factory=dict)  # accepted rows by split (train, held_out...)
     rejects_from_upstream: bool = False  # its rejected rows were gathered from earlier stages (counted there)
     balanced: bool | None = None  # input == accepted + rejected, checked by the runner; None: not a 1:1 stage
@@ -42,7 +45,8 @@ class StageResult:
         """This stage's line in a run summary."""
         return {"stage": self.stage, "skipped": self.skipped, "input": self.input_rows, "accepted": self.accepted,
                 "rejected": sum(self.rejected.values()), "shards": self.shards, "shards_reused": self.shards_resumed,
-                "seconds": round(self.seconds, 2), "balanced": self.balanced}
+                "seconds": round(self.seconds, 2), "cpu_seconds": round(self.cpu_seconds, 2),
+                "balanced": self.balanced}
 
 
 class AccountingError(RuntimeError):

@@ -1,7 +1,9 @@
-"""Shard fan-out over a work pool: a per-shard GPU stage as shard-range flow runs of one deployment.
+"""Shard fan-out over a work pool: a per-shard stage as shard-range flow runs of one deployment.
 
 With ``prefect.fanout.enabled`` the runner does not map a GPU stage's shards onto tasks of the flow
-run (one worker busy, the others idle). It splits the shards still missing into ranges of
+run (one worker busy, the others idle), nor a CPU stage's where ``prefect.fanout.cpu_deployment``
+names a deployment on a pool of CPU workers (the parent then does no per-shard work of its own).
+It splits the shards still missing into ranges of
 ``shards_per_run`` and submits each range as a flow run of the ``run-shards`` deployment
 (``run_deployment``, linked to the parent run as a subflow, so the UI shows parent and children),
 which any worker of the deployment's pool picks up. A range's run loads its models once and runs
@@ -285,12 +287,15 @@ def shard_range_parameters(ctx: RunContext, stage: str, key: str, indices: tuple
 
 
 def fanned_out(ctx: RunContext, stage: str, outputs: Sequence[shards.Output], key: str, n_shards: int,
-               *, balance: bool) -> shards.Computed:
-    """A per-shard stage's computation as shard-range flow runs on the pool (module docstring):
-    the lifecycle (``runner.lifecycle``) has begun its outputs; this returns every shard's files
-    and stats read back from storage, checked as a shard task checks them."""
+               *, balance: bool, device: str = "gpu") -> shards.Computed:
+    """A per-shard stage's computation as shard-range flow runs on the pool of its ``device``
+    (module docstring): the lifecycle (``runner.lifecycle``) has begun its outputs; this returns
+    every shard's files and stats read back from storage, checked as a shard task checks them."""
     spec = ctx.profile.prefect.fanout
-    orchestrator = PrefectOrchestrator(spec.deployment, tags=["fanout", ctx.flow_name, stage, key_tag(key)])
+    deployment = spec.deployment_for(device)
+    if deployment is None:
+        raise FanoutError(f"{stage}: no prefect.fanout deployment for {device} stages")
+    orchestrator = PrefectOrchestrator(deployment, tags=["fanout", ctx.flow_name, stage, key_tag(key)])
     orchestrator.check_deployment()
     zombies = orchestrator.detects_zombies()
     if not zombies:
@@ -307,7 +312,7 @@ def fanned_out(ctx: RunContext, stage: str, outputs: Sequence[shards.Output], ke
     ranges = plan_ranges([i for i in range(n_shards) if i not in before], live, spec.shards_per_run)
     adopted = sum(1 for r in ranges if r.runs)
     log(f"{stage}: {len(before)} of {n_shards} shards already written; {len(ranges)} shard-range runs of "
-        f"{spec.deployment} for the rest" + (f", {adopted} of them adopted (still running from an earlier "
+        f"{deployment} for the rest" + (f", {adopted} of them adopted (still running from an earlier "
                                               "parent run)" if adopted else ""))
     with Progress(f"{ctx.flow_name}-{stage}-progress", f"{stage}: shards done of {n_shards}", stage=stage,
                   total=n_shards, unit="shards") as progress:

@@ -105,16 +105,16 @@ def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
     """Run (or skip) one stage, publish its table and report; returns what it did."""
     prepared = prepare_stage(ctx, stage)
     with _shared_outputs_held(stage, ctx):
-        result = lifecycle(ctx, prepared, computation(stage, ctx))
+        result = lifecycle(ctx, prepared, computation(stage, ctx, prepared.run))
     if stage.rejects_from_upstream:
         result = replace(result, rejects_from_upstream=True)
     _publish(ctx, stage, prepared.run, result)
     return result
 
 
-def computation(stage: Stage, ctx: RunContext) -> Computation:
+def computation(stage: Stage, ctx: RunContext, run: StageRun | None = None) -> Computation:
     """How the stage computes: fanned out over the pool, per shard in this run, or whole."""
-    if fans_out(stage, ctx):
+    if fans_out(stage, ctx, run):
         return _fanned_out
     return per_shard if stage.per_shard else whole
 
@@ -140,8 +140,8 @@ def lifecycle(ctx: RunContext, prepared: PreparedStage, compute: Computation) ->
                         prompt_versions=prepared.prompt_versions)
     result = StageResult(stage.name, False, {o.name: o.url for o in outs}, int(stats.get("input_rows", 0)),
                          int(stats.get("accepted", 0)), dict(stats.get("rejected", {})), len(computed.shards),
-                         computed.reused, timer.seconds, splits=dict(stats.get("splits", {})), balanced=balanced,
-                         stats={**stats, "balanced": balanced})
+                         computed.reused, timer.seconds, timer.cpu_seconds, splits=dict(stats.get("splits", {})),
+                         balanced=balanced, stats={**stats, "balanced": balanced})
     log(f"{stage.name}: {result.accepted}/{result.input_rows} accepted, rejected {result.rejected}, "
         f"{result.shards} shards ({result.shards_resumed} reused){computed.note}, {timer.seconds:.1f}s")
     return result
@@ -169,8 +169,9 @@ def per_shard(ctx: RunContext, prepared: PreparedStage) -> Computed:
 
 
 def _fanned_out(ctx: RunContext, prepared: PreparedStage) -> Computed:
-    return fanout.fanned_out(ctx, prepared.stage.name, prepared.outputs, prepared.key,
-                             prepared.stage.shard_count(prepared.run), balance=prepared.stage.balance)
+    stage = prepared.stage
+    return fanout.fanned_out(ctx, stage.name, prepared.outputs, prepared.key, stage.shard_count(prepared.run),
+                             balance=stage.balance, device=stage.resources.device)
 
 
 def shard_options(stage: Stage, ctx: RunContext) -> dict[str, Any]:
@@ -181,19 +182,22 @@ def shard_options(stage: Stage, ctx: RunContext) -> dict[str, Any]:
             "row_unit": stage.row_unit}
 
 
-def fans_out(stage: Stage, ctx: RunContext) -> bool:
-    """Whether the stage's shards run as shard-range flow runs on the pool (``prefect.fanout``):
-    per-shard GPU stages (those listed in ``fanout.stages``, or all), when the profile turns it on."""
+def fans_out(stage: Stage, ctx: RunContext, run: StageRun | None = None) -> bool:
+    """Whether the stage's shards run as shard-range flow runs on a pool (``prefect.fanout``): per-shard
+    stages (those listed in ``fanout.stages``, or all) whose device has a deployment (GPU stages
+    ``fanout.deployment``, CPU stages ``fanout.cpu_deployment``), when the profile turns it on and
+    the stage's ``fans_out`` agrees for this ``run``."""
     spec = ctx.profile.prefect.fanout
-    return (spec.enabled and stage.per_shard and stage.resources.device == "gpu"
-            and (not spec.stages or stage.name in spec.stages))
+    return (spec.enabled and stage.per_shard and spec.deployment_for(stage.resources.device) is not None
+            and (not spec.stages or stage.name in spec.stages) and (run is None or stage.fans_out(run)))
 
 
 def run_shard_range(ctx: RunContext, stage: Stage, key: str, indices: Sequence[int]) -> dict[str, Any]:
     """A fanned-out stage's shards ``indices`` in this (shard-range) flow run: the same key the
     parent computed, else an error (the worker's checkout or inputs differ from the parent's); then
-    the stage's own shard tasks, one at a time (a range's run has its worker's one GPU; the `gpu`
-    limit bounds the runs across the pool): skip what exists, write atomically, hold the GPU slot,
+    the stage's own shard tasks, one at a time (a GPU range's run has its worker's one GPU, and the
+    `gpu` limit bounds the runs across the pool; a CPU range's run is one of its worker's
+    processes): skip what exists, write atomically, hold the GPU slot,
     announce each written shard as an event. Returns which shards it computed and which it reused."""
     prepared = prepare_stage(ctx, stage)
     if prepared.key != key:

@@ -97,12 +97,15 @@ def gather(futures: Sequence[Any], progress: Progress) -> list[Any]:
 
 
 class Timer:
+    """Wall seconds and this process's CPU seconds (every thread of it, no child process) of a block."""
+
     def __enter__(self) -> Timer:
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self.start
+        self.cpu_seconds = time.process_time() - self.cpu_start
 
 
 ShardCompute = Callable[[int], tuple[dict[str, pa.Table], dict[str, Any]]]

@@ -282,6 +282,12 @@ class Stage:
         that does not apply is left out of the run: no key, no table, no summary line."""
         return True
 
+    def fans_out(self, run: StageRun) -> bool:
+        """Whether this run of a per-shard stage may fan out over a pool when the profile fans out
+        its device's stages (a stage whose shards share one costly step over the whole input, such
+        as an index built over every row, says no for the runs where it has one)."""
+        return True
+
     def lineage(self, run: StageRun) -> Lineage:
         """Models, prompts and other inputs the outputs depend on (called once, before the work). What
         it computed that the work reuses goes in ``run.prepared``, a value of type ``prepares``."""
