@@ -55,7 +55,8 @@ def test_the_gpu_pool_has_three_workers_and_three_slots(stack: StackConfig) -> N
     limits = {g["name"]: g["limit"] for g in api(stack, "/v2/concurrency_limits/filter", {})}
     assert limits.get("gpu") == 3
     deadline = time.monotonic() + 120  # each worker registers once its process has started
-    while len(api(stack, "/work_pools/gpu/workers/filter", {})) < 3 and time.monotonic() < deadline:
+    while (len(api(stack, "/work_pools/gpu/workers/filter", {})) < 3
+           or len(api(stack, "/work_pools/cpu/workers/filter", {})) < 2) and time.monotonic() < deadline:
         time.sleep(1)
     assert len({w["name"] for w in api(stack, "/work_pools/gpu/workers/filter", {})}) == 3
     names = {(d["name"], d["work_pool_name"]) for d in api(stack, "/deployments/filter", {})}

@@ -4,8 +4,9 @@ For every image: its top-k nearest neighbours by cosine similarity of image embe
 itself and never an exact duplicate (same content hash), then one of them drawn at random as the
 hard negative. The draw uses a generator seeded by (seed, image id), so it does not depend on the
 shard layout, the order of the pool or which worker computed it. A pool searched exactly streams
-(:func:`hard_negative_neighbours_streamed`): its vectors stay in the embedding cache and are read a
-query batch and a gallery block at a time.
+(:func:`hard_negative_neighbours_streamed` over the whole pool, :func:`hard_negative_neighbours_of`
+over one search block, as the per-shard stage computes it on any worker): its vectors stay in
+their artifact and are read a query batch and a gallery block at a time.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def vector_places(vectors: Artifact, rows: Sequence[dict], positions: Sequence[i
         mine = np.flatnonzero(places[:, 0] == shard)
         stored = vectors.read_shard(int(shard), ["image_id"]).column("image_id").to_pylist()
         if len(stored) != seen[int(shard)] or any(stored[places[k, 1]] != rows[positions[k]]["image_id"] for k in mine):
-            raise RuntimeError(f"hard-negatives: {vectors.url} shard {int(shard)} does not hold the accepted images "
+            raise RuntimeError(f"select-images: {vectors.url} shard {int(shard)} does not hold the accepted images "
                                "of this run in their order (the accepted artifact changed after embed-images)")
     return places
 
@@ -175,10 +176,3 @@ def vectors_at(vectors: Artifact, places: np.ndarray) -> CachedVectors:
             dim = len(table.column("vector")[0].as_py())
             break
     return CachedVectors(vectors.url, dim, places, places[:, 0].copy())
-
-
-def chosen_vectors(vectors: Artifact, rows: Sequence[dict], positions: Sequence[int],
-                   domains: set[str]) -> CachedVectors:
-    """The vectors of ``rows[positions]`` in an ``embed-images`` artifact, read on demand, their
-    places checked (:func:`vector_places`)."""
-    return vectors_at(vectors, vector_places(vectors, rows, positions, domains))
