@@ -34,18 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pool_scaling import parent_flow, parent_summary
 from scripted_captioner import ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_STAGES = ("ingest", "select-images", "hard-negatives", "export-largefine", "export-webdataset")
-
-
-def _parent(params_json: str) -> None:
-    """The parent flow, in this process (``--parent``), printing its summary as JSON."""
-    from flows.build_largefine import build_largefine
-
-    summary = build_largefine(profile="demo", **json.loads(params_json))
-    print("SUMMARY " + json.dumps(summary, default=str), flush=True)
 
 
 def _params(pool: Path, out: Path, spec: dict[str, Any], args: argparse.Namespace, fanout: bool) -> dict[str, Any]:
@@ -70,7 +63,7 @@ def _run_parent(params: dict[str, Any], env: dict[str, str], log: Path) -> tuple
     if done.returncode != 0:
         raise SystemExit(f"the parent flow failed (exit {done.returncode}); see {log}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    summary = json.loads(done.stdout[done.stdout.rindex("SUMMARY ") + 8:].splitlines()[0])
+    summary = parent_summary(done.stdout)
     return summary, cpu, wall
 
 
@@ -103,7 +96,7 @@ def main() -> None:
     parser.add_argument("--parent", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.parent:
-        _parent(args.parent)
+        parent_flow(args.parent)
         return
 
     from entry.stack import StackConfig, down, free_port, up

@@ -71,13 +71,18 @@ def _overheads(cfg) -> dict[str, float]:
             "run_start_after_a_free_worker_s": round(statistics.median(waits), 2) if waits else float("nan")}
 
 
-def _parent(params_json: str) -> None:
+def parent_flow(params_json: str) -> None:
     """The parent flow, in this process (``--parent``), printing its summary as JSON."""
     from flows.build_largefine import build_largefine
 
     params = json.loads(params_json)
     summary = build_largefine(profile="demo", **params)
-    print("SUMMARY " + json.dumps(summary, default=str))
+    print("SUMMARY " + json.dumps(summary, default=str), flush=True)
+
+
+def parent_summary(stdout: str) -> dict:
+    """The summary :func:`parent_flow` printed, from its process's stdout."""
+    return json.loads(stdout[stdout.rindex("SUMMARY ") + 8:].splitlines()[0])
 
 
 def main() -> None:
@@ -92,7 +97,7 @@ def main() -> None:
     parser.add_argument("--parent", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.parent:
-        _parent(args.parent)
+        parent_flow(args.parent)
         return
 
     from pool_checks import fanout_params, stub_server
@@ -116,7 +121,7 @@ def main() -> None:
                                       capture_output=True, text=True, timeout=3600, cwd=ROOT)
                 if done.returncode != 0:
                     raise SystemExit(f"the parent flow failed with {n} workers:\n{(done.stdout + done.stderr)[-3000:]}")
-                summary = json.loads(done.stdout[done.stdout.rindex("SUMMARY ") + 8:].splitlines()[0])
+                summary = parent_summary(done.stdout)
                 stages = {s["stage"]: s for s in summary["stages"]}
                 tiers = stages["qa-tiers"]
                 row = {"workers": n, "qa_tiers_s": tiers["seconds"],

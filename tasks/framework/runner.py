@@ -112,7 +112,7 @@ def run_stage(ctx: RunContext, stage: Stage) -> StageResult:
     return result
 
 
-def computation(stage: Stage, ctx: RunContext, run: StageRun | None = None) -> Computation:
+def computation(stage: Stage, ctx: RunContext, run: StageRun) -> Computation:
     """How the stage computes: fanned out over the pool, per shard in this run, or whole."""
     if fans_out(stage, ctx, run):
         return _fanned_out

@@ -74,9 +74,14 @@ class HardNegatives(Stage):
 
     def fans_out(self, run: StageRun) -> bool:
         """Exact search fans out; the IVF index over the whole pool is built in one process."""
-        n = sum(s.rows for s in run.input("chosen_images").manifest().shards)
+        return not self._one_block(run, sum(s.rows for s in run.input("chosen_images").manifest().shards))
+
+    @staticmethod
+    def _one_block(run: StageRun, n: int) -> bool:
+        """Whether ``n`` chosen images are searched through the IVF index (``uses_index``): one
+        search block, the whole pool, in one process."""
         lf = run.section("largefine")
-        return not uses_index(n, n, lf.neighbour_index_above, lf.neighbour_ann)
+        return uses_index(n, n, lf.neighbour_index_above, lf.neighbour_ann)
 
     def process(self, run: StageRun, index: int) -> Work:
         """Shard ``index``'s rows of its search block's neighbours (:meth:`block`)."""
@@ -102,9 +107,7 @@ class HardNegatives(Stage):
         """The search block holding shard ``index``: its first shard, its rows' neighbours and the
         accepted shard of each of their hard negatives; computed here or by an earlier shard of the
         block in this process."""
-        lf = run.section("largefine")
-        n = sum(sizes)
-        if uses_index(n, n, lf.neighbour_index_above, lf.neighbour_ann):
+        if self._one_block(run, sum(sizes)):
             first, last = 0, len(sizes) - 1
         else:
             per = max(1, self.query_batch // max(1, max(sizes)))
@@ -130,7 +133,7 @@ class HardNegatives(Stage):
             ["image_id", "accepted_shard", "vector_row"]))
         accepted_shard = table.column("accepted_shard").to_numpy()
         places = np.stack([accepted_shard, table.column("vector_row").to_numpy()], axis=1).astype(np.int64)
-        vectors = vectors_at(run.input("image_vectors"), places.reshape(table.num_rows, 2))
+        vectors = vectors_at(run.input("image_vectors"), places)
         ids = table.column("image_id").to_pylist()
         rows = np.arange(sum(sizes[:first]), sum(sizes[:last + 1]), dtype=np.int64)
         found = hard_negative_neighbours_of(rows, vectors.take, vectors.blocks, ids, lf.neighbours_k, lf.seed,
